@@ -1,0 +1,40 @@
+# tpde: every target creates .venv when it is missing and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+
+.PHONY: demo test test-slow bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e .
+	touch $(STAMP)
+
+$(TSTAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(TSTAMP)
+
+demo: $(STAMP)
+	$(PY) -m tpde.demo -o out
+
+test: $(TSTAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+test-slow: $(TSTAMP)
+	$(PY) -m pytest -q -m slow -s
+
+bench: $(STAMP)
+	bash benchmarks/setup_peers.sh
+	$(PY) benchmarks/run_all.py
+
+lint: $(TSTAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

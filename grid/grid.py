@@ -1,0 +1,174 @@
+"""Uniform Cartesian grids of cells in d = 1, 2, 3 token dimensions.
+
+A :class:`Grid` knows geometry only: the box ``[lower, upper]``, the number of cells per
+axis, the spacing ``h``, cell centres and edges, and the boundary mode of each axis. Densities
+are plain ``numpy.ndarray`` of *cell averages* with shape ``grid.shape``; array index
+``[i, j, k]`` is cell ``(x_i, y_j, z_k)`` (axis 0 is x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BOUNDARY_MODES = ("outflow", "periodic", "noflux")
+AXIS_NAMES = ("x", "y", "z")
+
+
+def _as_tuple(values, ndim: int, name: str, kind=float) -> tuple:
+    arr = np.atleast_1d(np.asarray(values))
+    if arr.ndim != 1:
+        raise ValueError(f"grid.{name}: expected a list of {ndim} numbers, got shape {arr.shape}")
+    if arr.size == 1 and ndim > 1:
+        arr = np.repeat(arr, ndim)
+    if arr.size != ndim:
+        raise ValueError(f"grid.{name}: expected {ndim} entries (one per axis), got {arr.size}")
+    return tuple(kind(v) for v in arr)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A uniform grid of ``cells[a]`` cells on ``[lower[a], upper[a]]`` along each axis ``a``.
+
+    Parameters
+    ----------
+    lower, upper : sequence of float, length d (1 <= d <= 3)
+        Corners of the box.
+    cells : sequence of int, length d (a scalar is broadcast to every axis)
+        Number of cells per axis (>= 1; >= 7 for the five-point reconstructions).
+    boundary : str or sequence of str
+        ``"outflow"`` (mass that leaves is counted, nothing comes in), ``"periodic"`` or
+        ``"noflux"`` (zero normal flux), one for all axes or one per axis.
+
+    Examples
+    --------
+    >>> g = Grid([-6, -6], [6, 6], [128, 128])
+    >>> g.spacing, g.cell_volume
+    ((0.09375, 0.09375), 0.0087890625)
+    """
+
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    cells: tuple[int, ...]
+    boundary: tuple[str, ...] = field(default=("outflow",))
+
+    def __init__(self, lower: Sequence[float], upper: Sequence[float],
+                 cells: Sequence[int] | int, boundary: str | Sequence[str] = "outflow"):
+        lower_arr = np.atleast_1d(np.asarray(lower, dtype=float))
+        ndim = lower_arr.size
+        if not 1 <= ndim <= 3:
+            raise ValueError(f"grid.lower: 1 to 3 axes are supported, got {ndim}")
+        lo = _as_tuple(lower, ndim, "lower")
+        hi = _as_tuple(upper, ndim, "upper")
+        n = _as_tuple(cells, ndim, "cells", kind=lambda v: int(v))
+        if isinstance(boundary, str):
+            boundary = (boundary,) * ndim
+        bnd = tuple(str(b) for b in boundary)
+        if len(bnd) != ndim:
+            raise ValueError(f"grid.boundary: expected 1 or {ndim} modes, got {len(bnd)}")
+        for a in range(ndim):
+            if not (np.isfinite(lo[a]) and np.isfinite(hi[a])):
+                raise ValueError(f"grid.lower/upper: axis {a} has a non-finite bound")
+            if not hi[a] > lo[a]:
+                raise ValueError(f"grid.upper: axis {a} needs upper > lower, "
+                                 f"got [{lo[a]}, {hi[a]}]")
+            if n[a] < 1:
+                raise ValueError(f"grid.cells: axis {a} needs at least 1 cell, got {n[a]}")
+            if bnd[a] not in BOUNDARY_MODES:
+                raise ValueError(f"grid.boundary: unknown mode {bnd[a]!r}; "
+                                 f"choose one of {', '.join(BOUNDARY_MODES)}")
+        object.__setattr__(self, "lower", lo)
+        object.__setattr__(self, "upper", hi)
+        object.__setattr__(self, "cells", n)
+        object.__setattr__(self, "boundary", bnd)
+
+    # ---- geometry -------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        """Number of token dimensions d."""
+        return len(self.cells)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of a density array, ``cells``."""
+        return self.cells
+
+    @property
+    def size(self) -> int:
+        """Total number of cells."""
+        return int(np.prod(self.cells))
+
+    @property
+    def spacing(self) -> tuple[float, ...]:
+        """Cell widths ``h[a] = (upper[a] - lower[a]) / cells[a]``."""
+        return tuple((u - lo) / n for lo, u, n in zip(self.lower, self.upper, self.cells,
+                                                       strict=True))
+
+    @property
+    def cell_volume(self) -> float:
+        """Volume of one cell, ``prod(h)``."""
+        return float(np.prod(self.spacing))
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return AXIS_NAMES[: self.ndim]
+
+    def edges(self, axis: int) -> np.ndarray:
+        """Cell edges along ``axis``, shape ``(cells[axis] + 1,)``."""
+        return self.lower[axis] + self.spacing[axis] * np.arange(self.cells[axis] + 1)
+
+    def centres(self, axis: int) -> np.ndarray:
+        """Cell centres along ``axis``, shape ``(cells[axis],)``."""
+        return self.lower[axis] + self.spacing[axis] * (np.arange(self.cells[axis]) + 0.5)
+
+    def lattice(self, offset: Sequence[float]) -> list[np.ndarray]:
+        """Coordinates of the shifted lattice ``x_c + offset * h`` as one 1-D array per axis.
+
+        ``offset[a]`` is in cell widths relative to the cell centres. An offset of +1/2 along
+        ``a`` gives the cell faces; ``(cells[a] + 1)`` faces are returned then (including the
+        lower boundary face at offset -1/2 of cell 0), otherwise ``cells[a]`` points.
+        """
+        coords = []
+        for a in range(self.ndim):
+            off = float(offset[a])
+            if off == 0.5:
+                coords.append(self.edges(a))
+            else:
+                coords.append(self.centres(a) + off * self.spacing[a])
+        return coords
+
+    def mesh(self, sparse: bool = True) -> list[np.ndarray]:
+        """Cell-centre coordinates as broadcastable arrays (``numpy.meshgrid``, ``ij``)."""
+        return np.meshgrid(*[self.centres(a) for a in range(self.ndim)], indexing="ij",
+                           sparse=sparse)
+
+    # ---- integration ----------------------------------------------------------------------
+    def integrate(self, density: np.ndarray) -> float:
+        """``sum(density) * cell_volume``: the exact integral of a field of cell averages."""
+        return float(np.sum(density) * self.cell_volume)
+
+    def check_density(self, density: np.ndarray, name: str = "density") -> np.ndarray:
+        """Return ``density`` as a float64 array of shape ``grid.shape``, or raise ValueError."""
+        arr = np.asarray(density, dtype=np.float64)
+        if arr.shape != self.shape:
+            raise ValueError(f"{name}: expected shape {self.shape}, got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name}: contains NaN or Inf")
+        if arr.min() < 0:
+            raise ValueError(f"{name}: negative values (min {arr.min():.3e}); densities are >= 0")
+        return arr
+
+    # ---- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"lower": list(self.lower), "upper": list(self.upper), "cells": list(self.cells),
+                "boundary": list(self.boundary)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Grid:
+        return cls(data["lower"], data["upper"], data["cells"], data.get("boundary", "outflow"))
+
+    def __repr__(self) -> str:
+        return (f"Grid(lower={list(self.lower)}, upper={list(self.upper)}, "
+                f"cells={list(self.cells)}, boundary={list(self.boundary)})")

@@ -1,0 +1,8 @@
+"""Finite-volume schemes: reconstructions, fluxes, positivity limiter, SSP Runge-Kutta."""
+
+from .operator import FaceVelocity, FluxOperator, PositivityError
+from .reconstruction import RECONSTRUCTIONS, get_reconstruction
+from .rk import INTEGRATORS, SSPRK, get_integrator
+
+__all__ = ["FluxOperator", "FaceVelocity", "PositivityError", "RECONSTRUCTIONS",
+           "get_reconstruction", "INTEGRATORS", "SSPRK", "get_integrator"]

@@ -1,0 +1,357 @@
+"""The time loop: SSP Runge-Kutta over the finite-volume operator, with events and snapshots.
+
+Data flow of one step (DESIGN.md section 2)::
+
+    for each SSP-RK stage k:
+        u_faces = velocity.at(u^(k), grid, t + c_k dt, face nodes)   # nonlocal: every stage
+        F       = high-order face fluxes of u^(k)
+        Euler   = u^(k) - (beta/alpha) dt div F   (positivity-limited)
+        u^(k+1) = convex combination of the u^(j) and the Euler steps
+
+The time step is ``dt = cfl / max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a`` from the stage-0
+velocity (``cfl <= 1``: the positivity bound of the limiter), shortened to land exactly on
+every snapshot time. A step whose stage velocity grew past the bound is rejected and redone
+with half the step. Events end a run: a non-finite value (:class:`SimulationError`, naming
+time and step) and mass leaving the box above ``max_outflow`` (status ``mass_left_domain``).
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tpde.grid import Grid
+from tpde.schemes import FaceVelocity, FluxOperator, PositivityError, get_integrator, kernels
+from tpde.schemes.operator import FACE_QUADRATURES
+from tpde.schemes.reconstruction import get_reconstruction
+from tpde.variants import VelocityField
+
+STATUSES = ("completed", "blowup", "mass_left_domain", "interrupted", "failed")
+
+
+class SimulationError(RuntimeError):
+    """The numerics failed (non-finite values, step size collapse); message names t and step."""
+
+
+@dataclass
+class Scheme:
+    """Numerical method.
+
+    reconstruction : "upwind" | "muscl" (minmod) | "muscl-mc" | "muscl-vanleer" | "weno5"
+        (WENO5-JS) | "weno5z" (default).
+    integrator : "ssprk1" | "ssprk2" | "ssprk3" (default).
+    cfl : float in (0, 1], default 0.4. Fraction of the positivity bound
+        ``1 / max_c sum_a outflow_rate_a(c)``; for a constant velocity this is the usual
+        ``dt * sum_a |u_a| / h_a``.
+    dt : float or None. Fixed step (still shortened to land on snapshot times); it must
+        satisfy the CFL bound 1, else the run fails with a clear message.
+    dt_max : float or None. Upper bound on the adaptive step.
+    face_quadrature : "auto" | "midpoint" | "gauss" (see tpde.schemes.operator).
+    positivity : bool, default True. The positivity-preserving flux limiter.
+    """
+
+    reconstruction: str = "weno5z"
+    integrator: str = "ssprk3"
+    cfl: float = 0.4
+    dt: float | None = None
+    dt_max: float | None = None
+    face_quadrature: str = "auto"
+    positivity: bool = True
+
+    def validate(self) -> None:
+        get_reconstruction(self.reconstruction)
+        get_integrator(self.integrator)
+        if not (isinstance(self.cfl, int | float) and 0.0 < self.cfl <= 1.0):
+            raise ValueError(f"scheme.cfl: {self.cfl!r} is outside (0, 1]; the positivity "
+                             "bound of the flux limiter is 1 (default 0.4)")
+        for name in ("dt", "dt_max"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"scheme.{name}: must be a positive number, got {value!r}")
+        if self.face_quadrature not in FACE_QUADRATURES:
+            raise ValueError(f"scheme.face_quadrature: unknown {self.face_quadrature!r}; "
+                             f"choose one of {', '.join(FACE_QUADRATURES)}")
+
+
+def snapshot_times(t_start: float, t_end: float, snapshots: int | Sequence[float]) -> np.ndarray:
+    """Snapshot times: an int n gives n equally spaced times from t_start to t_end inclusive."""
+    if isinstance(snapshots, int | np.integer):
+        if snapshots < 2:
+            raise ValueError(f"run.snapshots: need at least 2 (start and end), got {snapshots}")
+        return np.linspace(t_start, t_end, int(snapshots))
+    times = np.asarray(snapshots, dtype=float)
+    if times.ndim != 1 or times.size < 1 or not np.all(np.isfinite(times)):
+        raise ValueError("run.snapshots: expected an integer or a list of finite times")
+    if np.any(np.diff(times) <= 0) or times[0] < t_start or times[-1] > t_end:
+        raise ValueError("run.snapshots: times must increase within [t_start, t_end]")
+    return times
+
+
+@dataclass
+class Problem:
+    """Everything that defines a run.
+
+    grid : Grid. density : initial cell averages, shape grid.shape (>= 0, finite).
+    velocity : a :class:`tpde.variants.VelocityField` (prescribed or attention).
+    t_end : final time (> t_start). snapshots : int (equally spaced, ends included) or times.
+    max_outflow : the run ends with status ``mass_left_domain`` when the mass that left
+        through outflow boundaries exceeds this fraction of the initial mass (default 1e-3).
+    """
+
+    grid: Grid
+    density: np.ndarray
+    velocity: VelocityField
+    t_end: float
+    scheme: Scheme = field(default_factory=Scheme)
+    snapshots: int | Sequence[float] = 2
+    t_start: float = 0.0
+    max_outflow: float = 1e-3
+    max_steps: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        self.density = self.grid.check_density(self.density, "initial density")
+        self.scheme.validate()
+        if not isinstance(self.velocity, VelocityField):
+            raise TypeError("velocity: expected a tpde.variants.VelocityField")
+        if not (math.isfinite(self.t_end) and self.t_end > self.t_start):
+            raise ValueError(f"run.t_end: must be finite and > t_start = {self.t_start}, "
+                             f"got {self.t_end}")
+        if not self.max_outflow > 0:
+            raise ValueError(f"run.max_outflow: must be > 0, got {self.max_outflow}")
+        self.times = snapshot_times(self.t_start, self.t_end, self.snapshots)
+        if self.grid.size and self.grid.integrate(self.density) <= 0:
+            raise ValueError("initial density: zero mass in the box")
+
+
+@dataclass
+class Snapshot:
+    time: float
+    density: np.ndarray
+    mass: float
+    outflow: float
+    max_speed: float
+    dt: float
+    step: int
+
+
+@dataclass
+class Result:
+    """What a run produced: the snapshots and how it ended."""
+
+    grid: Grid
+    snapshots: list[Snapshot]
+    status: str = "completed"
+    status_time: float = float("nan")
+    status_message: str = ""
+    steps: int = 0
+    rejected_steps: int = 0
+    limited_stages: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def times(self) -> np.ndarray:
+        return np.array([s.time for s in self.snapshots])
+
+    @property
+    def densities(self) -> np.ndarray:
+        return np.stack([s.density for s in self.snapshots])
+
+    @property
+    def final(self) -> np.ndarray:
+        return self.snapshots[-1].density
+
+
+class Solver:
+    """Advances a :class:`Problem`. ``run()`` goes to t_end; ``step(dt)`` does one step.
+
+    ``on_snapshot(snapshot)`` callbacks run after each snapshot (a writer, a progress bar).
+    """
+
+    def __init__(self, problem: Problem,
+                 on_snapshot: Callable[[Snapshot], None] | Sequence[Callable] = ()):
+        self.problem = problem
+        self.grid = problem.grid
+        scheme = problem.scheme
+        self.integrator = get_integrator(scheme.integrator)
+        self.operator = FluxOperator(self.grid, scheme.reconstruction, scheme.face_quadrature,
+                                     scheme.positivity)
+        self.nodes = self.operator.face_nodes(problem.velocity.face_constant)
+        self.callbacks = list(on_snapshot) if not callable(on_snapshot) else [on_snapshot]
+        self.t = float(problem.t_start)
+        self.density = problem.density.copy()
+        self.outflow = 0.0
+        self.mass0 = self.grid.integrate(self.density)
+        self.steps = 0
+        self.rejected = 0
+        self.last_dt = float("nan")
+        self.last_speed = float("nan")
+        self._steady_velocity: FaceVelocity | None = None
+        self._steady_bound: float | None = None
+        stages = self.integrator.stages
+        self._stage = [np.empty(self.grid.shape) for _ in range(stages)]
+        self._euler = np.empty(self.grid.shape)
+        self._next = np.empty(self.grid.shape)
+
+    # ---- velocity on the faces ---------------------------------------------------------------
+    def face_velocity(self, density: np.ndarray, t: float) -> FaceVelocity:
+        """Evaluate the velocity field on every face node the scheme asked for.
+
+        A steady field (``velocity.steady``) is evaluated once and reused.
+        """
+        if self._steady_velocity is not None:
+            return self._steady_velocity
+        values, weights = [], []
+        for a, (offsets, w) in enumerate(self.nodes):
+            per_node = [self.problem.velocity.at(density, self.grid, t, off)[a] for off in offsets]
+            values.append(np.stack(per_node))
+            weights.append(w)
+        try:
+            velocity = self.operator.face_velocity(values, weights)
+        except FloatingPointError as exc:
+            raise SimulationError(f"{exc} at t = {t:.6g}, step {self.steps}") from None
+        if self.problem.velocity.steady:
+            self._steady_velocity = velocity
+        return velocity
+
+    def stable_dt(self, velocity: FaceVelocity) -> float:
+        """The positivity bound 1 / max outflow rate (cached for a steady field)."""
+        if velocity is self._steady_velocity and self._steady_bound is not None:
+            return self._steady_bound
+        rate = self.operator.outflow_rate(velocity)
+        bound = math.inf if rate <= 0 else 1.0 / rate
+        if velocity is self._steady_velocity:
+            self._steady_bound = bound
+        return bound
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self, dt: float, velocity0: FaceVelocity | None = None) -> None:
+        """Advance ``self.density`` by one SSP-RK step of size dt (raises PositivityError)."""
+        rk = self.integrator
+        c = rk.stage_times
+        stages = [self.density] + self._stage[1:]
+        stage_outflow = [0.0] * rk.stages
+        out = self._next
+        flat_out = out.reshape(-1)
+        for i in range(rk.stages):
+            first = True
+            new_outflow = 0.0
+            for k, (alpha, beta) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True)):
+                if alpha == 0.0:
+                    continue
+                if beta == 0.0:
+                    term = stages[k]
+                    new_outflow += alpha * stage_outflow[k]
+                else:
+                    if k == 0 and velocity0 is not None:
+                        vel = velocity0
+                    else:
+                        vel = self.face_velocity(stages[k], self.t + c[k] * dt)
+                    left = self.operator.euler_step(stages[k], vel, beta / alpha * dt,
+                                                    self._euler)
+                    term = self._euler
+                    new_outflow += alpha * (stage_outflow[k] + left)
+                if first:
+                    np.multiply(term, alpha, out=out)
+                    first = False
+                else:
+                    kernels.axpy(flat_out, alpha, term.reshape(-1))
+            if i + 1 < rk.stages:
+                stages[i + 1][...] = out
+                stage_outflow[i + 1] = new_outflow
+            else:
+                final_outflow = new_outflow
+        if not kernels.all_finite(flat_out):
+            raise SimulationError(f"non-finite density at t = {self.t + dt:.6g}, "
+                                  f"step {self.steps + 1}")
+        self.density, self._next = out, self.density
+        self._stage[0] = self.density
+        self.outflow += final_outflow
+        self.t += dt
+        self.steps += 1
+        self.last_dt = dt
+
+    # ---- the run ----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        snap = Snapshot(time=self.t, density=self.density.copy(),
+                        mass=self.grid.integrate(self.density), outflow=self.outflow,
+                        max_speed=self.last_speed, dt=self.last_dt, step=self.steps)
+        for callback in self.callbacks:
+            callback(snap)
+        return snap
+
+    def advance_to(self, t_target: float) -> str:
+        """Step until t == t_target exactly. Returns a status (``completed`` when reached)."""
+        scheme = self.problem.scheme
+        while self.t < t_target:
+            if self.steps >= self.problem.max_steps:
+                raise SimulationError(f"run.max_steps = {self.problem.max_steps} reached at "
+                                      f"t = {self.t:.6g}")
+            velocity = self.face_velocity(self.density, self.t)
+            self.last_speed = velocity.max_speed()
+            bound = self.stable_dt(velocity)
+            if scheme.dt is not None:
+                dt = scheme.dt
+                if dt > bound * (1 + 1e-12):
+                    raise SimulationError(f"scheme.dt = {dt:.4g} exceeds the positivity bound "
+                                          f"{bound:.4g} at t = {self.t:.6g}: lower dt")
+            else:
+                dt = scheme.cfl * bound
+                if scheme.dt_max is not None:
+                    dt = min(dt, scheme.dt_max)
+            remaining = t_target - self.t
+            if dt >= remaining * (1 - 1e-12):
+                dt = remaining
+            elif not math.isfinite(dt):
+                dt = remaining
+            for _attempt in range(30):
+                try:
+                    self.step(dt, velocity)
+                    break
+                except PositivityError:
+                    self.rejected += 1
+                    dt *= 0.5
+            else:
+                raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
+            if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
+                self.t = t_target
+            if self.outflow > self.problem.max_outflow * self.mass0:
+                return "mass_left_domain"
+        return "completed"
+
+    def run(self) -> Result:
+        start = _time.perf_counter()
+        problem = self.problem
+        result = Result(self.grid, [])
+        times = problem.times
+        if times[0] <= self.t:
+            result.snapshots.append(self.snapshot())
+            times = times[1:]
+        try:
+            for t_snap in times:
+                status = self.advance_to(float(t_snap))
+                result.snapshots.append(self.snapshot())
+                if status != "completed":
+                    result.status = status
+                    result.status_time = self.t
+                    result.status_message = (f"outflow {self.outflow:.3e} exceeds "
+                                             f"{problem.max_outflow:g} of the initial mass "
+                                             f"{self.mass0:.6g} at t = {self.t:.6g}")
+                    break
+        finally:
+            result.steps = self.steps
+            result.rejected_steps = self.rejected
+            result.limited_stages = self.operator.limited_steps
+            result.wall_time = _time.perf_counter() - start
+        if result.status == "completed":
+            result.status_time = self.t
+        return result
+
+
+def simulate_transport(grid: Grid, density: np.ndarray, velocity: VelocityField, t_end: float,
+                       **kwargs) -> Result:
+    """Convenience: build a Problem (kwargs: scheme, snapshots, ...) and run it."""
+    return Solver(Problem(grid, density, velocity, t_end, **kwargs)).run()

@@ -1,0 +1,43 @@
+"""The velocity-field protocol every transport velocity implements.
+
+A velocity field maps ``(density, grid, t)`` to ``u(x)`` on a tensor lattice of points:
+the cell centres shifted by ``offset`` cell widths (``offset = 0``: centres; ``offset[a] =
+1/2``: the faces normal to axis ``a``, with ``cells[a] + 1`` points along it). The scheme
+asks for the lattices it needs (face centres, or the Gauss nodes of the faces) and the field
+answers each with an array ``(d, *lattice_shape)``. Prescribed fields ignore ``density``;
+attention variants compute a nonlocal average of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tpde.grid import Grid
+
+
+class VelocityField:
+    """Base class. Subclasses implement :meth:`at`.
+
+    Attributes
+    ----------
+    face_constant : bool
+        True when ``u_a`` does not vary along the faces normal to axis ``a`` (then the
+        midpoint face rule is exact and the scheme skips the transverse Gauss nodes).
+    steady : bool
+        True when ``u`` depends on neither the density nor the time (prescribed steady
+        fields): the solver then evaluates it once and reuses it at every stage.
+    """
+
+    face_constant: bool = False
+    steady: bool = False
+
+    def at(self, density: np.ndarray, grid: Grid, t: float,
+           offset: Sequence[float]) -> np.ndarray:
+        """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
+        raise NotImplementedError
+
+    def __call__(self, density: np.ndarray, grid: Grid, t: float) -> np.ndarray:
+        """Velocity at the cell centres, shape ``(d, *grid.shape)``."""
+        return self.at(density, grid, t, np.zeros(grid.ndim))
