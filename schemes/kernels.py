@@ -15,26 +15,30 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from .reconstruction import reconstruct
+
 PARALLEL = True
 
 
 @nb.njit(cache=True, inline="always")
-def _boundary_face_flux(rho, src, recon, u, o, f, k, n, lo_zero, hi_zero):
+def _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero):
     if u > 0.0:
         if lo_zero and f == 0:
             return 0.0
-        return u * recon(rho[o, src[f], k], rho[o, src[f + 1], k], rho[o, src[f + 2], k],
-                         rho[o, src[f + 3], k], rho[o, src[f + 4], k])
+        return u * reconstruct(kind, rho[o, src[f], k], rho[o, src[f + 1], k],
+                               rho[o, src[f + 2], k], rho[o, src[f + 3], k],
+                               rho[o, src[f + 4], k])
     if u < 0.0:
         if hi_zero and f == n:
             return 0.0
-        return u * recon(rho[o, src[f + 5], k], rho[o, src[f + 4], k], rho[o, src[f + 3], k],
-                         rho[o, src[f + 2], k], rho[o, src[f + 1], k])
+        return u * reconstruct(kind, rho[o, src[f + 5], k], rho[o, src[f + 4], k],
+                               rho[o, src[f + 3], k], rho[o, src[f + 2], k],
+                               rho[o, src[f + 1], k])
     return 0.0
 
 
 @nb.njit(cache=True, parallel=PARALLEL)
-def upwind_face_flux(rho, src, recon, up, um, lo_zero, hi_zero, flux):
+def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
     """flux[o, f, k] = u * rho_upwind at the face centre (midpoint rule), u = up + um.
 
     rho: (O, n, I) cell averages; up >= 0, um <= 0: (O, n + 1, I) velocity parts (one of them
@@ -53,11 +57,11 @@ def upwind_face_flux(rho, src, recon, up, um, lo_zero, hi_zero, flux):
                 v2 = rho[o, f - 1, 0] if pos else rho[o, f, 0]
                 v3 = rho[o, f, 0] if pos else rho[o, f - 1, 0]
                 v4 = rho[o, f + 1, 0] if pos else rho[o, f - 2, 0]
-                flux[o, f, 0] = u * recon(v0, v1, v2, v3, v4)
+                flux[o, f, 0] = u * reconstruct(kind, v0, v1, v2, v3, v4)
             for f in range(nf):
                 if f < 3 or f >= n - 2:
                     u = up[o, f, 0] + um[o, f, 0]
-                    flux[o, f, 0] = _boundary_face_flux(rho, src, recon, u, o, f, 0, n,
+                    flux[o, f, 0] = _boundary_face_flux(rho, src, kind, u, o, f, 0, n,
                                                         lo_zero, hi_zero)
         return
     for idx in nb.prange(n_out * nf):
@@ -66,7 +70,7 @@ def upwind_face_flux(rho, src, recon, up, um, lo_zero, hi_zero, flux):
         if (lo_zero and f == 0) or (hi_zero and f == n):
             for k in range(n_in):
                 u = up[o, f, k] + um[o, f, k]
-                flux[o, f, k] = _boundary_face_flux(rho, src, recon, u, o, f, k, n,
+                flux[o, f, k] = _boundary_face_flux(rho, src, kind, u, o, f, k, n,
                                                     lo_zero, hi_zero)
             continue
         s0 = src[f]
@@ -83,11 +87,11 @@ def upwind_face_flux(rho, src, recon, up, um, lo_zero, hi_zero, flux):
             v2 = rho[o, s2, k] if pos else rho[o, s3, k]
             v3 = rho[o, s3, k] if pos else rho[o, s2, k]
             v4 = rho[o, s4, k] if pos else rho[o, s1, k]
-            flux[o, f, k] = u * recon(v0, v1, v2, v3, v4)
+            flux[o, f, k] = u * reconstruct(kind, v0, v1, v2, v3, v4)
 
 
 @nb.njit(cache=True, parallel=PARALLEL)
-def face_states(rho, src, recon, lo_zero, hi_zero, left, right):
+def face_states(rho, src, kind, lo_zero, hi_zero, left, right):
     """Both reconstructed states at every face: left, right of shape (O, n + 1, I)."""
     n_out, n, n_in = rho.shape
     nf = n + 1
@@ -106,13 +110,13 @@ def face_states(rho, src, recon, lo_zero, hi_zero, left, right):
             if zl:
                 left[o, f, k] = 0.0
             else:
-                left[o, f, k] = recon(rho[o, s0, k], rho[o, s1, k], rho[o, s2, k],
-                                      rho[o, s3, k], rho[o, s4, k])
+                left[o, f, k] = reconstruct(kind, rho[o, s0, k], rho[o, s1, k],
+                                            rho[o, s2, k], rho[o, s3, k], rho[o, s4, k])
             if zr:
                 right[o, f, k] = 0.0
             else:
-                right[o, f, k] = recon(rho[o, s5, k], rho[o, s4, k], rho[o, s3, k],
-                                       rho[o, s2, k], rho[o, s1, k])
+                right[o, f, k] = reconstruct(kind, rho[o, s5, k], rho[o, s4, k],
+                                             rho[o, s3, k], rho[o, s2, k], rho[o, s1, k])
 
 
 @nb.njit(cache=True, parallel=PARALLEL)

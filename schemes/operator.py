@@ -25,7 +25,7 @@ made positivity preserving by a flux-corrected-transport limiter in the spirit o
 Zhang & Shu (2010) and Hu, Adams & Shu (J. Comput. Phys. 242 (2013) 169): with the
 first-order upwind flux ``F_L`` and the high-order flux ``F_H``,
 
-    rho^L = rho - dt div F_L >= 0      whenever dt * max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a <= 1,
+    rho^L = rho - dt div F_L >= 0   if   dt max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a <= 1,
     F = F_L + C (F_H - F_L),  C = min(1, rho^L_c / P_c) of the cell c the correction drains,
 
 with ``P_c`` the sum of the outgoing corrections of cell ``c``. The limiter acts only when the
@@ -40,7 +40,6 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
-
 from tpde.grid import Grid
 
 from . import kernels
@@ -206,7 +205,7 @@ class FluxOperator:
         return FaceVelocity(vals, pos, neg)
 
     def outflow_rate(self, velocity: FaceVelocity) -> float:
-        """max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a: forward Euler stays >= 0 for dt <= 1/rate."""
+        """max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a; forward Euler is >= 0 for dt <= 1/rate."""
         rate = np.zeros(self.grid.shape)
         for a in range(self.grid.ndim):
             n = self.grid.cells[a]
@@ -243,7 +242,7 @@ class FluxOperator:
 
     def compute_fluxes(self, density: np.ndarray, velocity: FaceVelocity) -> list[np.ndarray]:
         """High-order face fluxes F_a (face_shape(a)) into the operator's work arrays."""
-        recon = self.reconstruction.kernel
+        recon = self.reconstruction.kind
         for a in range(self.grid.ndim):
             rho3 = view3(density, a)
             flux3 = view3(self.fluxes[a], a)

@@ -3,8 +3,12 @@
 Every reconstruction is a scalar numba function ``recon(v0, v1, v2, v3, v4) -> value`` that
 returns the *left* state at the face ``i + 1/2`` from the averages of cells ``i-2 .. i+2``
 (``v2`` is cell ``i``). The right state at the same face is the mirror image,
-``recon(v_{i+3}, v_{i+2}, v_{i+1}, v_i, v_{i-1})``. A new reconstruction is one function
-plus one line in :data:`RECONSTRUCTIONS`.
+``recon(v_{i+3}, v_{i+2}, v_{i+1}, v_i, v_{i-1})``. A new reconstruction is one function,
+one branch in :func:`reconstruct` and one line in :data:`RECONSTRUCTIONS`.
+
+The compiled loops call :func:`reconstruct` with an integer ``kind`` rather than taking the
+function as an argument: numba cannot cache kernels whose signature holds a function (the
+on-disk cache would have to pickle it), and the loop-invariant branch costs nothing.
 
 References
 ----------
@@ -18,8 +22,8 @@ References
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numba as nb
 
@@ -115,11 +119,32 @@ def weno5_z(v0, v1, v2, v3, v4):
     return (a0 * q0 + a1 * q1 + a2 * q2) / (a0 + a1 + a2)
 
 
+UPWIND, MUSCL_MINMOD, MUSCL_MC, MUSCL_VANLEER, WENO5_JS, WENO5_Z = range(6)
+
+
+@nb.njit(cache=True, inline="always", fastmath=FAST)
+def reconstruct(kind, v0, v1, v2, v3, v4):
+    """Left state at i + 1/2 by the reconstruction numbered ``kind`` (see RECONSTRUCTIONS)."""
+    if kind == WENO5_Z:
+        return weno5_z(v0, v1, v2, v3, v4)
+    if kind == WENO5_JS:
+        return weno5_js(v0, v1, v2, v3, v4)
+    if kind == MUSCL_MINMOD:
+        return muscl_minmod(v0, v1, v2, v3, v4)
+    if kind == MUSCL_MC:
+        return muscl_mc(v0, v1, v2, v3, v4)
+    if kind == MUSCL_VANLEER:
+        return muscl_vanleer(v0, v1, v2, v3, v4)
+    return upwind(v0, v1, v2, v3, v4)
+
+
 @dataclass(frozen=True)
 class Reconstruction:
-    """A registered reconstruction: its kernel, formal order and a one-line description."""
+    """A registered reconstruction: its number for :func:`reconstruct`, the scalar function,
+    its formal order and a one-line description."""
 
     name: str
+    kind: int
     kernel: Callable
     order: int
     description: str
@@ -128,22 +153,22 @@ class Reconstruction:
 RECONSTRUCTIONS: dict[str, Reconstruction] = {
     r.name: r
     for r in (
-        Reconstruction("upwind", upwind, 1, "first-order upwind (piecewise constant)"),
-        Reconstruction("muscl", muscl_minmod, 2, "MUSCL with the minmod limiter"),
-        Reconstruction("muscl-minmod", muscl_minmod, 2, "MUSCL with the minmod limiter"),
-        Reconstruction("muscl-mc", muscl_mc, 2, "MUSCL with the monotonised-central limiter"),
-        Reconstruction("muscl-vanleer", muscl_vanleer, 2, "MUSCL with van Leer's limiter"),
-        Reconstruction("weno5", weno5_js, 5, "WENO5-JS (Jiang & Shu 1996)"),
-        Reconstruction("weno5-js", weno5_js, 5, "WENO5-JS (Jiang & Shu 1996)"),
-        Reconstruction("weno5z", weno5_z, 5, "WENO5-Z, p = 2 (Borges et al. 2008)"),
-        Reconstruction("weno5-z", weno5_z, 5, "WENO5-Z, p = 2 (Borges et al. 2008)"),
+        Reconstruction("upwind", UPWIND, upwind, 1, "first-order upwind"),
+        Reconstruction("muscl", MUSCL_MINMOD, muscl_minmod, 2, "MUSCL, minmod limiter"),
+        Reconstruction("muscl-mc", MUSCL_MC, muscl_mc, 2, "MUSCL, monotonised central"),
+        Reconstruction("muscl-vanleer", MUSCL_VANLEER, muscl_vanleer, 2, "MUSCL, van Leer"),
+        Reconstruction("weno5", WENO5_JS, weno5_js, 5, "WENO5-JS (Jiang & Shu 1996)"),
+        Reconstruction("weno5z", WENO5_Z, weno5_z, 5, "WENO5-Z, p = 2 (Borges et al.)"),
     )
 }
+#: Other accepted spellings.
+ALIASES = {"muscl-minmod": "muscl", "weno5-js": "weno5", "weno5-z": "weno5z"}
 
 
 def get_reconstruction(name: str) -> Reconstruction:
     """Look up a reconstruction by name, with a message listing the choices."""
     key = str(name).lower()
+    key = ALIASES.get(key, key)
     if key not in RECONSTRUCTIONS:
         raise ValueError(f"scheme.reconstruction: unknown {name!r}; choose one of "
                          f"{', '.join(sorted(RECONSTRUCTIONS))}")
