@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from scipy.integrate import quad
 from scipy.special import erf, erfc
+
 from tpde.grid import (
     BOUNDARY_MODES,
     Grid,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from exact import sin2_cell_averages
+
 from tpde.grid import Grid, gaussian, uniform_box
 from tpde.schemes import RECONSTRUCTIONS, get_integrator
-from tpde.variants import AffineVelocity, ConstantVelocity, FunctionVelocity
-
 from tpde.solver import Problem, Scheme, SimulationError, Solver
+from tpde.variants import AffineVelocity, ConstantVelocity, FunctionVelocity
 
 SCHEMES = sorted(RECONSTRUCTIONS)
 
