@@ -40,6 +40,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
 from tpde.grid import Grid
 
 from . import kernels

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from tpde.grid import Grid
 
 from .base import VelocityField
