@@ -17,9 +17,27 @@ import os
 import numba as nb
 import numpy as np
 
-from .reconstruction import reconstruct
+from .reconstruction import (
+    FAST,
+    MUSCL_MC,
+    MUSCL_MINMOD,
+    MUSCL_VANLEER,
+    WENO5_JS,
+    WENO5_Z,
+    muscl_mc,
+    muscl_minmod,
+    muscl_vanleer,
+    reconstruct,
+    upwind,
+    weno5_js,
+    weno5_z,
+)
 
 PARALLEL = True
+#: error_model="numpy": no Python ZeroDivisionError checks, which would stop LLVM from
+#: vectorising every loop that divides (WENO weights); fast-math flags as for the
+#: reconstructions (no NaN/Inf assumptions).
+JIT = {"cache": True, "error_model": "numpy", "fastmath": FAST}
 THREADS_VARIABLE = "TPDE_NUM_THREADS"
 
 
@@ -42,7 +60,7 @@ def set_num_threads(threads: int | None = None) -> int:
 set_num_threads()
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(inline="always", **JIT)
 def _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero):
     if u > 0.0:
         if lo_zero and f == 0:
@@ -59,7 +77,63 @@ def _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero):
     return 0.0
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(inline="always", **JIT)
+def _upwind_line(recon, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out):
+    """out[i] = u * recon(upwind stencil): a0..a5 are cells f-3 .. f+2 of face i."""
+    for i in range(out.size):
+        u = u_pos[i] + u_neg[i]
+        pos = u > 0.0
+        v0 = a0[i] if pos else a5[i]
+        v1 = a1[i] if pos else a4[i]
+        v2 = a2[i] if pos else a3[i]
+        v3 = a3[i] if pos else a2[i]
+        v4 = a4[i] if pos else a1[i]
+        out[i] = u * recon(v0, v1, v2, v3, v4)
+
+
+@nb.njit(inline="always", **JIT)
+def _states_line(recon, a0, a1, a2, a3, a4, a5, left, right):
+    """left[i] = recon(a0..a4), right[i] = recon(a5..a1): both states at face i."""
+    for i in range(left.size):
+        left[i] = recon(a0[i], a1[i], a2[i], a3[i], a4[i])
+        right[i] = recon(a5[i], a4[i], a3[i], a2[i], a1[i])
+
+
+@nb.njit(**JIT)
+def upwind_line(kind, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out):
+    """_upwind_line specialised for the reconstruction numbered kind."""
+    if kind == WENO5_Z:
+        _upwind_line(weno5_z, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+    elif kind == WENO5_JS:
+        _upwind_line(weno5_js, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+    elif kind == MUSCL_MINMOD:
+        _upwind_line(muscl_minmod, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+    elif kind == MUSCL_MC:
+        _upwind_line(muscl_mc, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+    elif kind == MUSCL_VANLEER:
+        _upwind_line(muscl_vanleer, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+    else:
+        _upwind_line(upwind, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out)
+
+
+@nb.njit(**JIT)
+def states_line(kind, a0, a1, a2, a3, a4, a5, left, right):
+    """_states_line specialised for the reconstruction numbered kind."""
+    if kind == WENO5_Z:
+        _states_line(weno5_z, a0, a1, a2, a3, a4, a5, left, right)
+    elif kind == WENO5_JS:
+        _states_line(weno5_js, a0, a1, a2, a3, a4, a5, left, right)
+    elif kind == MUSCL_MINMOD:
+        _states_line(muscl_minmod, a0, a1, a2, a3, a4, a5, left, right)
+    elif kind == MUSCL_MC:
+        _states_line(muscl_mc, a0, a1, a2, a3, a4, a5, left, right)
+    elif kind == MUSCL_VANLEER:
+        _states_line(muscl_vanleer, a0, a1, a2, a3, a4, a5, left, right)
+    else:
+        _states_line(upwind, a0, a1, a2, a3, a4, a5, left, right)
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
 def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
     """flux[o, f, k] = u * rho_upwind at the face centre (midpoint rule), u = up + um.
 
@@ -70,16 +144,16 @@ def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
     n_out, n, n_in = rho.shape
     nf = n + 1
     if n_in == 1:  # active axis is the contiguous one: vectorise along the line
+        m = n - 5  # interior faces f = 3 .. n - 3 (stencils need no ghosts)
+        rho2 = rho.reshape(n_out, n)  # 2-D C-contiguous: unit-stride rows for LLVM
+        up2 = up.reshape(n_out, nf)
+        um2 = um.reshape(n_out, nf)
+        flux2 = flux.reshape(n_out, nf)
         for o in nb.prange(n_out):
-            for f in range(3, n - 2):
-                u = up[o, f, 0] + um[o, f, 0]
-                pos = u > 0.0
-                v0 = rho[o, f - 3, 0] if pos else rho[o, f + 2, 0]
-                v1 = rho[o, f - 2, 0] if pos else rho[o, f + 1, 0]
-                v2 = rho[o, f - 1, 0] if pos else rho[o, f, 0]
-                v3 = rho[o, f, 0] if pos else rho[o, f - 1, 0]
-                v4 = rho[o, f + 1, 0] if pos else rho[o, f - 2, 0]
-                flux[o, f, 0] = u * reconstruct(kind, v0, v1, v2, v3, v4)
+            line = rho2[o]
+            upwind_line(kind, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
+                        line[4:m + 4], line[5:m + 5], up2[o, 3:m + 3], um2[o, 3:m + 3],
+                        flux2[o, 3:m + 3])
             for f in range(nf):
                 if f < 3 or f >= n - 2:
                     u = up[o, f, 0] + um[o, f, 0]
@@ -95,132 +169,153 @@ def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
                 flux[o, f, k] = _boundary_face_flux(rho, src, kind, u, o, f, k, n,
                                                     lo_zero, hi_zero)
             continue
-        s0 = src[f]
-        s1 = src[f + 1]
-        s2 = src[f + 2]
-        s3 = src[f + 3]
-        s4 = src[f + 4]
-        s5 = src[f + 5]
-        for k in range(n_in):
-            u = up[o, f, k] + um[o, f, k]
-            pos = u > 0.0
-            v0 = rho[o, s0, k] if pos else rho[o, s5, k]
-            v1 = rho[o, s1, k] if pos else rho[o, s4, k]
-            v2 = rho[o, s2, k] if pos else rho[o, s3, k]
-            v3 = rho[o, s3, k] if pos else rho[o, s2, k]
-            v4 = rho[o, s4, k] if pos else rho[o, s1, k]
-            flux[o, f, k] = u * reconstruct(kind, v0, v1, v2, v3, v4)
+        upwind_line(kind, rho[o, src[f]], rho[o, src[f + 1]], rho[o, src[f + 2]],
+                    rho[o, src[f + 3]], rho[o, src[f + 4]], rho[o, src[f + 5]], up[o, f],
+                    um[o, f], flux[o, f])
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def face_states(rho, src, kind, lo_zero, hi_zero, left, right):
-    """Both reconstructed states at every face: left, right of shape (O, n + 1, I)."""
+    """Both reconstructed states at every face: left, right of shape (O, n + 1, I).
+
+    The state outside an outflow boundary (left of face 0, right of face n) is vacuum.
+    """
     n_out, n, n_in = rho.shape
     nf = n + 1
+    if n_in == 1:
+        m = n - 5
+        rho2 = rho.reshape(n_out, n)
+        left2 = left.reshape(n_out, nf)
+        right2 = right.reshape(n_out, nf)
+        for o in nb.prange(n_out):
+            line = rho2[o]
+            states_line(kind, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
+                        line[4:m + 4], line[5:m + 5], left2[o, 3:m + 3], right2[o, 3:m + 3])
+            for f in range(nf):
+                if f < 3 or f >= n - 2:
+                    s = src[f:f + 6]
+                    left[o, f, 0] = reconstruct(kind, line[s[0]], line[s[1]], line[s[2]],
+                                                line[s[3]], line[s[4]])
+                    right[o, f, 0] = reconstruct(kind, line[s[5]], line[s[4]], line[s[3]],
+                                                 line[s[2]], line[s[1]])
+            if lo_zero:
+                left[o, 0, 0] = 0.0
+            if hi_zero:
+                right[o, n, 0] = 0.0
+        return
     for idx in nb.prange(n_out * nf):
         o = idx // nf
         f = idx - o * nf
-        s0 = src[f]
-        s1 = src[f + 1]
-        s2 = src[f + 2]
-        s3 = src[f + 3]
-        s4 = src[f + 4]
-        s5 = src[f + 5]
-        zl = lo_zero and f == 0
-        zr = hi_zero and f == n
-        for k in range(n_in):
-            if zl:
-                left[o, f, k] = 0.0
-            else:
-                left[o, f, k] = reconstruct(kind, rho[o, s0, k], rho[o, s1, k],
-                                            rho[o, s2, k], rho[o, s3, k], rho[o, s4, k])
-            if zr:
-                right[o, f, k] = 0.0
-            else:
-                right[o, f, k] = reconstruct(kind, rho[o, s5, k], rho[o, s4, k],
-                                             rho[o, s3, k], rho[o, s2, k], rho[o, s1, k])
+        states_line(kind, rho[o, src[f]], rho[o, src[f + 1]], rho[o, src[f + 2]],
+                    rho[o, src[f + 3]], rho[o, src[f + 4]], rho[o, src[f + 5]], left[o, f],
+                    right[o, f])
+        if lo_zero and f == 0:
+            left[o, f, :] = 0.0
+        if hi_zero and f == n:
+            right[o, f, :] = 0.0
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def subtract_divergence(flux, coef, out):
     """out[o, i, k] -= coef * (flux[o, i + 1, k] - flux[o, i, k])."""
     n_out, n, n_in = out.shape
     if n_in == 1:
         for o in nb.prange(n_out):
+            right = flux[o, 1:n + 1, 0]
+            left = flux[o, 0:n, 0]
+            cells = out[o, :, 0]
             for i in range(n):
-                out[o, i, 0] -= coef * (flux[o, i + 1, 0] - flux[o, i, 0])
+                cells[i] -= coef * (right[i] - left[i])
         return
     for idx in nb.prange(n_out * n):
         o = idx // n
         i = idx - o * n
+        right = flux[o, i + 1]
+        left = flux[o, i]
+        cells = out[o, i]
         for k in range(n_in):
-            out[o, i, k] -= coef * (flux[o, i + 1, k] - flux[o, i, k])
+            cells[k] -= coef * (right[k] - left[k])
 
 
-@nb.njit(cache=True, inline="always")
-def _low_flux(rho, src, up, um, lo_zero, hi_zero, o, f, k, n):
-    value = 0.0
-    if not (lo_zero and f == 0):
-        value += up[o, f, k] * rho[o, src[f + 2], k]
-    if not (hi_zero and f == n):
-        value += um[o, f, k] * rho[o, src[f + 3], k]
-    return value
+@nb.njit(inline="always", **JIT)
+def _split_line(left, right, u_pos, u_neg, anti, low_out, use_left, use_right):
+    """low = use_left up rho_l + use_right um rho_r; anti -= low (faces of one line)."""
+    for i in range(anti.size):
+        low = use_left * u_pos[i] * left[i] + use_right * u_neg[i] * right[i]
+        low_out[i] = low
+        anti[i] -= low
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def split_low_flux(flux, rho, src, up, um, lo_zero, hi_zero, low_flux):
     """low_flux = first-order upwind flux up rho_l + um rho_r; flux -= low_flux (in place).
 
-    After the call ``flux`` holds the antidiffusive correction A = F_high - F_low.
+    After the call ``flux`` holds the antidiffusive correction A = F_high - F_low. Outside
+    an outflow boundary the state is vacuum.
     """
     n_out, n, n_in = rho.shape
     nf = n + 1
     if n_in == 1:
+        rho2 = rho.reshape(n_out, n)
+        up2, um2 = up.reshape(n_out, nf), um.reshape(n_out, nf)
+        flux2, low2 = flux.reshape(n_out, nf), low_flux.reshape(n_out, nf)
         for o in nb.prange(n_out):
-            for f in range(1, n):
-                low = up[o, f, 0] * rho[o, f - 1, 0] + um[o, f, 0] * rho[o, f, 0]
-                low_flux[o, f, 0] = low
-                flux[o, f, 0] -= low
+            line = rho2[o]
+            _split_line(line[0:n - 1], line[1:n], up2[o, 1:n], um2[o, 1:n], flux2[o, 1:n],
+                        low2[o, 1:n], 1.0, 1.0)
             for f in (0, n):
-                low = _low_flux(rho, src, up, um, lo_zero, hi_zero, o, f, 0, n)
-                low_flux[o, f, 0] = low
-                flux[o, f, 0] -= low
+                use_left = 0.0 if (lo_zero and f == 0) else 1.0
+                use_right = 0.0 if (hi_zero and f == n) else 1.0
+                low = (use_left * up2[o, f] * line[src[f + 2]]
+                       + use_right * um2[o, f] * line[src[f + 3]])
+                low2[o, f] = low
+                flux2[o, f] -= low
         return
     for idx in nb.prange(n_out * nf):
         o = idx // nf
         f = idx - o * nf
-        if f == 0 or f == n:
-            for k in range(n_in):
-                low = _low_flux(rho, src, up, um, lo_zero, hi_zero, o, f, k, n)
-                low_flux[o, f, k] = low
-                flux[o, f, k] -= low
-            continue
-        for k in range(n_in):
-            low = up[o, f, k] * rho[o, f - 1, k] + um[o, f, k] * rho[o, f, k]
-            low_flux[o, f, k] = low
-            flux[o, f, k] -= low
+        use_left = 0.0 if (lo_zero and f == 0) else 1.0
+        use_right = 0.0 if (hi_zero and f == n) else 1.0
+        _split_line(rho[o, src[f + 2]], rho[o, src[f + 3]], up[o, f], um[o, f], flux[o, f],
+                    low_flux[o, f], use_left, use_right)
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(inline="always", **JIT)
+def _accumulate_line(low_right, low_left, anti_right, anti_left, coef, low, out_sum):
+    for i in range(low.size):
+        low[i] -= coef * (low_right[i] - low_left[i])
+        out_sum[i] += coef * (max(anti_right[i], 0.0) - min(anti_left[i], 0.0))
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
 def accumulate_low_and_outgoing(low_flux, anti, coef, low, out_sum):
     """low -= coef div F_low;  out_sum += coef (max(A_{i+1/2}, 0) - min(A_{i-1/2}, 0))."""
     n_out, n, n_in = low.shape
     if n_in == 1:
+        nf = n + 1
+        lf2, an2 = low_flux.reshape(n_out, nf), anti.reshape(n_out, nf)
+        low2, out2 = low.reshape(n_out, n), out_sum.reshape(n_out, n)
         for o in nb.prange(n_out):
-            for i in range(n):
-                low[o, i, 0] -= coef * (low_flux[o, i + 1, 0] - low_flux[o, i, 0])
-                out_sum[o, i, 0] += coef * (max(anti[o, i + 1, 0], 0.0)
-                                            - min(anti[o, i, 0], 0.0))
+            _accumulate_line(lf2[o, 1:nf], lf2[o, 0:n], an2[o, 1:nf], an2[o, 0:n], coef,
+                             low2[o], out2[o])
         return
     for idx in nb.prange(n_out * n):
         o = idx // n
         i = idx - o * n
-        for k in range(n_in):
-            low[o, i, k] -= coef * (low_flux[o, i + 1, k] - low_flux[o, i, k])
-            out_sum[o, i, k] += coef * (max(anti[o, i + 1, k], 0.0) - min(anti[o, i, k], 0.0))
+        _accumulate_line(low_flux[o, i + 1], low_flux[o, i], anti[o, i + 1], anti[o, i], coef,
+                         low[o, i], out_sum[o, i])
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(inline="always", **JIT)
+def _limit_line(low_flux, anti, ratio_left, ratio_right):
+    """anti <- low + C anti, C = ratio_left where anti > 0 (drains the left cell) else right."""
+    for i in range(anti.size):
+        a = anti[i]
+        c = ratio_left[i] if a > 0.0 else ratio_right[i]
+        anti[i] = low_flux[i] + c * a
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
 def limit_fluxes(low_flux, anti, ratio, periodic):
     """anti <- F_low + C A with C the ratio of the cell the correction A drains.
 
@@ -230,28 +325,22 @@ def limit_fluxes(low_flux, anti, ratio, periodic):
     n_out, n1, n_in = anti.shape
     n = n1 - 1
     if n_in == 1:
+        lf2, an2, ra2 = low_flux.reshape(n_out, n1), anti.reshape(n_out, n1), ratio.reshape(
+            n_out, n)
         for o in nb.prange(n_out):
-            for f in range(1, n):
-                a = anti[o, f, 0]
-                c = ratio[o, f - 1, 0] if a > 0.0 else ratio[o, f, 0]
-                anti[o, f, 0] = low_flux[o, f, 0] + c * a
-            for f in (0, n):
-                a = anti[o, f, 0]
-                if f == 0:
-                    if a > 0.0:
-                        c = ratio[o, n - 1, 0] if periodic else 0.0
-                    else:
-                        c = ratio[o, 0, 0]
-                else:
-                    if a > 0.0:
-                        c = ratio[o, n - 1, 0]
-                    else:
-                        c = ratio[o, 0, 0] if periodic else 0.0
-                anti[o, f, 0] = low_flux[o, f, 0] + c * a
+            _limit_line(lf2[o, 1:n], an2[o, 1:n], ra2[o, 0:n - 1], ra2[o, 1:n])
+            wrap = 1.0 if periodic else 0.0  # beyond a non-periodic face: no correction
+            a = an2[o, 0]  # face 0: left cell n - 1 (periodic) / outside, right cell 0
+            an2[o, 0] = lf2[o, 0] + (wrap * ra2[o, n - 1] if a > 0.0 else ra2[o, 0]) * a
+            a = an2[o, n]  # face n: left cell n - 1, right cell 0 (periodic) / outside
+            an2[o, n] = lf2[o, n] + (ra2[o, n - 1] if a > 0.0 else wrap * ra2[o, 0]) * a
         return
     for idx in nb.prange(n_out * n1):
         o = idx // n1
         f = idx - o * n1
+        if 0 < f < n:
+            _limit_line(low_flux[o, f], anti[o, f], ratio[o, f - 1], ratio[o, f])
+            continue
         for k in range(n_in):
             a = anti[o, f, k]
             if a > 0.0:  # drains the left cell f - 1
@@ -267,7 +356,7 @@ def limit_fluxes(low_flux, anti, ratio, periodic):
             anti[o, f, k] = low_flux[o, f, k] + c * a
 
 
-@nb.njit(cache=True)
+@nb.njit(**JIT)
 def positivity_ratio(low, out_sum, ratio):
     """ratio = min(1, low / out_sum) where out_sum > low (flat arrays); returns min(low)."""
     lowest = np.inf
@@ -282,14 +371,14 @@ def positivity_ratio(low, out_sum, ratio):
     return lowest
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def axpy(out, alpha, x):
     """out += alpha * x (flat arrays), without a temporary."""
     for i in nb.prange(out.size):
         out[i] += alpha * x[i]
 
 
-@nb.njit(cache=True)
+@nb.njit(**JIT)
 def all_finite(x):
     """True when every entry of the flat array x is finite."""
     for i in range(x.size):
@@ -298,7 +387,7 @@ def all_finite(x):
     return True
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def transverse_points(face, src, weights, out):
     """Point values at 3 transverse offsets from line averages along the middle axis.
 
@@ -326,7 +415,7 @@ def transverse_points(face, src, weights, out):
                                    + weights[g, 3] * v3 + weights[g, 4] * v4)
 
 
-@nb.njit(cache=True, parallel=PARALLEL)
+@nb.njit(parallel=PARALLEL, **JIT)
 def gauss_flux(velocity, left, right, weights, flux):
     """flux = sum_g w_g (max(u_g, 0) left_g + min(u_g, 0) right_g); (q, m) inputs, (m,) out."""
     q, m = velocity.shape

@@ -86,10 +86,9 @@ def view3(arr: np.ndarray, axis: int) -> np.ndarray:
     shape = arr.shape
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
-    out = arr.reshape(outer, shape[axis], inner)
-    if not np.shares_memory(out, arr):
+    if not arr.flags.c_contiguous:
         raise ValueError("view3 needs a C-contiguous array")
-    return out
+    return arr.reshape(outer, shape[axis], inner)
 
 
 def face_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:

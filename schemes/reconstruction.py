@@ -4,11 +4,13 @@ Every reconstruction is a scalar numba function ``recon(v0, v1, v2, v3, v4) -> v
 returns the *left* state at the face ``i + 1/2`` from the averages of cells ``i-2 .. i+2``
 (``v2`` is cell ``i``). The right state at the same face is the mirror image,
 ``recon(v_{i+3}, v_{i+2}, v_{i+1}, v_i, v_{i-1})``. A new reconstruction is one function,
-one branch in :func:`reconstruct` and one line in :data:`RECONSTRUCTIONS`.
+one line in :data:`RECONSTRUCTIONS`, and one branch in each dispatcher: :func:`reconstruct`
+here and the two line dispatchers of ``kernels.py``.
 
-The compiled loops call :func:`reconstruct` with an integer ``kind`` rather than taking the
-function as an argument: numba cannot cache kernels whose signature holds a function (the
-on-disk cache would have to pickle it), and the loop-invariant branch costs nothing.
+The compiled kernels take an integer ``kind`` rather than the function: numba cannot cache
+kernels whose signature (or a value they pass around) holds a function. The hot loops are
+specialised per reconstruction by an explicit branch *outside* the loop (a branch inside
+stops LLVM from vectorising it); scalar boundary code uses :func:`reconstruct`.
 
 References
 ----------

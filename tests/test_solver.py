@@ -94,7 +94,7 @@ def test_density_nonnegative_at_every_stage(kind, recon, ndim):
     solver = Solver(problem)
     minima = stage_minimum_recorder(solver)
     result = solver.run()
-    assert len(minima) == 3 * result.steps
+    assert len(minima) >= 3 * result.steps  # rejected steps add stages
     assert min(minima) >= 0.0
     assert result.final.min() >= 0.0
 
