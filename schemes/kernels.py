@@ -79,8 +79,25 @@ def _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero):
 
 @nb.njit(inline="always", **JIT)
 def _upwind_line(recon, a0, a1, a2, a3, a4, a5, u_pos, u_neg, out):
-    """out[i] = u * recon(upwind stencil): a0..a5 are cells f-3 .. f+2 of face i."""
-    for i in range(out.size):
+    """out[i] = u * recon(upwind stencil): a0..a5 are cells f-3 .. f+2 of face i.
+
+    Lines where the velocity has one sign (the common case) skip the stencil select.
+    """
+    size = out.size
+    inflow_left = 0.0
+    inflow_right = 0.0
+    for i in range(size):
+        inflow_left += u_pos[i]
+        inflow_right -= u_neg[i]
+    if inflow_right == 0.0:
+        for i in range(size):
+            out[i] = u_pos[i] * recon(a0[i], a1[i], a2[i], a3[i], a4[i])
+        return
+    if inflow_left == 0.0:
+        for i in range(size):
+            out[i] = u_neg[i] * recon(a5[i], a4[i], a3[i], a2[i], a1[i])
+        return
+    for i in range(size):
         u = u_pos[i] + u_neg[i]
         pos = u > 0.0
         v0 = a0[i] if pos else a5[i]
@@ -356,16 +373,14 @@ def limit_fluxes(low_flux, anti, ratio, periodic):
             anti[o, f, k] = low_flux[o, f, k] + c * a
 
 
-@nb.njit(**JIT)
+@nb.njit(parallel=PARALLEL, **JIT)
 def positivity_ratio(low, out_sum, ratio):
-    """ratio = min(1, low / out_sum) where out_sum > low (flat arrays); returns min(low)."""
+    """ratio = min(1, max(low, 0) / out_sum) (flat arrays); returns min(low)."""
     lowest = np.inf
-    for i in range(low.size):
+    for i in nb.prange(low.size):
         lo = low[i]
-        if lo < lowest:
-            lowest = lo
-        if lo < 0.0:
-            lo = 0.0
+        lowest = min(lowest, lo)
+        lo = max(lo, 0.0)
         p = out_sum[i]
         ratio[i] = lo / p if p > lo else 1.0
     return lowest
