@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -s
 
 test-slow: $(TSTAMP)
 	$(PY) -m pytest -q -m slow -s
