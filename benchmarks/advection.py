@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _machine import cpu_model, loadavg
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS_DIR = Path(os.environ.get("TPDE_PEERS_DIR") or REPO.parent / "shared" / "peers")
@@ -54,24 +56,6 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 def tpde_python() -> str:
     venv = REPO / ".venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def loadavg() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def source_state() -> dict:

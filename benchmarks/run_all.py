@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _machine import cpu_model
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 TIMEOUT_S = 900
@@ -26,17 +28,6 @@ TIMEOUT_S = 900
 def benchmarks() -> list[Path]:
     skip_prefixes = ("adv2d_", "setup_", "_", "run_all")
     return sorted(p for p in HERE.glob("*.py") if not p.name.startswith(skip_prefixes))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(path: Path, extra: list[str]) -> tuple[list[dict], str | None]:
