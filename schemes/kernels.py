@@ -402,6 +402,18 @@ def all_finite(x):
     return True
 
 
+@nb.njit(inline="always", **JIT)
+def _transverse_line(weights, v0, v1, v2, v3, v4, out0, out1, out2):
+    """Three point values from five line averages (rows of the (3, 5) weight table)."""
+    for k in range(out0.size):
+        out0[k] = (weights[0, 0] * v0[k] + weights[0, 1] * v1[k] + weights[0, 2] * v2[k]
+                   + weights[0, 3] * v3[k] + weights[0, 4] * v4[k])
+        out1[k] = (weights[1, 0] * v0[k] + weights[1, 1] * v1[k] + weights[1, 2] * v2[k]
+                   + weights[1, 3] * v3[k] + weights[1, 4] * v4[k])
+        out2[k] = (weights[2, 0] * v0[k] + weights[2, 1] * v1[k] + weights[2, 2] * v2[k]
+                   + weights[2, 3] * v3[k] + weights[2, 4] * v4[k])
+
+
 @nb.njit(parallel=PARALLEL, **JIT)
 def transverse_points(face, src, weights, out):
     """Point values at 3 transverse offsets from line averages along the middle axis.
@@ -411,32 +423,43 @@ def transverse_points(face, src, weights, out):
     j-2 .. j+2; out: (3, O, n, I).
     """
     n_out, n, n_in = face.shape
+    if n_in == 1:  # transverse axis contiguous: vectorise along it
+        m = n - 4
+        face2 = face.reshape(n_out, n)
+        out2 = out.reshape(3, n_out, n)
+        for o in nb.prange(n_out):
+            line = face2[o]
+            _transverse_line(weights, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
+                             line[4:m + 4], out2[0, o, 2:m + 2], out2[1, o, 2:m + 2],
+                             out2[2, o, 2:m + 2])
+            for j in (0, 1, n - 2, n - 1):
+                s = src[j + 1:j + 6]
+                _transverse_line(weights, line[s[0]:s[0] + 1], line[s[1]:s[1] + 1],
+                                 line[s[2]:s[2] + 1], line[s[3]:s[3] + 1], line[s[4]:s[4] + 1],
+                                 out2[0, o, j:j + 1], out2[1, o, j:j + 1], out2[2, o, j:j + 1])
+        return
     for idx in nb.prange(n_out * n):
         o = idx // n
         j = idx - o * n
-        s0 = src[j + 1]
-        s1 = src[j + 2]
-        s2 = src[j + 3]
-        s3 = src[j + 4]
-        s4 = src[j + 5]
-        for k in range(n_in):
-            v0 = face[o, s0, k]
-            v1 = face[o, s1, k]
-            v2 = face[o, s2, k]
-            v3 = face[o, s3, k]
-            v4 = face[o, s4, k]
-            for g in range(3):
-                out[g, o, j, k] = (weights[g, 0] * v0 + weights[g, 1] * v1 + weights[g, 2] * v2
-                                   + weights[g, 3] * v3 + weights[g, 4] * v4)
+        _transverse_line(weights, face[o, src[j + 1]], face[o, src[j + 2]], face[o, src[j + 3]],
+                         face[o, src[j + 4]], face[o, src[j + 5]], out[0, o, j], out[1, o, j],
+                         out[2, o, j])
 
 
 @nb.njit(parallel=PARALLEL, **JIT)
 def gauss_flux(velocity, left, right, weights, flux):
     """flux = sum_g w_g (max(u_g, 0) left_g + min(u_g, 0) right_g); (q, m) inputs, (m,) out."""
     q, m = velocity.shape
-    for i in nb.prange(m):
-        acc = 0.0
+    chunk = 4096
+    for c in nb.prange((m + chunk - 1) // chunk):
+        lo = c * chunk
+        hi = min(m, lo + chunk)
+        out = flux[lo:hi]
+        out[:] = 0.0
         for g in range(q):
-            u = velocity[g, i]
-            acc += weights[g] * (max(u, 0.0) * left[g, i] + min(u, 0.0) * right[g, i])
-        flux[i] = acc
+            w = weights[g]
+            u = velocity[g, lo:hi]
+            left_g = left[g, lo:hi]
+            right_g = right[g, lo:hi]
+            for i in range(hi - lo):
+                out[i] += w * (max(u[i], 0.0) * left_g[i] + min(u[i], 0.0) * right_g[i])
