@@ -191,8 +191,8 @@ class Solver:
         self.last_speed = float("nan")
         self._steady_velocity: FaceVelocity | None = None
         self._steady_bound: float | None = None
-        stages = self.integrator.stages
-        self._stage = [np.empty(self.grid.shape) for _ in range(stages)]
+        # work arrays for the intermediate stages u^(1) .. u^(s-1) (u^(0) is self.density)
+        self._stage = [np.empty(self.grid.shape) for _ in range(self.integrator.stages - 1)]
         self._euler = np.empty(self.grid.shape)
         self._next = np.empty(self.grid.shape)
 
@@ -232,7 +232,7 @@ class Solver:
         """Advance ``self.density`` by one SSP-RK step of size dt (raises PositivityError)."""
         rk = self.integrator
         c = rk.stage_times
-        stages = [self.density] + self._stage[1:]
+        stages = [self.density] + self._stage
         stage_outflow = [0.0] * rk.stages
         out = self._next
         flat_out = out.reshape(-1)
@@ -268,7 +268,6 @@ class Solver:
             raise SimulationError(f"non-finite density at t = {self.t + dt:.6g}, "
                                   f"step {self.steps + 1}")
         self.density, self._next = out, self.density
-        self._stage[0] = self.density
         self.outflow += final_outflow
         self.t += dt
         self.steps += 1
