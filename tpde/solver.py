@@ -204,10 +204,11 @@ class Solver:
         """
         if self._steady_velocity is not None:
             return self._steady_velocity
+        offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
+        lattices = iter(self.problem.velocity.at_many(density, self.grid, t, offsets))
         values, weights = [], []
-        for a, (offsets, w) in enumerate(self.nodes):
-            per_node = [self.problem.velocity.at(density, self.grid, t, off)[a] for off in offsets]
-            values.append(np.stack(per_node))
+        for a, (node_offsets, w) in enumerate(self.nodes):
+            values.append(np.stack([next(lattices)[a] for _ in node_offsets]))
             weights.append(w)
         try:
             velocity = self.operator.face_velocity(values, weights)

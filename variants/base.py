@@ -38,6 +38,16 @@ class VelocityField:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
         raise NotImplementedError
 
+    def at_many(self, density: np.ndarray, grid: Grid, t: float,
+                offsets: Sequence[Sequence[float]]) -> list[np.ndarray]:
+        """The velocity on several shifted lattices at once (one array per offset).
+
+        The solver asks for all the lattices a stage needs in one call, so a nonlocal field
+        can share its work between them (one forward transform of the density, then one
+        phase-shifted inverse per lattice). The default evaluates them one by one.
+        """
+        return [self.at(density, grid, t, off) for off in offsets]
+
     def __call__(self, density: np.ndarray, grid: Grid, t: float) -> np.ndarray:
         """Velocity at the cell centres, shape ``(d, *grid.shape)``."""
         return self.at(density, grid, t, np.zeros(grid.ndim))
