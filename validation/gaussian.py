@@ -14,7 +14,8 @@ Each variant is written once, as its affine field (``*_field``); the ODE right-h
 (``*_rhs``, ``gaussian_rhs``) are derived from it, and the tests compare them with the
 explicit formulas of MATH.md 3.1-3.5.
 
-Variants (``VARIANTS``) and their parameters:
+Variants (``VARIANTS``) and their parameters (defined in ``tpde.variants.parameters``, shared
+with the grid variants and the token system):
 
 * ``"softmax"``   (3.1)  ``Head(A, V, W=None)``
 * ``"linear"``    (3.2)  ``Head(A, V, W=None)``
@@ -35,13 +36,29 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.integrate import solve_ivp
 from scipy.linalg import expm
+
+from tpde.variants.parameters import (
+    Head,
+    L2Head,
+    Layers,
+    Params,
+    ParamSpec,
+    SinkhornHead,
+    as_param_spec,
+    checked_matrix,
+    head_from_qk,
+    params_at,
+    shape_str,
+)
+
+Field = tuple[np.ndarray, np.ndarray]  # (b (d,), M (d, d)): Gamma(x) = b + M x
 
 __all__ = [
     "VARIANTS",
@@ -85,239 +102,6 @@ class NotPositiveDefiniteError(ValueError):
     """A covariance matrix that must be symmetric positive definite is not."""
 
 
-# ---- parameters ------------------------------------------------------------------------------
-def _shape_str(shape: tuple[int, ...]) -> str:
-    return " x ".join(str(s) for s in shape) if shape else "a scalar"
-
-
-def _matrix(name: str, value: Any, shape: tuple[int | None, int | None] | None = None,
-            what: str | None = None) -> np.ndarray:
-    """Return ``value`` as a read-only float 2-D array, checking shape and finiteness.
-
-    ``shape`` entries that are None are free.  Raises ValueError with one line naming ``name``.
-    """
-    try:
-        arr = np.array(value, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: expected a real matrix, got {type(value).__name__}") from exc
-    if shape is not None:
-        expect = what or " x ".join("?" if s is None else str(s) for s in shape)
-        if arr.ndim != 2 or any(
-            s is not None and s != n for s, n in zip(shape, arr.shape, strict=True)
-        ):
-            raise ValueError(f"{name}: expected {expect}, got {_shape_str(arr.shape)}")
-    if not np.all(np.isfinite(arr)):
-        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-        raise ValueError(f"{name}: entries must be finite, got {arr[bad]} at {bad}")
-    arr.setflags(write=False)
-    return arr
-
-
-def _value_and_output(owner: str, d: int, V: Any, W: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """Check V (d x d, or k x d with W of shape d x k)."""
-    if W is None:
-        return _matrix(f"{owner}.V", V, (d, d), f"{d} x {d} (no W given)"), None
-    Vm = _matrix(f"{owner}.V", V, (None, d), f"k x {d}")
-    Wm = _matrix(f"{owner}.W", W, (d, Vm.shape[0]), f"{d} x {Vm.shape[0]} (d x k, V is k x d)")
-    return Vm, Wm
-
-
-@dataclass(frozen=True, eq=False)
-class Head:
-    """One softmax / linear / multi-head attention head (MATH.md 1.1, 1.3).
-
-    A: (d, d), the attention matrix A = K^T Q (kernel exp(<A x, y>)); V: (d, d), or (k, d)
-    with the output matrix W: (d, k).  The value map applied to the attention average is
-    C = W V (d x d), or C = V without W.
-    """
-
-    A: np.ndarray
-    V: np.ndarray
-    W: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        A = _matrix("Head.A", self.A)
-        if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"Head.A: expected a square d x d matrix, got {_shape_str(A.shape)}")
-        V, W = _value_and_output("Head", A.shape[0], self.V, self.W)
-        object.__setattr__(self, "A", A)
-        object.__setattr__(self, "V", V)
-        object.__setattr__(self, "W", W)
-
-    @property
-    def dim(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def C(self) -> np.ndarray:
-        """C = W V (d x d); C = V when there is no W (MATH.md 1.3, multi-head row)."""
-        return self.V if self.W is None else self.W @ self.V
-
-
-@dataclass(frozen=True, eq=False)
-class SinkhornHead:
-    """Sinkhorn attention head (MATH.md 1.3, 3.5): entropic plan for exp(<A x, y>/eps).
-
-    A: (d, d) with A = K^T Q (no 1/sqrt(d) in the authors' code); V: (d, d), or (k, d) with
-    W: (d, k); eps > 0 the entropic regularisation (1 in the authors' code).
-    """
-
-    A: np.ndarray
-    V: np.ndarray
-    W: np.ndarray | None = None
-    eps: float = 1.0
-
-    def __post_init__(self) -> None:
-        A = _matrix("SinkhornHead.A", self.A)
-        if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(
-                f"SinkhornHead.A: expected a square d x d matrix, got {_shape_str(A.shape)}"
-            )
-        V, W = _value_and_output("SinkhornHead", A.shape[0], self.V, self.W)
-        eps = float(self.eps)
-        if not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"SinkhornHead.eps: expected a finite number > 0, got {self.eps}")
-        object.__setattr__(self, "A", A)
-        object.__setattr__(self, "V", V)
-        object.__setattr__(self, "W", W)
-        object.__setattr__(self, "eps", eps)
-
-    @property
-    def dim(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def C(self) -> np.ndarray:
-        return self.V if self.W is None else self.W @ self.V
-
-
-@dataclass(frozen=True, eq=False)
-class L2Head:
-    """l2 attention head (MATH.md 1.3, 3.3): kernel exp(-|scale Q x - K y|^2).
-
-    Q, K: (k, d); V: (d, d), or (k', d) with W: (d, k'); scale: multiplies Q only (pass
-    scale = 1/sqrt(d) to reproduce the authors' code, MATH.md 1.3 notes).
-    """
-
-    Q: np.ndarray
-    K: np.ndarray
-    V: np.ndarray
-    scale: float = 1.0
-    W: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        Q = _matrix("L2Head.Q", self.Q)
-        if Q.ndim != 2:
-            raise ValueError(f"L2Head.Q: expected k x d, got {_shape_str(Q.shape)}")
-        K = _matrix("L2Head.K", self.K, Q.shape, f"{_shape_str(Q.shape)} (the shape of Q)")
-        V, W = _value_and_output("L2Head", Q.shape[1], self.V, self.W)
-        scale = float(self.scale)
-        if not math.isfinite(scale):
-            raise ValueError(f"L2Head.scale: expected a finite number, got {self.scale}")
-        object.__setattr__(self, "Q", Q)
-        object.__setattr__(self, "K", K)
-        object.__setattr__(self, "V", V)
-        object.__setattr__(self, "W", W)
-        object.__setattr__(self, "scale", scale)
-
-    @property
-    def dim(self) -> int:
-        return self.Q.shape[1]
-
-    @property
-    def C(self) -> np.ndarray:
-        return self.V if self.W is None else self.W @ self.V
-
-
-def head_from_qk(Q: Any, K: Any, V: Any, W: Any = None, scale: float = 1.0) -> Head:
-    """Head with A = scale K^T Q (MATH.md 1.1: <Q x, K y> = <A x, y>).
-
-    Q, K: (k, d); V: (d, d) or (k', d) with W: (d, k').  scale = 1/sqrt(d) reproduces the
-    authors' single-head code, 1/sqrt(k) their multi-head code.
-    """
-    Qm = _matrix("Q", Q)
-    if Qm.ndim != 2:
-        raise ValueError(f"Q: expected k x d, got {_shape_str(Qm.shape)}")
-    Km = _matrix("K", K, Qm.shape, f"{_shape_str(Qm.shape)} (the shape of Q)")
-    return Head(float(scale) * Km.T @ Qm, V, W)
-
-
-Field = tuple[np.ndarray, np.ndarray]  # (b (d,), M (d, d)): Gamma(x) = b + M x
-Params = Head | L2Head | SinkhornHead | Sequence[Head]
-
-
-@dataclass(frozen=True, eq=False)
-class Layers:
-    """Piecewise-constant parameters: ``Layers([(t_start_0, p_0), (t_start_1, p_1), ...])``.
-
-    Layer i is active on [t_start_i, t_start_{i+1}) (right-continuous; the last layer has no
-    end).  Starts must be finite and strictly increasing.
-    """
-
-    layers: Sequence[tuple[float, Any]]
-    starts: tuple[float, ...] = field(init=False, repr=False)
-    params: tuple[Any, ...] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        items = list(self.layers)
-        if not items:
-            raise ValueError("layers: expected at least one (t_start, params) pair, got none")
-        starts: list[float] = []
-        params: list[Any] = []
-        for i, item in enumerate(items):
-            try:
-                t_start, p = item
-                t_start = float(t_start)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"layers[{i}]: expected a (t_start, params) pair") from exc
-            if not math.isfinite(t_start):
-                raise ValueError(f"layers[{i}].t_start: expected a finite number, got {t_start}")
-            if starts and t_start <= starts[-1]:
-                raise ValueError(
-                    f"layers[{i}].t_start: expected > {starts[-1]} (strictly increasing), "
-                    f"got {t_start}"
-                )
-            starts.append(t_start)
-            params.append(p)
-        object.__setattr__(self, "layers", tuple(zip(starts, params, strict=True)))
-        object.__setattr__(self, "starts", tuple(starts))
-        object.__setattr__(self, "params", tuple(params))
-
-    def at(self, t: float) -> Any:
-        i = bisect.bisect_right(self.starts, t) - 1
-        if i < 0:
-            raise ValueError(f"layers: t = {t} is before the first layer start {self.starts[0]}")
-        return self.params[i]
-
-
-ParamSpec = Params | Layers | Mapping[str, Any] | Callable[[float], Params]
-
-
-def _as_spec(spec: Any) -> Any:
-    if isinstance(spec, Mapping):
-        if set(spec) != {"layers"}:
-            raise ValueError(
-                f"params: a mapping must have the single key 'layers', got {list(spec)}"
-            )
-        return Layers(spec["layers"])
-    return spec
-
-
-def params_at(spec: ParamSpec, t: float) -> Params:
-    """Parameters in force at time t.
-
-    spec: a constant parameter object (``Head``, ``L2Head``, ``SinkhornHead`` or a sequence of
-    ``Head``), ``Layers`` / ``{"layers": [(t_start, params), ...]}`` (piecewise constant,
-    right-continuous), or a callable ``t -> params``.
-    """
-    spec = _as_spec(spec)
-    if isinstance(spec, Layers):
-        return spec.at(t)
-    if callable(spec):
-        return spec(t)
-    return spec
-
-
 def validate_params(variant: str, params: Any, d: int, name: str = "attention") -> None:
     """Check that ``params`` suit ``variant`` in dimension d; ValueError naming the field.
 
@@ -332,15 +116,15 @@ def validate_params(variant: str, params: Any, d: int, name: str = "attention") 
                 f"{where}: expected {names} for variant '{variant}', got {type(p).__name__}"
             )
         if isinstance(p, L2Head):
-            _matrix(f"{where}.Q", p.Q, (None, d), f"k x {d}")
-            _matrix(f"{where}.K", p.K, p.Q.shape, f"{_shape_str(p.Q.shape)} (the shape of Q)")
+            checked_matrix(f"{where}.Q", p.Q, (None, d), f"k x {d}")
+            checked_matrix(f"{where}.K", p.K, p.Q.shape, f"{shape_str(p.Q.shape)} (the shape of Q)")
         else:
-            _matrix(f"{where}.A", p.A, (d, d), f"{d} x {d}")
+            checked_matrix(f"{where}.A", p.A, (d, d), f"{d} x {d}")
         if p.W is None:
-            _matrix(f"{where}.V", p.V, (d, d), f"{d} x {d} (no W given)")
+            checked_matrix(f"{where}.V", p.V, (d, d), f"{d} x {d} (no W given)")
         else:
-            _matrix(f"{where}.V", p.V, (None, d), f"k x {d}")
-            _matrix(f"{where}.W", p.W, (d, p.V.shape[0]), f"{d} x {p.V.shape[0]}")
+            checked_matrix(f"{where}.V", p.V, (None, d), f"k x {d}")
+            checked_matrix(f"{where}.W", p.W, (d, p.V.shape[0]), f"{d} x {p.V.shape[0]}")
 
     if variant in ("softmax", "linear"):
         check_head(params, name, (Head,))
@@ -638,7 +422,7 @@ def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
     if mean0.ndim != 1:
         raise ValueError(f"mean0: expected a vector of length d, got shape {mean0.shape}")
     d = mean0.shape[0]
-    cov0 = _matrix("cov0", cov0, (d, d), f"{d} x {d}")
+    cov0 = checked_matrix("cov0", cov0, (d, d), f"{d} x {d}")
     if not np.all(np.isfinite(mean0)):
         raise ValueError(f"mean0: entries must be finite, got {mean0}")
     if not np.allclose(cov0, cov0.T, rtol=1e-12, atol=1e-14 * np.abs(cov0).max()):
@@ -658,7 +442,7 @@ def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
         if times.size and (times.min() < t0 or times.max() > t_end or np.any(np.diff(times) < 0)):
             raise ValueError(f"times: expected non-decreasing values in [{t0}, {t_end}]")
 
-    spec = _as_spec(params)
+    spec = as_param_spec(params)
     if isinstance(spec, Layers):
         if spec.starts[0] > t0:
             raise ValueError(f"layers[0].t_start: expected <= t0 = {t0}, got {spec.starts[0]}")
