@@ -48,14 +48,18 @@ def affine_gaussian_moments(matrix, offset, mean0, cov0, t):
     return mean, flow @ np.asarray(cov0, float) @ flow.T
 
 
-def observed_orders(errors) -> np.ndarray:
+def observed_orders(errors, cells=None) -> np.ndarray:
+    """log(e_k / e_{k+1}) / log(N_{k+1} / N_k); cells default to doubling refinements."""
     errors = np.asarray(errors, float)
-    return np.log2(errors[:-1] / errors[1:])
+    ratios = 2.0 if cells is None else np.diff(np.log(np.asarray(cells, float)))
+    if cells is None:
+        return np.log2(errors[:-1] / errors[1:])
+    return np.log(errors[:-1] / errors[1:]) / ratios
 
 
 def print_table(title: str, cells, errors, extra: dict | None = None) -> None:
     """Print a convergence table: resolution, error, observed order (and extra columns)."""
-    orders = observed_orders(errors)
+    orders = observed_orders(errors, cells)
     print(f"\n{title}")
     header = f"{'N':>6} {'error':>12} {'order':>7}"
     extra = extra or {}
