@@ -168,15 +168,6 @@ def test_layerwise_parameters_follow_the_odes_with_the_same_layers():
     assert switch > 10 * cov_err
 
 
-@pytest.mark.slow
-def test_softmax_run_reaches_1e_3_at_64():
-    t_end = 0.5
-    reference = solve("softmax", MEAN1, COV1, Head(A1, V1), t_end).at(t_end)
-    _, cov_err = relative_errors(*softmax_run(64, Head(A1, V1), t_end), reference)
-    print(f"\nsoftmax run 64^2 vs ODE: covariance relative error {cov_err:.2e}")
-    assert cov_err < 1e-3
-
-
 def test_bad_attention_inputs_are_named():
     grid = Grid([-2, -2], [2, 2], [8, 8])
     with pytest.raises(ValueError, match="attention.heads"):

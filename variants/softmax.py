@@ -19,10 +19,17 @@ mean is shifted back:
 The remaining error is the trapezoid error of a smooth, decaying integrand: spectrally small
 for a resolved density (the naive sum has an O(h^2) error).
 
-Engine: ``tilted_means`` evaluates the sums densely, blocked over targets, with each row's
-exponents shifted by its maximum (every term <= 1, all terms positive: relative accuracy
-~ n eps however small the sums are; no overflow, no NaN where the density underflows). It is
-the exact reference, O(targets x sources): use it up to about 2-D 64^2.
+Engines (``engine=``):
+
+* ``"direct"``: ``tilted_means`` evaluates the sums densely, blocked over targets, with each
+  row's exponents shifted by its maximum (every term <= 1, all terms positive: relative
+  accuracy ~ n eps however small the sums are; no overflow, no NaN where the density
+  underflows). The exact reference, O(targets x sources): up to about 2-D 64^2.
+* ``"separable"``: :mod:`tpde.variants.separable`, the moment-generating function on a
+  tensor grid of ``c`` by one matrix product per axis, interpolated to ``c = A x``;
+  ``O(m N^d)``. Measured against the direct engine at 64^2 (tests/test_separable.py): 2e-15
+  on a Gaussian, 7e-13 on a two-bump mixture with the default 512 nodes and order 12.
+* ``"auto"`` (default): direct up to 1024 cells (32^2), separable above.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ from tpde.grid import Grid
 
 from .base import VelocityField
 from .parameters import Head, ParamSpec, as_param_spec, params_at
+from .separable import SeparableTiltedMeans
+
+ENGINES = ("auto", "direct", "separable")
+#: separable table nodes per axis by dimension, and the interpolation order (points per axis)
+SEPARABLE_NODES = {1: 4096, 2: 512, 3: 96}
+SEPARABLE_ORDER = 12
+DIRECT_MAX_CELLS = 1024
 
 
 def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
@@ -68,7 +82,7 @@ def tilted_means(c: np.ndarray, sources: np.ndarray, weights: np.ndarray,
     """m(c) for every row of c: (P, d) -> (P, d); sources (S, d), weights (S,) >= 0.
 
     Dense, blocked over targets, log-sum-exp stabilised, with the cell-average correction
-    ``- grad log S(c)`` (module docstring).
+    ``- grad log S(c)`` (module docstring; pass zero spacing for the plain sums).
     """
     c = np.asarray(c, dtype=float)
     out = np.empty_like(c)
@@ -94,14 +108,29 @@ class SoftmaxAttention(VelocityField):
 
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
         ``t -> params`` (MATH.md 1.3, time-dependent parameters).
+    engine : "auto" | "direct" | "separable" (module docstring).
+    nodes, order : separable table nodes per axis (default by dimension, SEPARABLE_NODES)
+        and interpolation points per axis (default 12).
     """
 
-    def __init__(self, params: ParamSpec, block: int = 256):
+    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
+                 order: int = SEPARABLE_ORDER, block: int = 256):
         self.spec = as_param_spec(params)
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
+        if engine not in ENGINES:
+            raise ValueError(f"attention.engine: unknown {engine!r}; choose one of "
+                             f"{', '.join(ENGINES)}")
+        self.engine = engine
+        self.nodes = nodes
+        self.order = int(order)
         self.block = int(block)
+
+    def engine_for(self, grid: Grid) -> str:
+        if self.engine != "auto":
+            return self.engine
+        return "direct" if grid.size <= DIRECT_MAX_CELLS else "separable"
 
     def at(self, density: np.ndarray, grid: Grid, t: float,
            offset: Sequence[float]) -> np.ndarray:
@@ -113,19 +142,34 @@ class SoftmaxAttention(VelocityField):
             if head.dim != grid.ndim:
                 raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                                  f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
-        sources, weights = density_sources(density, grid)
-        out = []
-        for offset in offsets:
-            coords = grid.lattice(offset)
-            shape = tuple(len(x) for x in coords)
-            points = np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")],
-                              axis=1)
-            velocity = np.zeros_like(points)
+        lattices = [grid.lattice(offset) for offset in offsets]
+        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+                  for coords in lattices]
+        if self.engine_for(grid) == "direct":
+            sources, weights = density_sources(density, grid)
+            engines = [lambda c: tilted_means(c, sources, weights, (0.0,) * grid.ndim,
+                                              self.block)] * len(heads)
+        else:
+            if not np.any(density > 0):
+                density_sources(density, grid)  # raises the no-mass error
+            lower = np.min([p.min(axis=0) for p in points], axis=0)
+            upper = np.max([p.max(axis=0) for p in points], axis=0)
+            corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
+                               axis=-1).reshape(-1, grid.ndim)
+            nodes = self.nodes or SEPARABLE_NODES[grid.ndim]
+            engines = []
             for head in heads:
-                means = tilted_means(points @ head.A.T, sources, weights, grid.spacing,
-                                     self.block)
+                c = corners @ head.A.T
+                bounds = np.stack([c.min(axis=0), c.max(axis=0)], axis=1)
+                engines.append(SeparableTiltedMeans(density, grid, bounds, nodes, self.order))
+        out = []
+        for coords, x in zip(lattices, points, strict=True):
+            velocity = np.zeros_like(x)
+            for head, engine in zip(heads, engines, strict=True):
+                c = x @ head.A.T
+                means = engine(c) - grad_log_box_factor(c, grid.spacing)
                 velocity += means @ head.C.T
-            out.append(velocity.T.reshape((grid.ndim,) + shape))
+            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out
 
 
