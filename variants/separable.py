@@ -26,6 +26,9 @@ import numpy as np
 from tpde.grid import Grid
 
 JIT = {"cache": True, "error_model": "numpy"}
+#: table nodes per axis by dimension, and the interpolation order (points per axis)
+SEPARABLE_DEFAULTS = {1: 4096, 2: 512, 3: 96}
+SEPARABLE_ORDER = 12
 
 
 def mgf_table(density: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray]) -> np.ndarray:

@@ -42,12 +42,9 @@ from tpde.grid import Grid
 
 from .base import VelocityField
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import SeparableTiltedMeans
+from .separable import SEPARABLE_DEFAULTS, SEPARABLE_ORDER, SeparableTiltedMeans
 
 ENGINES = ("auto", "direct", "separable")
-#: separable table nodes per axis by dimension, and the interpolation order (points per axis)
-SEPARABLE_NODES = {1: 4096, 2: 512, 3: 96}
-SEPARABLE_ORDER = 12
 DIRECT_MAX_CELLS = 1024
 
 
@@ -109,7 +106,7 @@ class SoftmaxAttention(VelocityField):
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
         ``t -> params`` (MATH.md 1.3, time-dependent parameters).
     engine : "auto" | "direct" | "separable" (module docstring).
-    nodes, order : separable table nodes per axis (default by dimension, SEPARABLE_NODES)
+    nodes, order : separable table nodes per axis (default by dimension, SEPARABLE_DEFAULTS)
         and interpolation points per axis (default 12).
     """
 
@@ -156,7 +153,7 @@ class SoftmaxAttention(VelocityField):
             upper = np.max([p.max(axis=0) for p in points], axis=0)
             corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
                                axis=-1).reshape(-1, grid.ndim)
-            nodes = self.nodes or SEPARABLE_NODES[grid.ndim]
+            nodes = self.nodes or SEPARABLE_DEFAULTS[grid.ndim]
             engines = []
             for head in heads:
                 c = corners @ head.A.T
