@@ -77,10 +77,12 @@ class Head:
     W: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        A = checked_matrix("Head.A", self.A)
+        owner = type(self).__name__
+        A = checked_matrix(f"{owner}.A", self.A)
         if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"Head.A: expected a square d x d matrix, got {shape_str(A.shape)}")
-        V, W = _value_and_output("Head", A.shape[0], self.V, self.W)
+            raise ValueError(f"{owner}.A: expected a square d x d matrix, got "
+                             f"{shape_str(A.shape)}")
+        V, W = _value_and_output(owner, A.shape[0], self.V, self.W)
         object.__setattr__(self, "A", A)
         object.__setattr__(self, "V", V)
         object.__setattr__(self, "W", W)
@@ -96,40 +98,21 @@ class Head:
 
 
 @dataclass(frozen=True, eq=False)
-class SinkhornHead:
+class SinkhornHead(Head):
     """Sinkhorn attention head (MATH.md 1.3, 3.5): entropic plan for exp(<A x, y>/eps).
 
     A: (d, d) with A = K^T Q (no 1/sqrt(d) in the authors' code); V: (d, d), or (k, d) with
     W: (d, k); eps > 0 the entropic regularisation (1 in the authors' code).
     """
 
-    A: np.ndarray
-    V: np.ndarray
-    W: np.ndarray | None = None
     eps: float = 1.0
 
     def __post_init__(self) -> None:
-        A = checked_matrix("SinkhornHead.A", self.A)
-        if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(
-                f"SinkhornHead.A: expected a square d x d matrix, got {shape_str(A.shape)}"
-            )
-        V, W = _value_and_output("SinkhornHead", A.shape[0], self.V, self.W)
+        super().__post_init__()
         eps = float(self.eps)
         if not (math.isfinite(eps) and eps > 0):
             raise ValueError(f"SinkhornHead.eps: expected a finite number > 0, got {self.eps}")
-        object.__setattr__(self, "A", A)
-        object.__setattr__(self, "V", V)
-        object.__setattr__(self, "W", W)
         object.__setattr__(self, "eps", eps)
-
-    @property
-    def dim(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def C(self) -> np.ndarray:
-        return self.V if self.W is None else self.W @ self.V
 
 
 @dataclass(frozen=True, eq=False)
