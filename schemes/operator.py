@@ -42,43 +42,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpde.grid import Grid
+from tpde.grid.stencils import average_to_point_weights, ghost_index_map
 
 from . import kernels
 from .reconstruction import get_reconstruction
 
 GAUSS3_NODES = np.array([-0.5 * np.sqrt(0.6), 0.0, 0.5 * np.sqrt(0.6)])  # in cell widths
 GAUSS3_WEIGHTS = np.array([5.0, 8.0, 5.0]) / 18.0
-GHOSTS = 3
 FACE_QUADRATURES = ("auto", "midpoint", "gauss")
 
 
 class PositivityError(RuntimeError):
     """The first-order update went negative: the time step is above the positivity bound."""
-
-
-def average_to_point_weights(offset: float) -> np.ndarray:
-    """Weights c_m (m = -2..2) with sum_m c_m avg_m(p) = p(offset) for polynomials of degree <= 4.
-
-    ``avg_m`` is the average over the unit cell centred at m; ``offset`` is in cell widths.
-    """
-    m = np.arange(-2, 3, dtype=float)
-    degree = np.arange(5)
-    hi = (m[None, :] + 0.5) ** (degree[:, None] + 1)
-    lo = (m[None, :] - 0.5) ** (degree[:, None] + 1)
-    moments = (hi - lo) / (degree[:, None] + 1)
-    return np.linalg.solve(moments, float(offset) ** degree)
-
-
-def ghost_index_map(n: int, mode: str) -> np.ndarray:
-    """Source cell of each padded position -3 .. n + 2 (int64, length n + 6)."""
-    pos = np.arange(-GHOSTS, n + GHOSTS)
-    if mode == "periodic":
-        return np.mod(pos, n).astype(np.int64)
-    if mode == "noflux":  # even reflection about the boundary faces
-        idx = np.where(pos < 0, -pos - 1, pos)
-        idx = np.where(idx >= n, 2 * n - idx - 1, idx)
-        return np.clip(idx, 0, n - 1).astype(np.int64)
-    return np.clip(pos, 0, n - 1).astype(np.int64)  # outflow: zero-gradient ghosts
 
 
 def view3(arr: np.ndarray, axis: int) -> np.ndarray:

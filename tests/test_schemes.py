@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tpde.grid.stencils import average_to_point_weights, ghost_index_map
 from tpde.schemes import RECONSTRUCTIONS, get_integrator, get_reconstruction
-from tpde.schemes.operator import GAUSS3_NODES, average_to_point_weights, ghost_index_map
+from tpde.schemes.operator import GAUSS3_NODES
 
 
 def averages_of(poly: np.poly1d, centres: np.ndarray, h: float) -> np.ndarray:

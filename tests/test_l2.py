@@ -1,0 +1,81 @@
+"""l2 attention on the grid against the closed-form field (MATH.md 3.3) and the Gaussian ODE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from exact import print_table
+from test_variants import COV1, MEAN1, V1, relative_errors
+
+from tpde.grid import Grid, gaussian, gaussian_mixture, moments
+from tpde.grid.stencils import point_values
+from tpde.solver import Problem, Solver
+from tpde.validation import l2_field, solve
+from tpde.variants import ATTENTION, Head, L2Head
+from tpde.variants.l2 import L2Attention
+
+# MATH.md section 6, case c1
+Q1 = np.array([[0.8, -0.3], [0.5, 0.6]])
+K1 = np.array([[0.4, 0.7], [-0.6, 0.2]])
+HEAD = L2Head(Q1, K1, V1)
+
+
+def test_point_values_are_eighth_order():
+    errors = []
+    for n in (16, 32, 64):
+        grid = Grid([-6.0], [6.0], [n])
+        rho = gaussian(grid, [0.3], [[0.8]])
+        exact = np.exp(-(grid.centres(0) - 0.3) ** 2 / 1.6) / np.sqrt(2 * np.pi * 0.8)
+        errors.append(np.abs(point_values(rho, grid) - exact).max())
+    orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
+    print(f"\npoint values from cell averages: errors {errors}, orders {orders}")
+    assert orders[-1] > 7.0
+
+
+def test_l2_velocity_on_gaussian_cell_averages_is_the_affine_field():
+    b, m = l2_field(MEAN1, COV1, HEAD)
+    cells, errors = [32, 64, 128], []
+    for n in cells:
+        grid = Grid([-8, -8], [8, 8], [n, n])
+        u = ATTENTION["l2"](HEAD)(gaussian(grid, MEAN1, COV1), grid, 0.0)
+        x = np.stack(grid.mesh(sparse=False), axis=-1)
+        exact = np.moveaxis(b + x @ m.T, -1, 0)
+        diff = x - MEAN1
+        bulk = np.einsum("...i,ij,...j->...", diff, np.linalg.inv(COV1), diff) <= 9.0
+        errors.append(float(np.abs(u - exact)[:, bulk].max() / np.abs(exact[:, bulk]).max()))
+    print_table("l2 velocity vs the closed form (3.3), 3-sigma bulk, box +-8", cells, errors)
+    assert errors[-1] <= 1e-8
+    assert np.all(np.diff(np.log(errors)) < 0)
+
+
+def test_l2_engines_agree_on_a_two_bump_density():
+    grid = Grid([-8, -8], [8, 8], [48, 48])
+    rho = gaussian_mixture(grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]],
+                           [0.4 * np.eye(2), [[0.4, 0.1], [0.1, 0.3]]])
+    direct = L2Attention(HEAD, engine="direct")(rho, grid, 0.0)
+    fast = L2Attention(HEAD, engine="separable")(rho, grid, 0.0)
+    mask = rho > 1e-8 * rho.max()
+    error = float(np.abs(fast - direct)[:, mask].max() / np.abs(direct[:, mask]).max())
+    print(f"\nl2 separable vs direct, two bumps 48^2: {error:.2e}")
+    assert error <= 1e-10
+
+
+def test_l2_run_follows_the_gaussian_ode():
+    t_end = 0.5
+    reference = solve("l2", MEAN1, COV1, HEAD, t_end).at(t_end)
+    rows = []
+    for n in (32, 64):
+        grid = Grid([-8, -8], [8, 8], [n, n])
+        result = Solver(Problem(grid, gaussian(grid, MEAN1, COV1), L2Attention(HEAD), t_end,
+                                max_outflow=1e-6)).run()
+        _, mean, cov = moments(result.final, grid)
+        rows.append(relative_errors(mean, cov, reference))
+    print_table("l2 run vs Gaussian ODE (c1), t = 0.5: relative covariance error", [32, 64],
+                [r[1] for r in rows], {"mean err": [r[0] for r in rows]})
+    assert rows[-1][1] < 1e-3
+
+
+def test_l2_needs_q_and_k():
+    grid = Grid([-2, -2], [2, 2], [8, 8])
+    with pytest.raises(ValueError, match="L2Head"):
+        L2Attention(Head(np.eye(2), np.eye(2)))(np.ones((8, 8)), grid, 0.0)
