@@ -176,3 +176,31 @@ def test_bad_attention_inputs_are_named():
         SoftmaxAttention(Head(np.eye(2), np.eye(2)))(np.zeros((8, 8)), grid, 0.0)
     with pytest.raises(ValueError, match="Head.A"):
         Head([[1.0, np.nan], [0.0, 1.0]], np.eye(2))
+
+
+def multihead_c1() -> list[Head]:
+    """MATH.md 6: H = 2, k = 1, A_h = K[h]^T Q[h] / 2 (outer product of rows), C_h = e_h V[h]."""
+    q = np.array([[0.8, -0.3], [0.5, 0.6]])
+    k = np.array([[0.4, 0.7], [-0.6, 0.2]])
+    return [Head(0.5 * np.outer(k[h], q[h]), V1[h:h + 1], np.eye(2)[:, h:h + 1])
+            for h in range(2)]
+
+
+@pytest.mark.parametrize("variant", ["linear", "multihead"])
+def test_linear_and_multihead_runs_follow_the_gaussian_odes(variant):
+    t_end = 0.5
+    params = Head(A1, V1) if variant == "linear" else multihead_c1()
+    field = LinearAttention(params) if variant == "linear" else SoftmaxAttention(params)
+    reference = solve(variant, MEAN1, COV1, params, t_end).at(t_end)
+    rows = []
+    cells = [32, 64]
+    for n in cells:
+        grid = Grid([-8, -8], [8, 8], [n, n])
+        result = Solver(Problem(grid, gaussian(grid, MEAN1, COV1), field, t_end,
+                                max_outflow=1e-6)).run()
+        _, mean, cov = moments(result.final, grid)
+        rows.append(relative_errors(mean, cov, reference))
+    print_table(f"{variant} run vs Gaussian ODE (c1), t = 0.5: relative covariance error",
+                cells, [r[1] for r in rows], {"mean err": [r[0] for r in rows]})
+    assert rows[-1][1] < 1e-3
+    assert rows[-1][1] < rows[0][1]
