@@ -100,22 +100,16 @@ def _heads(params) -> list[Head]:
     return heads
 
 
-class SoftmaxAttention(VelocityField):
-    """Softmax attention, one head or several (multi-head: the heads' fields add up).
+class TiltedMeanField(VelocityField):
+    """Shared machinery of the normalised kernels: tilted means m(c) of a weight field.
 
-    params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
-        ``t -> params`` (MATH.md 1.3, time-dependent parameters).
-    engine : "auto" | "direct" | "separable" (module docstring).
-    nodes, order : separable table nodes per axis (default by dimension, SEPARABLE_DEFAULTS)
-        and interpolation points per axis (default 12).
+    engine : "auto" | "direct" | "separable" (module docstring); nodes, order: separable table
+    nodes per axis (default by dimension, SEPARABLE_DEFAULTS) and interpolation points per
+    axis (default 12); block: targets per block of the direct sums.
     """
 
-    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
+    def __init__(self, engine: str = "auto", nodes: int | None = None,
                  order: int = SEPARABLE_ORDER, block: int = 256):
-        self.spec = as_param_spec(params)
-        if not callable(self.spec):
-            first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
-            _heads(first)
         if engine not in ENGINES:
             raise ValueError(f"attention.engine: unknown {engine!r}; choose one of "
                              f"{', '.join(ENGINES)}")
@@ -133,32 +127,53 @@ class SoftmaxAttention(VelocityField):
            offset: Sequence[float]) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 
+    @staticmethod
+    def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
+        """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""
+        lattices = [grid.lattice(offset) for offset in offsets]
+        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+                  for coords in lattices]
+        return lattices, points
+
+    def means_engine(self, weights: np.ndarray, grid: Grid, points: list[np.ndarray],
+                     matrix: np.ndarray):
+        """A function c -> m(c) (uncorrected sums of ``weights``) for c = matrix x, x in points."""
+        sources, values = density_sources(weights, grid)  # raises when there is no mass
+        if self.engine_for(grid) == "direct":
+            return lambda c: tilted_means(c, sources, values, (0.0,) * grid.ndim, self.block)
+        lower = np.min([p.min(axis=0) for p in points], axis=0)
+        upper = np.max([p.max(axis=0) for p in points], axis=0)
+        corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
+                           axis=-1).reshape(-1, grid.ndim) @ matrix.T
+        bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
+        return SeparableTiltedMeans(weights, grid, bounds,
+                                    self.nodes or SEPARABLE_DEFAULTS[grid.ndim], self.order)
+
+
+class SoftmaxAttention(TiltedMeanField):
+    """Softmax attention, one head or several (multi-head: the heads' fields add up).
+
+    params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
+        ``t -> params`` (MATH.md 1.3, time-dependent parameters).
+    engine, nodes, order, block : see :class:`TiltedMeanField`.
+    """
+
+    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
+                 order: int = SEPARABLE_ORDER, block: int = 256):
+        super().__init__(engine, nodes, order, block)
+        self.spec = as_param_spec(params)
+        if not callable(self.spec):
+            first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
+            _heads(first)
+
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
         heads = _heads(params_at(self.spec, t))
         for i, head in enumerate(heads):
             if head.dim != grid.ndim:
                 raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                                  f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
-        lattices = [grid.lattice(offset) for offset in offsets]
-        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
-                  for coords in lattices]
-        if self.engine_for(grid) == "direct":
-            sources, weights = density_sources(density, grid)
-            engines = [lambda c: tilted_means(c, sources, weights, (0.0,) * grid.ndim,
-                                              self.block)] * len(heads)
-        else:
-            if not np.any(density > 0):
-                density_sources(density, grid)  # raises the no-mass error
-            lower = np.min([p.min(axis=0) for p in points], axis=0)
-            upper = np.max([p.max(axis=0) for p in points], axis=0)
-            corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
-                               axis=-1).reshape(-1, grid.ndim)
-            nodes = self.nodes or SEPARABLE_DEFAULTS[grid.ndim]
-            engines = []
-            for head in heads:
-                c = corners @ head.A.T
-                bounds = np.stack([c.min(axis=0), c.max(axis=0)], axis=1)
-                engines.append(SeparableTiltedMeans(density, grid, bounds, nodes, self.order))
+        lattices, points = self.lattice_points(grid, offsets)
+        engines = [self.means_engine(density, grid, points, head.A) for head in heads]
         out = []
         for coords, x in zip(lattices, points, strict=True):
             velocity = np.zeros_like(x)
