@@ -25,14 +25,10 @@ from _machine import cpu_model, loadavg  # noqa: E402
 
 from tpde.grid import Grid, gaussian  # noqa: E402
 from tpde.variants import Head, L2Head  # noqa: E402
+from tpde.variants.direct import density_sources, grad_log_box_factor, tilted_means  # noqa: E402
 from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
 from tpde.variants.separable import SEPARABLE_DEFAULTS, mgf_table  # noqa: E402
-from tpde.variants.softmax import (  # noqa: E402
-    SoftmaxAttention,
-    density_sources,
-    grad_log_box_factor,
-    tilted_means,
-)
+from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
 
 
 def best_of(func, repeat: int = 3) -> float:
@@ -80,7 +76,7 @@ def case(ndim: int, cells: int, variant: str = "softmax", subset: int = 2048) ->
 
     def dense():
         cc = c[pick]
-        return (tilted_means(cc, sources, weights, (0.0,) * ndim)
+        return (tilted_means(cc, sources, weights)
                 - grad_log_box_factor(cc, spacing)) @ head.C.T
 
     dense_subset_s = best_of(dense, repeat=1)

@@ -1,6 +1,7 @@
 """Finite-volume schemes: reconstructions, fluxes, positivity limiter, SSP Runge-Kutta."""
 
-from .kernels import set_num_threads
+from tpde.threads import set_num_threads
+
 from .operator import FaceVelocity, FluxOperator, PositivityError
 from .reconstruction import RECONSTRUCTIONS, get_reconstruction
 from .rk import INTEGRATORS, SSPRK, get_integrator

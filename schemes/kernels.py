@@ -12,8 +12,6 @@ vacuum (outflow: nothing comes in).
 
 from __future__ import annotations
 
-import os
-
 import numba as nb
 import numpy as np
 
@@ -38,26 +36,6 @@ PARALLEL = True
 #: vectorising every loop that divides (WENO weights); fast-math flags as for the
 #: reconstructions (no NaN/Inf assumptions).
 JIT = {"cache": True, "error_model": "numpy", "fastmath": FAST}
-THREADS_VARIABLE = "TPDE_NUM_THREADS"
-
-
-def set_num_threads(threads: int | None = None) -> int:
-    """Threads for the compiled loops; returns the number in use.
-
-    Default (``None``): the ``TPDE_NUM_THREADS`` environment variable, else 1. One thread is
-    the default because numba's parallel loops slow down badly when the cores are shared with
-    other busy processes (launch and spin overheads per loop); on an idle 2-core machine two
-    threads make a WENO5 step about 1.6x faster (benchmarks/advection.py). At most
-    ``numba.config.NUMBA_NUM_THREADS`` (the core count unless ``NUMBA_NUM_THREADS`` is set).
-    """
-    if threads is None:
-        threads = int(os.environ.get(THREADS_VARIABLE, "1") or 1)
-    threads = max(1, min(int(threads), nb.config.NUMBA_NUM_THREADS))
-    nb.set_num_threads(threads)
-    return threads
-
-
-set_num_threads()
 
 
 @nb.njit(inline="always", **JIT)

@@ -14,13 +14,8 @@ from tpde.grid import Grid, gaussian, moments
 from tpde.solver import Problem, Scheme, Solver
 from tpde.validation import solve
 from tpde.variants import Head, Layers
-from tpde.variants.softmax import (
-    LinearAttention,
-    SoftmaxAttention,
-    density_sources,
-    grad_log_box_factor,
-    tilted_means,
-)
+from tpde.variants.direct import density_sources, grad_log_box_factor, tilted_means
+from tpde.variants.softmax import LinearAttention, SoftmaxAttention
 
 # MATH.md section 6, case c1 (non-symmetric A and V)
 A1 = np.array([[-0.6, 0.8], [-0.2, -0.3]])
@@ -70,7 +65,7 @@ def test_tilted_means_match_a_direct_evaluation_and_stay_finite():
     weights = rng.random(300) ** 8
     c = rng.normal(0, 1, (50, 2))
     c[:5] *= 400.0  # logits of several thousand: no overflow, no NaN
-    fast = tilted_means(c, sources, weights, [0.0, 0.0], block=7)
+    fast = tilted_means(c, sources, weights, block=7)
     logits = c @ sources.T
     logits -= logits.max(axis=1, keepdims=True)
     e = np.exp(logits) * weights
@@ -94,7 +89,7 @@ def test_softmax_velocity_on_gaussian_cell_averages_is_the_affine_field():
         errors.append(bulk_error(u, exact, grid, MEAN1, COV1))
         sources, weights = density_sources(rho, grid)
         x = centre_points(grid).reshape(-1, 2)
-        plain = tilted_means(x @ A1.T, sources, weights, [0.0, 0.0]) @ V1.T
+        plain = tilted_means(x @ A1.T, sources, weights) @ V1.T
         naive.append(bulk_error(np.moveaxis(plain.reshape(n, n, 2), -1, 0), exact, grid,
                                 MEAN1, COV1))
     print_table("softmax velocity vs V(alpha + Sigma A x), 3-sigma bulk, box +-12", cells,

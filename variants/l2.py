@@ -19,8 +19,8 @@ import numpy as np
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
+from .direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, params_at
-from .separable import SEPARABLE_ORDER
 from .softmax import TiltedMeanField
 
 
@@ -34,12 +34,12 @@ def reweighted_density(density: np.ndarray, grid: Grid, head: L2Head) -> np.ndar
 class L2Attention(TiltedMeanField):
     """l2 attention, one head (:class:`L2Head`, or Layers / a callable of them).
 
-    engine, nodes, order, block : as for :class:`SoftmaxAttention`.
+    engine, nodes, block : as for :class:`SoftmaxAttention`.
     """
 
     def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
-                 order: int = SEPARABLE_ORDER, block: int = 256):
-        super().__init__(engine, nodes, order, block)
+                 block: int = 256):
+        super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
@@ -52,8 +52,11 @@ class L2Attention(TiltedMeanField):
                              f"got {head.K.shape[0]} x {head.K.shape[1]}")
         coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
         lattices, points = self.lattice_points(grid, offsets)
-        means = self.means_engine(reweighted_density(density, grid, head), grid, points,
-                                  coupling)
-        return [(means(x @ coupling.T) @ head.C.T).T.reshape((grid.ndim,)
-                                                             + tuple(len(v) for v in coords))
-                for coords, x in zip(lattices, points, strict=True)]
+        weights = reweighted_density(density, grid, head)
+        sums = self.sums(weights, grid, lattices, coupling)
+        lower, upper = support_box(weights, grid)
+        out = []
+        for coords, x in zip(lattices, points, strict=True):
+            velocity = np.clip(sums.means(x @ coupling.T), lower, upper) @ head.C.T
+            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
+        return out

@@ -1,19 +1,24 @@
-"""Fast softmax sums: the moment-generating function on a tensor grid, then interpolation.
+"""Fast exponential-kernel sums: the moment-generating function on a tensor grid of tilts.
 
-MATH.md 9.9. With ``M(c) = sum_s rho_bar_s e^{c.y_s}`` the softmax velocity is
-``Gamma(x) = C m(A x)``, ``m(c) = grad log M(c)`` (plus the cell-average correction of
-:mod:`tpde.variants.softmax`). On a tensor grid of ``c`` values ``M`` and its first moments are
-separable sums, one matrix product per axis:
+MATH.md 9.9. With ``M(c) = sum_s w_s e^{c.y_s}`` over the cells, every exponential-kernel
+variant needs ``log M`` or its gradient, the tilted mean ``m(c) = grad log M(c)``, at
+``c = A x``. On a tensor grid of ``c`` values ``M`` and its first moments are separable sums,
+one matrix product per axis:
 
-    M(c_1i, c_2j) = sum_p e^{c_1i y_1p} ( sum_q e^{c_2j y_2q} rho_pq ),
+    M(c_1i, c_2j) = sum_p e^{c_1i y_1p} ( sum_q e^{c_2j y_2q} w_pq ),
 
 ``O(m N^d)`` work for ``m`` nodes per axis instead of ``O(N^{2d})``. Each row's exponents are
 shifted by their maximum over the cells that hold mass, so every term is <= 1 and positive:
-the sums keep relative accuracy however small they are. ``m(c)`` is smooth (its Jacobian is
-the covariance of the tilted law, bounded by the squared support radius) and exactly linear
-for a Gaussian, so a local Lagrange interpolation of degree ``order - 1`` on the uniform
-``c``-grid gives ``m(A x)`` at a controllable error (``tests/test_separable.py`` prints the
-convergence table against the dense engine).
+the sums keep relative accuracy however small they are. ``log M`` and ``m`` are smooth (the
+Jacobian of ``m`` is the covariance of the tilted law, bounded by the squared support radius)
+and exactly quadratic / linear for a Gaussian, so a local Lagrange interpolation of degree
+``ORDER - 1 = 11`` on the uniform ``c``-grid gives their values at ``A x`` at a controllable error
+(``tests/test_separable.py`` prints the convergence table against the dense engine).
+
+The interpolation weights are computed inside the numba kernels in O(ORDER) per axis
+(prefix / suffix products of the barycentric form), and ORDER is a compile-time constant,
+so the interpolation costs less than the table it reads (``benchmarks/velocity.py``
+measures the ratio). Accuracy is set by the table nodes (``nodes``).
 """
 
 from __future__ import annotations
@@ -28,133 +33,203 @@ from tpde.grid import Grid
 JIT = {"cache": True, "error_model": "numpy"}
 #: table nodes per axis by dimension, and the interpolation order (points per axis)
 SEPARABLE_DEFAULTS = {1: 4096, 2: 512, 3: 96}
-SEPARABLE_ORDER = 12
+ORDER = SEPARABLE_ORDER = 12
+CHUNK = 512  # targets per parallel task of the interpolation kernels
+FIELDS = ("means", "log", "both")
 
 
-def mgf_table(density: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray]) -> np.ndarray:
-    """Tilted means m(c) on the tensor grid ``nodes`` (one 1-D array per axis).
+def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
+              fields: str = "means") -> np.ndarray:
+    """The tilted means m(c) and / or log M(c) on the tensor grid ``nodes``.
 
-    density: cell averages, grid.shape; returns (d, m_1, ..., m_d).
+    weights: (*grid.shape) >= 0, not all zero; nodes: one 1-D array of tilts per axis;
+    fields: "means" (m_1..m_d), "log" (log M) or "both" (log M, then m_1..m_d).
+    Returns (fields, len(nodes_1), ..., len(nodes_d)), the layout the interpolation
+    kernels read.
     """
+    if fields not in FIELDS:
+        raise ValueError(f"mgf_table: fields must be one of {', '.join(FIELDS)}, got {fields!r}")
     d = grid.ndim
     centres = [grid.centres(a) for a in range(d)]
-    has_mass = [np.any(density > 0, axis=tuple(b for b in range(d) if b != a))
+    has_mass = [np.any(weights > 0, axis=tuple(b for b in range(d) if b != a))
                 for a in range(d)]
-    factors, moment_factors = [], []
+    factors, moment_factors, shifts = [], [], []
     for a in range(d):
         exponent = np.multiply.outer(nodes[a], centres[a])           # (m_a, N_a)
         shift = np.where(has_mass[a][None, :], exponent, -np.inf).max(axis=1, keepdims=True)
         e = np.exp(exponent - shift)
         factors.append(e)
         moment_factors.append(e * centres[a][None, :])
+        shifts.append(shift[:, 0])
 
     def contract(mats: list[np.ndarray]) -> np.ndarray:
-        out = density
+        out = weights
         for a, mat in enumerate(mats):   # axis a of `out` is still N_a: contract it with mat
             out = np.moveaxis(np.tensordot(mat, out, axes=([1], [a])), 0, a)
         return out
 
     total = contract(factors)
-    table = np.empty((d,) + total.shape)
-    for b in range(d):
-        mats = [moment_factors[a] if a == b else factors[a] for a in range(d)]
-        table[b] = contract(mats) / total
+    with_log = fields != "means"
+    with_means = fields != "log"
+    table = np.empty((int(with_log) + d * int(with_means),) + total.shape)
+    if with_log:
+        log_total = np.log(total)
+        for a in range(d):
+            log_total += shifts[a].reshape((-1,) + (1,) * (d - 1 - a))
+        table[0] = log_total
+    if with_means:
+        for b in range(d):
+            mats = [moment_factors[a] if a == b else factors[a] for a in range(d)]
+            table[int(with_log) + b] = contract(mats) / total
     return table
 
 
 @nb.njit(**JIT)
-def lagrange_weights(x: np.ndarray, order: int) -> tuple[np.ndarray, np.ndarray]:
-    """Local Lagrange interpolation on the integer nodes: x (P,) in node units.
+def _barycentric():
+    """1 / prod_{k != j} (j - k) for j < ORDER."""
+    out = np.empty(ORDER)
+    for j in range(ORDER):
+        value = 1.0
+        for k in range(ORDER):
+            if k != j:
+                value *= j - k
+        out[j] = 1.0 / value
+    return out
 
-    Returns the first node index (P,) and the weights (P, order) of the ``order`` nodes
-    around x (degree order - 1).
-    """
-    size = x.size
-    first = np.empty(size, np.int64)
-    weights = np.ones((size, order))
-    for i in range(size):
-        f = np.int64(np.floor(x[i])) - (order // 2 - 1)
-        first[i] = f
-        for j in range(order):
-            w = 1.0
-            for k in range(order):
-                if k != j:
-                    w *= (x[i] - (f + k)) / (j - k)
-            weights[i, j] = w
-    return first, weights
+
+@nb.njit(inline="always", **JIT)
+def _stencil(x, barycentric, weights):
+    """First node and Lagrange weights (into ``weights``) of the ORDER integer nodes around
+    x: w_j = prod_{k != j} (s - k) barycentric_j, s = x - first (prefix and suffix products,
+    no division)."""
+    first = np.int64(np.floor(x)) - (ORDER // 2 - 1)
+    s = x - first
+    prefix = 1.0
+    for j in range(ORDER):
+        weights[j] = prefix * barycentric[j]
+        prefix *= s - j
+    suffix = 1.0
+    for j in range(ORDER - 1, -1, -1):
+        weights[j] *= suffix
+        suffix *= s - j
+    return first
+
+
+# ORDER is a compile-time constant of the kernels below: fixed trip counts let LLVM unroll
+# and vectorise the stencil loops (about 3x faster than a runtime order).
+@nb.njit(parallel=True, **JIT)
+def _interpolate_1d(table, x0, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = _barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = _stencil(x0[i], bary, w0)
+            for b in range(table.shape[0]):
+                acc = 0.0
+                for j in range(ORDER):
+                    acc += w0[j] * table[b, f0 + j]
+                out[i, b] = acc
 
 
 @nb.njit(parallel=True, **JIT)
-def _interpolate_2d(table, first0, w0, first1, w1, out):
-    order = w0.shape[1]
-    for i in nb.prange(out.shape[0]):
-        for b in range(table.shape[0]):
-            acc = 0.0
-            for j in range(order):
-                row = 0.0
-                for k in range(order):
-                    row += w1[i, k] * table[b, first0[i] + j, first1[i] + k]
-                acc += w0[i, j] * row
-            out[i, b] = acc
+def _interpolate_2d(table, x0, x1, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = _barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        w1 = np.empty(ORDER)
+        rows = np.empty(ORDER)   # sum_j w0_j table[b, f0 + j, f1 + k]
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = _stencil(x0[i], bary, w0)
+            f1 = _stencil(x1[i], bary, w1)
+            for b in range(table.shape[0]):
+                rows[:] = 0.0
+                for j in range(ORDER):
+                    w = w0[j]
+                    row = table[b, f0 + j]
+                    for k in range(ORDER):
+                        rows[k] += w * row[f1 + k]
+                acc = 0.0
+                for k in range(ORDER):
+                    acc += w1[k] * rows[k]
+                out[i, b] = acc
 
 
 @nb.njit(parallel=True, **JIT)
-def _interpolate_3d(table, first0, w0, first1, w1, first2, w2, out):
-    order = w0.shape[1]
-    for i in nb.prange(out.shape[0]):
-        for b in range(table.shape[0]):
-            acc = 0.0
-            for j in range(order):
-                plane = 0.0
-                for k in range(order):
-                    row = 0.0
-                    for m in range(order):
-                        row += w2[i, m] * table[b, first0[i] + j, first1[i] + k, first2[i] + m]
-                    plane += w1[i, k] * row
-                acc += w0[i, j] * plane
-            out[i, b] = acc
+def _interpolate_3d(table, x0, x1, x2, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = _barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        w1 = np.empty(ORDER)
+        w2 = np.empty(ORDER)
+        rows = np.empty(ORDER)   # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = _stencil(x0[i], bary, w0)
+            f1 = _stencil(x1[i], bary, w1)
+            f2 = _stencil(x2[i], bary, w2)
+            for b in range(table.shape[0]):
+                rows[:] = 0.0
+                for j in range(ORDER):
+                    for k in range(ORDER):
+                        w = w0[j] * w1[k]
+                        row = table[b, f0 + j, f1 + k]
+                        for m in range(ORDER):
+                            rows[m] += w * row[f2 + m]
+                acc = 0.0
+                for m in range(ORDER):
+                    acc += w2[m] * rows[m]
+                out[i, b] = acc
 
 
-class SeparableTiltedMeans:
-    """m(c) for any c inside a box of c values, from one separable table.
+class SeparableSums:
+    """log M(c) and m(c) for any c inside a box of tilts, from one separable table.
 
-    bounds: (d, 2) lower / upper c per axis; nodes_per_axis: table size (m);
-    order: points of the local interpolation per axis (default 8).
+    weights: (*grid.shape) >= 0; bounds: (d, 2) lower / upper c per axis; nodes_per_axis:
+    table size (m; the interpolation uses ORDER = 12 points per axis); fields: what the
+    table holds, "means" (softmax velocities), "log" (Sinkhorn potentials: one contraction
+    instead of d) or "both" (see :func:`mgf_table`).
     """
 
-    def __init__(self, density: np.ndarray, grid: Grid, bounds: np.ndarray,
-                 nodes_per_axis: int, order: int = 8):
-        self.order = int(order)
+    def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
+                 nodes_per_axis: int, fields: str = "means"):
+        if not np.any(weights > 0):
+            raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
         width = np.maximum(upper - lower, 1e-12)
-        inner = max(int(nodes_per_axis), self.order)
+        inner = max(int(nodes_per_axis), ORDER)
         self.step = width / (inner - 1)
-        pad = self.order // 2 + 1
+        pad = ORDER // 2 + 1
         self.start = lower - pad * self.step
-        count = inner + 2 * pad
-        nodes = [self.start[a] + self.step[a] * np.arange(count) for a in range(grid.ndim)]
-        self.table = mgf_table(density, grid, nodes)
-        self.count = count
+        self.count = inner + 2 * pad
+        nodes = [self.start[a] + self.step[a] * np.arange(self.count) for a in range(grid.ndim)]
+        self.fields = fields
+        self.table = mgf_table(weights, grid, nodes, fields)
 
-    def __call__(self, c: np.ndarray) -> np.ndarray:
-        """m(c), c: (P, d) -> (P, d)."""
+    def _interpolate(self, c: np.ndarray) -> np.ndarray:
         c = np.asarray(c, float)
-        d = c.shape[1]
-        firsts, weights = [], []
-        for a in range(d):
-            first, w = lagrange_weights(np.ascontiguousarray((c[:, a] - self.start[a])
-                                                             / self.step[a]), self.order)
-            if first.min() < 0 or first.max() + self.order > self.count:
+        units = [np.ascontiguousarray((c[:, a] - self.start[a]) / self.step[a])
+                 for a in range(c.shape[1])]
+        low, high = ORDER // 2 - 1, self.count - ORDER // 2
+        for u in units:
+            if u.size and (u.min() < low or u.max() >= high):
                 raise ValueError("separable engine: a target c lies outside the table")
-            firsts.append(first)
-            weights.append(w)
-        out = np.zeros_like(c)
-        if d == 1:
-            out[:, 0] = np.sum(weights[0] * self.table[0][firsts[0][:, None]
-                                                         + np.arange(self.order)], axis=1)
-        elif d == 2:
-            _interpolate_2d(self.table, firsts[0], weights[0], firsts[1], weights[1], out)
-        else:
-            _interpolate_3d(self.table, firsts[0], weights[0], firsts[1], weights[1],
-                            firsts[2], weights[2], out)
+        out = np.empty((c.shape[0], self.table.shape[0]))
+        kernel = (_interpolate_1d, _interpolate_2d, _interpolate_3d)[len(units) - 1]
+        kernel(self.table, *units, out)
         return out
+
+    def means(self, c: np.ndarray) -> np.ndarray:
+        """m(c), c: (P, d) -> (P, d)."""
+        if self.fields == "log":
+            raise ValueError("separable engine: this table holds log M only (fields='log')")
+        values = self._interpolate(c)
+        return values if self.fields == "means" else values[:, 1:]
+
+    def log_partition(self, c: np.ndarray) -> np.ndarray:
+        """log M(c), c: (P, d) -> (P,)."""
+        if self.fields == "means":
+            raise ValueError("separable engine: this table holds the means only "
+                             "(fields='means')")
+        return self._interpolate(c)[:, 0]

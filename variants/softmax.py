@@ -21,10 +21,10 @@ for a resolved density (the naive sum has an O(h^2) error).
 
 Engines (``engine=``):
 
-* ``"direct"``: ``tilted_means`` evaluates the sums densely, blocked over targets, with each
-  row's exponents shifted by its maximum (every term <= 1, all terms positive: relative
-  accuracy ~ n eps however small the sums are; no overflow, no NaN where the density
-  underflows). The exact reference, O(targets x sources): up to about 2-D 64^2.
+* ``"direct"``: :mod:`tpde.variants.direct` evaluates the sums densely, blocked over
+  targets, with each row's exponents shifted by its maximum (every term <= 1, all terms
+  positive: relative accuracy ~ n eps however small the sums are; no overflow, no NaN where
+  the density underflows). The exact reference, O(targets x sources): up to about 2-D 64^2.
 * ``"separable"``: :mod:`tpde.variants.separable`, the moment-generating function on a
   tensor grid of ``c`` by one matrix product per axis, interpolated to ``c = A x``;
   ``O(m N^d)``. Measured against the direct engine at 64^2 (tests/test_separable.py): 2e-15
@@ -41,56 +41,12 @@ import numpy as np
 from tpde.grid import Grid
 
 from .base import VelocityField
+from .direct import DirectSums, grad_log_box_factor, support_box
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import SEPARABLE_DEFAULTS, SEPARABLE_ORDER, SeparableTiltedMeans
+from .separable import SEPARABLE_DEFAULTS, SeparableSums
 
 ENGINES = ("auto", "direct", "separable")
 DIRECT_MAX_CELLS = 1024
-
-
-def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
-    """d/dc log S(c), S(c) = prod_a sinh(c_a h_a/2) / (c_a h_a/2); c: (P, d) -> (P, d)."""
-    c = np.asarray(c, dtype=float)
-    out = np.empty_like(c)
-    for a, h in enumerate(spacing):
-        u = 0.5 * h * c[:, a]
-        small = np.abs(u) < 1e-3
-        with np.errstate(divide="ignore", invalid="ignore"):
-            exact = 0.5 * h * (1.0 / np.tanh(u) - 1.0 / u)
-        u2 = u[small] ** 2  # (h/2) (u/3 - u^3/45 + 2u^5/945)
-        series = 0.5 * h * u[small] * (1.0 / 3.0 - u2 / 45.0 + 2.0 * u2 * u2 / 945.0)
-        out[:, a] = np.where(small, 0.0, exact)
-        out[small, a] = series
-    return out
-
-
-def density_sources(density: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
-    """Cell centres (S, d) and cell averages (S,) of the cells that hold mass."""
-    weights = density.reshape(-1)
-    mask = weights > 0
-    if not np.any(mask):
-        raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
-    centres = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
-    return centres[mask], weights[mask]
-
-
-def tilted_means(c: np.ndarray, sources: np.ndarray, weights: np.ndarray,
-                 spacing: Sequence[float], block: int = 256) -> np.ndarray:
-    """m(c) for every row of c: (P, d) -> (P, d); sources (S, d), weights (S,) >= 0.
-
-    Dense, blocked over targets, log-sum-exp stabilised, with the cell-average correction
-    ``- grad log S(c)`` (module docstring; pass zero spacing for the plain sums).
-    """
-    c = np.asarray(c, dtype=float)
-    out = np.empty_like(c)
-    for start in range(0, c.shape[0], block):
-        cb = c[start:start + block]
-        logits = cb @ sources.T                                   # (P_b, S)
-        logits -= logits.max(axis=1, keepdims=True)
-        np.exp(logits, out=logits)
-        logits *= weights
-        out[start:start + block] = (logits @ sources) / logits.sum(axis=1, keepdims=True)
-    return out - grad_log_box_factor(c, spacing)
 
 
 def _heads(params) -> list[Head]:
@@ -103,19 +59,17 @@ def _heads(params) -> list[Head]:
 class TiltedMeanField(VelocityField):
     """Shared machinery of the normalised kernels: tilted means m(c) of a weight field.
 
-    engine : "auto" | "direct" | "separable" (module docstring); nodes, order: separable table
-    nodes per axis (default by dimension, SEPARABLE_DEFAULTS) and interpolation points per
-    axis (default 12); block: targets per block of the direct sums.
+    engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
+    nodes per axis (default by dimension, SEPARABLE_DEFAULTS; the interpolation uses 12
+    points per axis); block: targets per block of the direct sums.
     """
 
-    def __init__(self, engine: str = "auto", nodes: int | None = None,
-                 order: int = SEPARABLE_ORDER, block: int = 256):
+    def __init__(self, engine: str = "auto", nodes: int | None = None, block: int = 256):
         if engine not in ENGINES:
             raise ValueError(f"attention.engine: unknown {engine!r}; choose one of "
                              f"{', '.join(ENGINES)}")
         self.engine = engine
         self.nodes = nodes
-        self.order = int(order)
         self.block = int(block)
 
     def engine_for(self, grid: Grid) -> str:
@@ -135,19 +89,20 @@ class TiltedMeanField(VelocityField):
                   for coords in lattices]
         return lattices, points
 
-    def means_engine(self, weights: np.ndarray, grid: Grid, points: list[np.ndarray],
-                     matrix: np.ndarray):
-        """A function c -> m(c) (uncorrected sums of ``weights``) for c = matrix x, x in points."""
-        sources, values = density_sources(weights, grid)  # raises when there is no mass
+    def sums(self, weights: np.ndarray, grid: Grid, lattices: list,
+             matrix: np.ndarray, fields: str = "means") -> DirectSums | SeparableSums:
+        """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
+        x on ``lattices`` (per-axis coordinates, as from :meth:`lattice_points`): an object
+        with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``)."""
         if self.engine_for(grid) == "direct":
-            return lambda c: tilted_means(c, sources, values, (0.0,) * grid.ndim, self.block)
-        lower = np.min([p.min(axis=0) for p in points], axis=0)
-        upper = np.max([p.max(axis=0) for p in points], axis=0)
+            return DirectSums(weights, grid, self.block)  # raises when there is no mass
+        lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
+        upper = np.max([[axis.max() for axis in coords] for coords in lattices], axis=0)
         corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
                            axis=-1).reshape(-1, grid.ndim) @ matrix.T
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
-        return SeparableTiltedMeans(weights, grid, bounds,
-                                    self.nodes or SEPARABLE_DEFAULTS[grid.ndim], self.order)
+        return SeparableSums(weights, grid, bounds, self.nodes or SEPARABLE_DEFAULTS[grid.ndim],
+                             fields)
 
 
 class SoftmaxAttention(TiltedMeanField):
@@ -155,12 +110,12 @@ class SoftmaxAttention(TiltedMeanField):
 
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
         ``t -> params`` (MATH.md 1.3, time-dependent parameters).
-    engine, nodes, order, block : see :class:`TiltedMeanField`.
+    engine, nodes, block : see :class:`TiltedMeanField`.
     """
 
     def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
-                 order: int = SEPARABLE_ORDER, block: int = 256):
-        super().__init__(engine, nodes, order, block)
+                 block: int = 256):
+        super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
@@ -173,13 +128,15 @@ class SoftmaxAttention(TiltedMeanField):
                 raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                                  f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
         lattices, points = self.lattice_points(grid, offsets)
-        engines = [self.means_engine(density, grid, points, head.A) for head in heads]
+        engines = [self.sums(density, grid, lattices, head.A) for head in heads]
+        lower, upper = support_box(density, grid)
         out = []
         for coords, x in zip(lattices, points, strict=True):
             velocity = np.zeros_like(x)
             for head, engine in zip(heads, engines, strict=True):
                 c = x @ head.A.T
-                means = engine(c) - grad_log_box_factor(c, grid.spacing)
+                means = np.clip(engine.means(c) - grad_log_box_factor(c, grid.spacing),
+                                lower, upper)
                 velocity += means @ head.C.T
             out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out
