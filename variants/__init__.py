@@ -1,14 +1,26 @@
 """Velocity fields: prescribed fields and the attention variants of the Transformer PDE.
 
-``ATTENTION`` maps a variant name to its velocity-field class (one file per variant). Done:
-softmax and multi-head (dense or separable sums), linear (moments, O(N)), l2 (the softmax
-engines on the reweighted density). To come: Sinkhorn, sigmoid, masked.
+``ATTENTION`` maps a variant name to its velocity-field class (one file per variant):
+softmax and multi-head (:mod:`.softmax`), linear (moments, O(N)), l2 (:mod:`.l2`), Sinkhorn
+(:mod:`.sinkhorn`) and sigmoid (:mod:`.sigmoid`). The exponential-kernel variants share the
+kernel-sum engines of :mod:`.direct` (dense reference) and :mod:`.separable` (fast tables).
+To come: masked (causal) attention.
 """
 
 from .base import VelocityField
 from .l2 import L2Attention
-from .parameters import Head, L2Head, Layers, SinkhornHead, head_from_qk, params_at
+from .parameters import (
+    Head,
+    L2Head,
+    Layers,
+    SigmoidHead,
+    SinkhornHead,
+    head_from_qk,
+    params_at,
+)
 from .prescribed import AffineVelocity, ConstantVelocity, FunctionVelocity
+from .sigmoid import SigmoidAttention
+from .sinkhorn import SinkhornAttention, SinkhornError
 from .softmax import LinearAttention, SoftmaxAttention
 
 ATTENTION = {
@@ -16,8 +28,11 @@ ATTENTION = {
     "multihead": SoftmaxAttention,
     "linear": LinearAttention,
     "l2": L2Attention,
+    "sinkhorn": SinkhornAttention,
+    "sigmoid": SigmoidAttention,
 }
 
 __all__ = ["VelocityField", "ConstantVelocity", "AffineVelocity", "FunctionVelocity", "Head",
-           "L2Head", "Layers", "SinkhornHead", "head_from_qk", "params_at", "ATTENTION",
-           "SoftmaxAttention", "LinearAttention", "L2Attention"]
+           "L2Head", "Layers", "SigmoidHead", "SinkhornHead", "head_from_qk", "params_at",
+           "ATTENTION", "SoftmaxAttention", "LinearAttention", "L2Attention",
+           "SinkhornAttention", "SinkhornError", "SigmoidAttention"]

@@ -102,7 +102,8 @@ def support_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray
 def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     """d/dc log S(c), S(c) = prod_a sinh(c_a h_a/2) / (c_a h_a/2); c: (P, d) -> (P, d).
 
-    The exact cell-average correction of the exponential kernel (tpde.variants.softmax).
+    The exact cell-average correction of the exponential kernel (tpde.variants.softmax):
+    d/dc_a log S = (h_a/2) coth(c_a h_a/2) - 1/c_a, by its series for |c_a h_a| < 2e-3.
     """
     c = np.asarray(c, dtype=float)
     out = np.empty_like(c)

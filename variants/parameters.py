@@ -4,7 +4,8 @@ One head is ``Head(A, V, W=None)`` with ``A = K^T Q`` (d x d) and the value matr
 (d x d, or k x d with an output matrix ``W``, d x k; the head acts through ``C = W V``);
 ``head_from_qk`` builds it from queries and keys (``A = scale K^T Q``). The l2 kernel needs
 ``Q`` and ``K`` themselves: ``L2Head(Q, K, V, scale, W)``, kernel exp(-|scale Q x - K y|^2).
-Sinkhorn adds the entropic parameter: ``SinkhornHead(A, V, W, eps)``. Multi-head attention is a
+Sinkhorn adds the entropic parameter: ``SinkhornHead(A, V, W, eps)``; sigmoid its bias:
+``SigmoidHead(A, V, W, bias)``. Multi-head attention is a
 sequence of heads. Time dependence (MATH.md 1.3): a constant parameter object, piecewise-constant
 ``Layers`` (or ``{"layers": [(t_start, params), ...]}``), or a callable ``t -> params``;
 ``params_at(spec, t)`` resolves any of them. Invalid entries raise ValueError with one line
@@ -21,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Head", "L2Head", "Layers", "ParamSpec", "Params", "SinkhornHead", "as_param_spec",
-           "checked_matrix", "head_from_qk", "params_at", "shape_str"]
+__all__ = ["Head", "L2Head", "Layers", "ParamSpec", "Params", "SigmoidHead", "SinkhornHead",
+           "as_param_spec", "checked_matrix", "head_from_qk", "params_at", "shape_str"]
 
 
 # ------------------------------------------------------------------------------
@@ -116,6 +117,24 @@ class SinkhornHead(Head):
 
 
 @dataclass(frozen=True, eq=False)
+class SigmoidHead(Head):
+    """Sigmoid attention head (MATH.md 1.3): Gamma(x) = C int sigma(<A x, y> + bias) y dmu(y).
+
+    A: (d, d); V: (d, d), or (k, d) with W: (d, k); bias: real (Ramapuram et al. use
+    -log n for n tokens). Unnormalised: the field scales with the mass of mu.
+    """
+
+    bias: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bias = float(self.bias)
+        if not math.isfinite(bias):
+            raise ValueError(f"SigmoidHead.bias: expected a finite number, got {self.bias}")
+        object.__setattr__(self, "bias", bias)
+
+
+@dataclass(frozen=True, eq=False)
 class L2Head:
     """l2 attention head (MATH.md 1.3, 3.3): kernel exp(-|scale Q x - K y|^2).
 
@@ -166,7 +185,7 @@ def head_from_qk(Q: Any, K: Any, V: Any, W: Any = None, scale: float = 1.0) -> H
     return Head(float(scale) * Km.T @ Qm, V, W)
 
 
-Params = Head | L2Head | SinkhornHead | Sequence[Head]
+Params = Head | L2Head | SinkhornHead | SigmoidHead | Sequence[Head]
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,9 +31,23 @@ import numpy as np
 from tpde.grid import Grid
 
 JIT = {"cache": True, "error_model": "numpy"}
-#: table nodes per axis by dimension, and the interpolation order (points per axis)
-SEPARABLE_DEFAULTS = {1: 4096, 2: 512, 3: 96}
-ORDER = SEPARABLE_ORDER = 12
+#: interpolation points per axis (a compile-time constant of the kernels)
+ORDER = 12
+#: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
+#: the support along axis a (c . y changes by at most this between neighbouring nodes),
+#: within [MIN_NODES, MAX_NODES[d]] (the cap bounds the table memory: 160^3 x 3 fields
+#: = 100 MB in 3-D). 2-D 256^2 softmax on the c1 case of MATH.md 6 gets 512 nodes.
+NODE_RESOLUTION = 0.7
+MIN_NODES = 64
+MAX_NODES = {1: 16384, 2: 2048, 3: 160}
+
+
+def table_nodes(bounds: np.ndarray, extent: np.ndarray) -> np.ndarray:
+    """Nodes per axis (d,) for tilts in ``bounds`` (d, 2) and a support of width ``extent``."""
+    d = len(extent)
+    width = np.asarray(bounds, float)[:, 1] - np.asarray(bounds, float)[:, 0]
+    wanted = np.ceil(width * np.asarray(extent, float) / NODE_RESOLUTION) + 1
+    return np.clip(wanted, MIN_NODES, MAX_NODES[d]).astype(int)
 CHUNK = 512  # targets per parallel task of the interpolation kernels
 FIELDS = ("means", "log", "both")
 
@@ -186,34 +200,36 @@ def _interpolate_3d(table, x0, x1, x2, out):
 class SeparableSums:
     """log M(c) and m(c) for any c inside a box of tilts, from one separable table.
 
-    weights: (*grid.shape) >= 0; bounds: (d, 2) lower / upper c per axis; nodes_per_axis:
-    table size (m; the interpolation uses ORDER = 12 points per axis); fields: what the
-    table holds, "means" (softmax velocities), "log" (Sinkhorn potentials: one contraction
-    instead of d) or "both" (see :func:`mgf_table`).
+    weights: (*grid.shape) >= 0; bounds: (d, 2) lower / upper c per axis; nodes: table
+    nodes per axis (int or (d,); the interpolation uses ORDER = 12 points per axis, see
+    :func:`table_nodes` for the automatic choice); fields: what the table holds, "means"
+    (velocities), "log" (Sinkhorn potentials: one contraction instead of d) or "both"
+    (see :func:`mgf_table`).
     """
 
     def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
-                 nodes_per_axis: int, fields: str = "means"):
+                 nodes: int | Sequence[int], fields: str = "means"):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
         width = np.maximum(upper - lower, 1e-12)
-        inner = max(int(nodes_per_axis), ORDER)
+        inner = np.maximum(np.broadcast_to(np.asarray(nodes, int), lower.shape), ORDER)
         self.step = width / (inner - 1)
         pad = ORDER // 2 + 1
         self.start = lower - pad * self.step
         self.count = inner + 2 * pad
-        nodes = [self.start[a] + self.step[a] * np.arange(self.count) for a in range(grid.ndim)]
+        tilts = [self.start[a] + self.step[a] * np.arange(self.count[a])
+                 for a in range(grid.ndim)]
         self.fields = fields
-        self.table = mgf_table(weights, grid, nodes, fields)
+        self.table = mgf_table(weights, grid, tilts, fields)
 
     def _interpolate(self, c: np.ndarray) -> np.ndarray:
         c = np.asarray(c, float)
         units = [np.ascontiguousarray((c[:, a] - self.start[a]) / self.step[a])
                  for a in range(c.shape[1])]
-        low, high = ORDER // 2 - 1, self.count - ORDER // 2
-        for u in units:
-            if u.size and (u.min() < low or u.max() >= high):
+        low = ORDER // 2 - 1
+        for u, count in zip(units, self.count, strict=True):
+            if u.size and (u.min() < low or u.max() >= count - ORDER // 2):
                 raise ValueError("separable engine: a target c lies outside the table")
         out = np.empty((c.shape[0], self.table.shape[0]))
         kernel = (_interpolate_1d, _interpolate_2d, _interpolate_3d)[len(units) - 1]

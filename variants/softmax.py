@@ -43,7 +43,7 @@ from tpde.grid import Grid
 from .base import VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import SEPARABLE_DEFAULTS, SeparableSums
+from .separable import SeparableSums, table_nodes
 
 ENGINES = ("auto", "direct", "separable")
 DIRECT_MAX_CELLS = 1024
@@ -60,8 +60,9 @@ class TiltedMeanField(VelocityField):
     """Shared machinery of the normalised kernels: tilted means m(c) of a weight field.
 
     engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
-    nodes per axis (default by dimension, SEPARABLE_DEFAULTS; the interpolation uses 12
-    points per axis); block: targets per block of the direct sums.
+    nodes per axis (default: automatic from the tilt range and the support width,
+    :func:`tpde.variants.separable.table_nodes`; the interpolation uses 12 points per
+    axis); block: targets per block of the direct sums.
     """
 
     def __init__(self, engine: str = "auto", nodes: int | None = None, block: int = 256):
@@ -101,8 +102,12 @@ class TiltedMeanField(VelocityField):
         corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
                            axis=-1).reshape(-1, grid.ndim) @ matrix.T
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
-        return SeparableSums(weights, grid, bounds, self.nodes or SEPARABLE_DEFAULTS[grid.ndim],
-                             fields)
+        if self.nodes is None:
+            low, high = support_box(weights, grid)
+            nodes = table_nodes(bounds, high - low)
+        else:
+            nodes = self.nodes
+        return SeparableSums(weights, grid, bounds, nodes, fields)
 
 
 class SoftmaxAttention(TiltedMeanField):
@@ -135,9 +140,9 @@ class SoftmaxAttention(TiltedMeanField):
             velocity = np.zeros_like(x)
             for head, engine in zip(heads, engines, strict=True):
                 c = x @ head.A.T
-                means = np.clip(engine.means(c) - grad_log_box_factor(c, grid.spacing),
-                                lower, upper)
-                velocity += means @ head.C.T
+                means = engine.means(c)
+                means -= grad_log_box_factor(c, grid.spacing)
+                velocity += np.clip(means, lower, upper, out=means) @ head.C.T
             out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out
 

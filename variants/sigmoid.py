@@ -1,0 +1,97 @@
+"""Sigmoid attention on the grid (MATH.md 1.3): unnormalised, no Gaussian closure.
+
+    Gamma(x) = C int sigma(<A x, y> + b) y dmu(y),   sigma(z) = 1 / (1 + e^{-z}),
+
+with C = W V (C = V for one head) and bias b. The kernel is bounded (0 < sigma < 1), so the
+sum needs no range shifts; it is evaluated densely as a trapezoid sum over the cells,
+
+    Gamma(x) ~ C sum_s sigma(c . y_s + b) y_s p_s |cell|,   c = A x,
+
+with ``p`` eighth-order point values of the cell averages (``tpde.grid.stencils``): the
+integrand is smooth, so the sum is spectrally accurate once the density is resolved (the
+naive sum over cell averages has an O(h^2) error). Bound (MATH.md 9.4):
+|Gamma| <= ||C|| int |y| dmu.
+
+Engine: direct only (a numba loop, O(targets x cells)). sigma(<A x, y> + b) is not a
+product of a function of x and one of y, so the separable tables of the exponential
+variants do not apply; runs are practical up to about 2-D 48^2 (one 64^2 lattice costs
+~20 ms). A fast engine is future work (see the notes of docs/theory.md).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from tpde.grid import Grid
+from tpde.grid.stencils import point_values
+
+from .base import VelocityField
+from .parameters import ParamSpec, SigmoidHead, as_param_spec, params_at
+
+JIT = {"cache": True, "error_model": "numpy"}
+ENGINES = ("auto", "direct")
+
+
+@nb.njit(parallel=True, **JIT)
+def sigmoid_sums(c, bias, sources, weights, out):
+    """out[i] = sum_s sigma(c_i . y_s + bias) y_s w_s; c (P, d), sources (S, d), w (S,)."""
+    d = c.shape[1]
+    for i in nb.prange(c.shape[0]):
+        acc = np.zeros(d)
+        for s in range(sources.shape[0]):
+            z = bias
+            for a in range(d):
+                z += c[i, a] * sources[s, a]
+            if z >= 0.0:
+                sigma = 1.0 / (1.0 + np.exp(-z))
+            else:
+                e = np.exp(z)
+                sigma = e / (1.0 + e)
+            weight = sigma * weights[s]
+            for a in range(d):
+                acc[a] += weight * sources[s, a]
+        for a in range(d):
+            out[i, a] = acc[a]
+
+
+class SigmoidAttention(VelocityField):
+    """Sigmoid attention, one head (:class:`SigmoidHead`, or Layers / a callable of them).
+
+    engine : "auto" | "direct" (the only engine; module docstring).
+    """
+
+    def __init__(self, params: ParamSpec, engine: str = "auto"):
+        if engine not in ENGINES:
+            raise ValueError(f"attention.engine: unknown {engine!r} for sigmoid; choose one of "
+                             f"{', '.join(ENGINES)}")
+        self.spec = as_param_spec(params)
+        self.engine = engine
+
+    def at(self, density, grid: Grid, t: float, offset) -> np.ndarray:
+        return self.at_many(density, grid, t, [offset])[0]
+
+    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+        head = params_at(self.spec, t)
+        if not isinstance(head, SigmoidHead):
+            raise ValueError(f"attention: the sigmoid variant needs a SigmoidHead (A, V, bias), "
+                             f"got {type(head).__name__}")
+        if head.dim != grid.ndim:
+            raise ValueError(f"attention.A: expected {grid.ndim} x {grid.ndim} for a "
+                             f"{grid.ndim}-D grid, got {head.dim} x {head.dim}")
+        values = np.maximum(point_values(density, grid), 0.0).reshape(-1)
+        mass = values > 0
+        centres = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
+        sources = np.ascontiguousarray(centres[mass])
+        weights = values[mass] * grid.cell_volume
+        out = []
+        for offset in offsets:
+            coords = grid.lattice(offset)
+            x = np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+            sums = np.zeros_like(x)
+            if sources.size:
+                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias, sources, weights,
+                             sums)
+            velocity = sums @ head.C.T
+            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
+        return out

@@ -1,0 +1,153 @@
+"""Sinkhorn attention on the grid (MATH.md 1.3, 3.5, 9.7): the entropic self-transport plan.
+
+The plan of mu with itself for the kernel exp(<A x, y> / eps),
+
+    pi(x, y) = exp((<A x, y> + f(x) + g(y)) / eps) mu(x) mu(y),   pi in Pi(mu, mu),
+
+has potentials f, g fixed by the two marginal conditions; the velocity is the conditional
+mean of the plan, mapped by C = W V:
+
+    Gamma(x) = C int y dpi(y | x) = C m_w(A x / eps),   w(y) = e^{g(y)/eps} mu(y),
+
+the tilted mean of the reweighted density (the softmax engines, MATH.md 9.9). The potentials
+come from log-domain Sinkhorn iterations on the cell centres, each half-step one
+log-partition evaluation through the same engines:
+
+    f(x) = -eps log sum_y q_y e^{(<A x, y> + g(y))/eps}   at c = A x / eps,
+    g(y) = -eps log sum_x q_x e^{(<A x, y> + f(x))/eps}   at c = A^T y / eps,
+
+with q the normalised quadrature weights of the density: eighth-order point values of the
+cell averages (as for l2: g is not an exponential, so the exact cell-average correction of
+softmax does not apply; trapezoid sums of smooth integrands are spectrally accurate). The
+iteration stops when the marginal error sum_x q_x |e^{(f - f_new)/eps} - 1| (the row
+marginal of the current plan against mu, relative to its mass) is below ``tol``. The
+potentials of the last evaluation warm-start the next one (the next RK stage sees a nearby
+density), and ``iterations`` records the count of every evaluation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpde.grid import Grid
+from tpde.grid.stencils import point_values
+
+from .direct import support_box
+from .parameters import ParamSpec, SinkhornHead, as_param_spec, params_at
+from .softmax import TiltedMeanField
+
+
+class SinkhornError(RuntimeError):
+    """The Sinkhorn iterations did not reach the marginal tolerance."""
+
+
+def quadrature_weights(density: np.ndarray, grid: Grid) -> np.ndarray:
+    """q >= 0 with sum q = 1: point values of the density at the centres, grid.shape."""
+    values = np.maximum(point_values(density, grid), 0.0)
+    total = values.sum()
+    if not total > 0:
+        raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
+    return values / total
+
+
+class SinkhornAttention(TiltedMeanField):
+    """Sinkhorn attention, one head (:class:`SinkhornHead`, or Layers / a callable of them).
+
+    tol : marginal error at which the iterations stop (default 1e-11).
+    max_iter : iterations per evaluation before :class:`SinkhornError` (default 1000).
+    warm_start : reuse the potentials of the previous evaluation (default True).
+    engine, nodes, block : as for :class:`SoftmaxAttention`.
+
+    After each evaluation ``iterations`` (list) holds the iteration counts so far and
+    ``marginal_error`` the error reached by the last one.
+    """
+
+    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
+                 block: int = 256, tol: float = 1e-11, max_iter: int = 1000,
+                 warm_start: bool = True):
+        super().__init__(engine, nodes, block)
+        if not (np.isfinite(tol) and tol > 0):
+            raise ValueError(f"attention.tol: expected a finite number > 0, got {tol}")
+        if int(max_iter) < 1:
+            raise ValueError(f"attention.max_iter: expected an integer >= 1, got {max_iter}")
+        self.spec = as_param_spec(params)
+        self.tol = float(tol)
+        self.max_iter = int(max_iter)
+        self.warm_start = bool(warm_start)
+        self.iterations: list[int] = []
+        self.marginal_error = np.nan
+        self._previous: tuple | None = None   # (shape, A, eps, f, g)
+
+    def _head(self, grid: Grid, t: float) -> SinkhornHead:
+        head = params_at(self.spec, t)
+        if not isinstance(head, SinkhornHead):
+            raise ValueError(f"attention: the sinkhorn variant needs a SinkhornHead (A, V, eps), "
+                             f"got {type(head).__name__}")
+        if head.dim != grid.ndim:
+            raise ValueError(f"attention.A: expected {grid.ndim} x {grid.ndim} for a "
+                             f"{grid.ndim}-D grid, got {head.dim} x {head.dim}")
+        return head
+
+    def potentials(self, weights: np.ndarray, grid: Grid, head: SinkhornHead,
+                   t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Sinkhorn potentials (f, g) at every cell centre, each (N,) in C order.
+
+        weights: q (grid.shape, sum 1). The formulas define f and g everywhere; only the
+        cells with q > 0 enter the sums. Records the iteration count and marginal error.
+        """
+        eps = head.eps
+        q = weights.reshape(-1)
+        lattices, points = self.lattice_points(grid, [np.zeros(grid.ndim)])
+        forward, backward = head.A / eps, head.A.T / eps
+        c_f, c_g = points[0] @ forward.T, points[0] @ backward.T
+        previous = self._previous
+        if (self.warm_start and previous is not None and previous[0] == grid.shape
+                and np.array_equal(previous[1], head.A) and previous[2] == eps):
+            f, g = previous[3].copy(), previous[4].copy()
+        else:
+            f, g = np.zeros(q.size), np.zeros(q.size)
+        mass = q > 0
+
+        def half_step(potential: np.ndarray, matrix: np.ndarray, c: np.ndarray) -> np.ndarray:
+            """-eps log sum_s q_s e^{(c.y_s eps + potential_s)/eps}, shifted for range."""
+            top = potential[mass].max()
+            field = np.where(mass, q * np.exp(np.minimum(potential - top, 0.0) / eps), 0.0)
+            sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log")
+            return -eps * sums.log_partition(c) - top
+
+        count = 0
+        while True:
+            count += 1
+            f_new = half_step(g, forward, c_f)
+            error = float(np.sum(q[mass] * np.abs(np.expm1((f - f_new)[mass] / eps))))
+            f = f_new
+            if error <= self.tol or count == self.max_iter:
+                break
+            g = half_step(f, backward, c_g)
+        self.iterations.append(count)
+        self.marginal_error = error
+        if not error <= self.tol:
+            raise SinkhornError(
+                f"attention.max_iter: Sinkhorn marginal error {error:.2e} > tol {self.tol:.0e} "
+                f"after {self.max_iter} iterations at t = {t:.6g}; raise max_iter or tol, or "
+                f"increase eps")
+        self._previous = (grid.shape, head.A, eps, f, g)
+        return f, g
+
+    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+        head = self._head(grid, t)
+        weights = quadrature_weights(density, grid)
+        _, g = self.potentials(weights, grid, head, t)
+        g = g.reshape(grid.shape)
+        mass = weights > 0
+        tilted = np.where(mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps),
+                          0.0)
+        matrix = head.A / head.eps
+        lattices, points = self.lattice_points(grid, offsets)
+        sums = self.sums(tilted, grid, lattices, matrix)
+        lower, upper = support_box(weights, grid)
+        out = []
+        for coords, x in zip(lattices, points, strict=True):
+            velocity = np.clip(sums.means(x @ matrix.T), lower, upper) @ head.C.T
+            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
+        return out
