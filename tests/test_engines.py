@@ -82,3 +82,28 @@ def test_separable_multihead_with_rank_one_heads():
     error = engine_error("multihead", heads, grid, densities(grid)["two bumps"])
     print(f"\nmulti-head rank-1 heads, separable vs direct: {error:.2e}")
     assert error <= 1e-10
+
+
+def test_fft_engine_keeps_only_absolute_accuracy():
+    """Symmetric A: the FFT convolution engine forms the same sums; its error grows with the
+    dynamic range of the kernel (MATH.md 9.3), which is why "auto" never picks it."""
+    grid = Grid([-8, -8], [8, 8], [48, 48])
+    rho = densities(grid)["two bumps"]
+    mask = rho > 1e-8 * rho.max()
+    errors = {}
+    for scale in (0.1, 0.5, 2.0, -0.5):
+        head = Head(scale * np.array([[1.0, 0.3], [0.3, 0.8]]), V1)
+        direct = ATTENTION["softmax"](head, engine="direct")(rho, grid, 0.0)
+        try:
+            fft = ATTENTION["softmax"](head, engine="fft")(rho, grid, 0.0)
+        except ValueError as error:           # a kernel sum came out <= 0: reported, not NaN
+            assert "use engine='separable'" in str(error)
+            errors[scale] = np.inf
+            continue
+        assert np.all(np.isfinite(fft))
+        errors[scale] = float(np.abs(fft - direct)[:, mask].max() / np.abs(direct[:, mask]).max())
+    print(f"\nFFT engine vs direct, two bumps 48^2, A = s [[1, .3], [.3, .8]]: {errors}")
+    assert errors[0.1] <= 1e-12 and errors[0.5] <= 1e-12
+    assert errors[2.0] > 1e-3 and errors[-0.5] > 1e-3   # large range: the small sums are lost
+    with pytest.raises(ValueError, match="symmetric A"):
+        ATTENTION["softmax"](Head(A1, V1), engine="fft")(rho, grid, 0.0)

@@ -1,4 +1,4 @@
-"""Softmax (and multi-head softmax) attention on the grid, by exact dense kernel sums.
+"""Softmax (and multi-head softmax) attention on the grid; linear attention from moments.
 
 Velocity (MATH.md 1.3, A = K^T Q, kernel exp(<A x, y>)):
 
@@ -27,8 +27,11 @@ Engines (``engine=``):
   the density underflows). The exact reference, O(targets x sources): up to about 2-D 64^2.
 * ``"separable"``: :mod:`tpde.variants.separable`, the moment-generating function on a
   tensor grid of ``c`` by one matrix product per axis, interpolated to ``c = A x``;
-  ``O(m N^d)``. Measured against the direct engine at 64^2 (tests/test_separable.py): 2e-15
-  on a Gaussian, 7e-13 on a two-bump mixture with the default 512 nodes and order 12.
+  ``O(m N^d)``. Measured against the direct engine (tests/test_engines.py): 1e-15..1e-11
+  on Gaussians and two-bump mixtures in 1-D, 2-D and 3-D.
+* ``"fft"`` (symmetric A only): :mod:`tpde.variants.fft`, convolutions; absolute accuracy
+  only (measured 1e-14 for |A| ~ 0.1, 1e-7 for |A| ~ 0.5 on two bumps, useless for an
+  indefinite A), so never chosen automatically.
 * ``"auto"`` (default): direct up to 1024 cells (32^2), separable above.
 """
 
@@ -42,10 +45,10 @@ from tpde.grid import Grid
 
 from .base import VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
+from .fft import FFTSoftmaxSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 from .separable import SeparableSums, table_nodes
 
-ENGINES = ("auto", "direct", "separable")
 DIRECT_MAX_CELLS = 1024
 
 
@@ -65,10 +68,12 @@ class TiltedMeanField(VelocityField):
     axis); block: targets per block of the direct sums.
     """
 
+    engines: tuple[str, ...] = ("auto", "direct", "separable")
+
     def __init__(self, engine: str = "auto", nodes: int | None = None, block: int = 256):
-        if engine not in ENGINES:
-            raise ValueError(f"attention.engine: unknown {engine!r}; choose one of "
-                             f"{', '.join(ENGINES)}")
+        if engine not in self.engines:
+            raise ValueError(f"attention.engine: unknown {engine!r} for {type(self).__name__}; "
+                             f"choose one of {', '.join(self.engines)}")
         self.engine = engine
         self.nodes = nodes
         self.block = int(block)
@@ -115,13 +120,18 @@ class SoftmaxAttention(TiltedMeanField):
 
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
         ``t -> params`` (MATH.md 1.3, time-dependent parameters).
-    engine, nodes, block : see :class:`TiltedMeanField`.
+    engine, nodes, block : see :class:`TiltedMeanField`; softmax also has ``engine="fft"``
+        for symmetric A (:mod:`tpde.variants.fft`: absolute accuracy only, never chosen by
+        "auto").
     """
+
+    engines = TiltedMeanField.engines + ("fft",)
 
     def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
                  block: int = 256):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
+        self._fft: dict[bytes, FFTSoftmaxSums] = {}
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
@@ -133,18 +143,20 @@ class SoftmaxAttention(TiltedMeanField):
                 raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                                  f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
         lattices, points = self.lattice_points(grid, offsets)
-        engines = [self.sums(density, grid, lattices, head.A) for head in heads]
         lower, upper = support_box(density, grid)
-        out = []
-        for coords, x in zip(lattices, points, strict=True):
-            velocity = np.zeros_like(x)
-            for head, engine in zip(heads, engines, strict=True):
-                c = x @ head.A.T
-                means = engine.means(c)
-                means -= grad_log_box_factor(c, grid.spacing)
+        velocities = [np.zeros_like(x) for x in points]
+        for head in heads:
+            if self.engine == "fft":
+                sums = self._fft.setdefault(head.A.tobytes(), FFTSoftmaxSums(head.A))
+                raw = sums.means(density, grid, offsets)
+            else:
+                engine = self.sums(density, grid, lattices, head.A)
+                raw = [engine.means(x @ head.A.T) for x in points]
+            for velocity, x, means in zip(velocities, points, raw, strict=True):
+                means -= grad_log_box_factor(x @ head.A.T, grid.spacing)
                 velocity += np.clip(means, lower, upper, out=means) @ head.C.T
-            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
-        return out
+        return [v.T.reshape((grid.ndim,) + tuple(len(c) for c in coords))
+                for v, coords in zip(velocities, lattices, strict=True)]
 
 
 class LinearAttention(VelocityField):

@@ -1,0 +1,133 @@
+"""FFT convolution engine for softmax with a symmetric A (MATH.md 9.2), and its transforms.
+
+For A = A^T, <A x, y> = 1/2 x^T A x + 1/2 y^T A y - 1/2 (x - y)^T A (x - y); the x factor
+cancels between numerator and denominator, so the softmax sums are convolutions:
+
+    sum_s rho_s e^{<A x, y_s>} (1, y_s)  ~  (g * (w rho (1, y)))(x),
+    g(z) = exp(-1/2 z^T A z),   w(y) = exp(1/2 y^T A y),
+
+evaluated on every shifted lattice by a kernel sampled at the shifted differences
+``(i - j) h + offset h`` (zero-padded linear convolution, size 2N - 1 per axis; the kernel
+spectrum of every offset is cached). The sums are the same discrete sums the direct engine
+forms, so the cell-average correction of softmax applies unchanged.
+
+Accuracy is only absolute: an FFT returns each sum to about eps * max|terms| * N, so where the
+true sum is many orders below the largest term (the tails of the density, large |A| R^2, an
+indefinite A whose g grows) the relative accuracy is lost (MATH.md 9.3). The engine is kept
+for what it shows: ``tests/test_engines.py`` measures it against the dense sums (1e-15 for
+A = s [[1, .3], [.3, .8]] with s <= 0.5 on two bumps at 48^2; O(1) errors for s = 2 or a
+negative-definite A, and a ValueError when a sum comes out <= 0), whereas the separable
+engine keeps relative accuracy for any A at a comparable cost and is therefore what
+``engine="auto"`` picks. Transforms are
+pyfftw plans (FFTW_ESTIMATE, tpde's thread count) with scipy.fft as the fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba as nb
+import numpy as np
+
+from tpde.grid import Grid
+
+try:
+    import pyfftw
+except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is the fallback
+    pyfftw = None
+
+
+class PlannedFFT:
+    """Real forward / inverse transforms of one padded shape, planned once and reused."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(int(n) for n in shape)
+        self.backend = "scipy"
+        if pyfftw is not None:
+            threads = nb.get_num_threads()
+            self._in = pyfftw.empty_aligned(self.shape, dtype="float64")
+            self._forward = pyfftw.builders.rfftn(self._in, threads=threads,
+                                                  planner_effort="FFTW_ESTIMATE")
+            spectrum = self._forward.output_array
+            self._spectrum = pyfftw.empty_aligned(spectrum.shape, dtype=spectrum.dtype)
+            self._inverse = pyfftw.builders.irfftn(self._spectrum, s=self.shape, threads=threads,
+                                                   planner_effort="FFTW_ESTIMATE")
+            self.backend = "pyfftw"
+
+    def forward(self, values: np.ndarray) -> np.ndarray:
+        """rfftn of ``values`` zero-padded to ``shape`` (a new array)."""
+        if self.backend == "scipy":
+            import scipy.fft
+            return scipy.fft.rfftn(values, s=self.shape, workers=nb.get_num_threads())
+        self._in[...] = 0.0
+        self._in[tuple(slice(0, n) for n in values.shape)] = values
+        return self._forward().copy()
+
+    def inverse(self, spectrum: np.ndarray) -> np.ndarray:
+        if self.backend == "scipy":
+            import scipy.fft
+            return scipy.fft.irfftn(spectrum, s=self.shape, workers=nb.get_num_threads())
+        self._spectrum[...] = spectrum
+        return self._inverse().copy()
+
+
+class FFTSoftmaxSums:
+    """Softmax numerators and denominators by FFT convolution (symmetric A only).
+
+    ``means(density, grid, offsets)`` -> list of (P, d) uncorrected tilted means per lattice.
+    """
+
+    def __init__(self, A: np.ndarray):
+        if not np.allclose(A, A.T, rtol=0.0, atol=1e-14 * max(1.0, np.abs(A).max())):
+            raise ValueError("attention.engine: 'fft' needs a symmetric A (A = A^T); use "
+                             "'separable' or 'direct' for a general A")
+        self.A = np.asarray(A, float)
+        self._plans: dict = {}
+        self._kernels: dict = {}
+
+    def _plan(self, shape: tuple[int, ...]) -> PlannedFFT:
+        padded = tuple(2 * n for n in shape)
+        if padded not in self._plans:
+            self._plans[padded] = PlannedFFT(padded)
+        return self._plans[padded]
+
+    def _kernel(self, grid: Grid, offset: tuple[float, ...], plan: PlannedFFT) -> np.ndarray:
+        """Spectrum of g at the target-minus-source differences, laid out for a circular
+        convolution of size 2N per axis: slot l holds lag l (l = 0..N) or l - 2N (negative
+        lags), in units of h, plus the lattice offset. The face lattice (offset 1/2, N + 1
+        points starting at the lower edge) is offset -1/2 with one more target."""
+        key = (grid.shape, tuple(grid.spacing), offset)
+        if key not in self._kernels:
+            axes = []
+            for a, (n, h) in enumerate(zip(grid.shape, grid.spacing, strict=True)):
+                shift = -0.5 if offset[a] == 0.5 else offset[a]
+                lag = np.concatenate([np.arange(0, n + 1), np.arange(-(n - 1), 0)])
+                axes.append((lag + shift) * h)
+            z = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)
+            exponent = -0.5 * np.einsum("...i,ij,...j->...", z, self.A, z)
+            self._kernels[key] = plan.forward(np.exp(exponent - exponent.max()))
+        return self._kernels[key]
+
+    def means(self, density: np.ndarray, grid: Grid, offsets) -> list[np.ndarray]:
+        plan = self._plan(grid.shape)
+        y = np.stack(grid.mesh(sparse=False), axis=-1)
+        quad = 0.5 * np.einsum("...i,ij,...j->...", y, self.A, y)
+        mass = density > 0
+        weights = np.where(mass, density * np.exp(quad - quad[mass].max()), 0.0)
+        fields = [weights] + [weights * y[..., a] for a in range(grid.ndim)]
+        spectra = [plan.forward(f) for f in fields]
+        out = []
+        for offset in offsets:
+            offset = tuple(float(o) for o in offset)
+            kernel = self._kernel(grid, offset, plan)
+            sizes = [len(v) for v in grid.lattice(offset)]
+            window = tuple(slice(0, m) for m in sizes)
+            sums = [plan.inverse(kernel * s)[window] for s in spectra]
+            total = sums[0]
+            if not np.all(total > 0):
+                bad = int(np.count_nonzero(~(total > 0)))
+                raise ValueError(
+                    f"attention.engine: the FFT lost {bad} kernel sums to round-off (the "
+                    f"kernel's dynamic range is too large for an FFT); use engine='separable'")
+            out.append(np.stack([s / total for s in sums[1:]], axis=-1).reshape(-1, grid.ndim))
+        return out
