@@ -122,8 +122,7 @@ def sinkhorn_cases(cells: int = 256, subset: int = 1024) -> list[dict]:
     head = SinkhornHead(A1, V1, eps=1.0)
     field = SinkhornAttention(head, engine="separable")
     q = quadrature_weights(rho, grid)
-    field.potentials(q, grid, head)        # compile / warm
-    f, g = field._previous[3], field._previous[4]
+    f, g = field.potentials(q, grid, head)        # converged potentials (and warm-up)
     lattices, points = field.lattice_points(grid, [np.zeros(2)])
     forward, backward = head.A / head.eps, head.A.T / head.eps
 

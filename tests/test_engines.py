@@ -107,3 +107,27 @@ def test_fft_engine_keeps_only_absolute_accuracy():
     assert errors[2.0] > 1e-3 and errors[-0.5] > 1e-3   # large range: the small sums are lost
     with pytest.raises(ValueError, match="symmetric A"):
         ATTENTION["softmax"](Head(A1, V1), engine="fft")(rho, grid, 0.0)
+
+
+@pytest.mark.parametrize("variant", ["softmax", "l2", "sinkhorn"])
+@pytest.mark.parametrize("engine", ["direct", "separable"])
+def test_normalised_fields_ignore_the_density_scale_and_stay_in_the_support_box(variant,
+                                                                                 engine):
+    """No overflow, underflow or NaN: a density scaled by 1e-250 (tails underflowing to 0)
+    gives the same field; every tilted mean lies in the support box (MATH.md 9.4)."""
+    grid = Grid([-6, -6], [6, 6], [40, 40])
+    rho = densities(grid)["two bumps"]
+    rho[rho < 1e-30] = 0.0                       # compact support: a hard edge to respect
+    params = random_params(variant, 2)
+    field = ATTENTION[variant](params, engine=engine)
+    u = field(rho, grid, 0.0)
+    tiny = field(1e-250 * rho, grid, 0.0)
+    assert np.all(np.isfinite(tiny))
+    assert np.allclose(tiny, u, rtol=1e-9, atol=1e-12 * np.abs(u).max())
+    support = np.flatnonzero(rho.sum(axis=1) > 0), np.flatnonzero(rho.sum(axis=0) > 0)
+    bound = np.linalg.norm(params.C, 2) * np.hypot(
+        max(abs(grid.edges(0)[support[0][0]]), abs(grid.edges(0)[support[0][-1] + 1])),
+        max(abs(grid.edges(1)[support[1][0]]), abs(grid.edges(1)[support[1][-1] + 1])))
+    speed = np.sqrt((u ** 2).sum(axis=0)).max()
+    print(f"\n{variant} {engine}: max |Gamma| {speed:.3f} <= bound {bound:.3f}")
+    assert speed <= bound * (1 + 1e-12)

@@ -109,7 +109,7 @@ class SinkhornAttention(TiltedMeanField):
         mass = q > 0
 
         def half_step(potential: np.ndarray, matrix: np.ndarray, c: np.ndarray) -> np.ndarray:
-            """-eps log sum_s q_s e^{(c.y_s eps + potential_s)/eps}, shifted for range."""
+            """-eps log sum_s q_s e^{c.y_s + potential_s/eps} (potential shifted by its max)."""
             top = potential[mass].max()
             field = np.where(mass, q * np.exp(np.minimum(potential - top, 0.0) / eps), 0.0)
             sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log")
