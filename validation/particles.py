@@ -1,0 +1,259 @@
+"""The interacting-token system (MATH.md 1.2): the n-particle model the PDE is the limit of.
+
+Tokens ``X`` (n, d) with weights ``w`` (n,), sum 1 (uniform ``1/n`` for i.i.d. samples;
+quadrature weights for the deterministic Gauss-Hermite nodes), move by
+
+    x_i' = Gamma_{mu^n}(x_i),   mu^n = sum_j w_j delta_{x_j},
+
+the same velocity field as the PDE evaluated on the empirical measure (MATH.md 1.3: mu^n is
+an exact weak solution). Every variant reuses the grid's dense engines (one piece of code per
+kernel sum, ``tpde.variants.direct`` and ``tpde.variants.sigmoid``): targets and sources are
+the tokens, blocked over targets so that memory stays at ``block x n`` (n = 10^5 fits in
+2 x 80 MB). Softmax / multi-head: tilted means at ``A_h x_i``; l2: tilted means of
+``w_j e^{-|K x_j|^2}`` at ``2 K^T Q_s x_i``; linear: ``C M2 A x_i`` with the token second
+moment; sigmoid: the dense sigmoid sums; Sinkhorn: log-domain Sinkhorn iterations on the
+tokens (Sinkformers, MATH.md 1.3 notes), warm-started from the previous evaluation.
+
+Time stepping: classical RK4 (default) or SSP-RK3 with a fixed step, landing exactly on the
+requested output times. Initial tokens: ``sample_tokens`` (seeded, exact sampling of a
+piecewise-constant grid density), ``gauss_hermite_tokens`` (tensor nodes and weights of a
+Gaussian, MATH.md 6.1), ``load_tokens`` (.npy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.polynomial.hermite_e import hermegauss
+
+from tpde.grid import Grid
+from tpde.variants.direct import log_partition, tilted_means
+from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHead, params_at
+from tpde.variants.sigmoid import sigmoid_sums
+
+__all__ = ["TOKEN_VARIANTS", "TokenSolution", "TokenSystem", "gauss_hermite_tokens",
+           "load_tokens", "sample_tokens", "simulate", "token_moments"]
+
+TOKEN_VARIANTS = ("softmax", "multihead", "linear", "l2", "sinkhorn", "sigmoid")
+BLOCK_BYTES = 80 * 2**20   # per block of targets x sources
+
+
+# ---- initial tokens -------------------------------------------------------------------------
+def sample_tokens(density: np.ndarray, grid: Grid, n: int, seed: int = 0) -> np.ndarray:
+    """n i.i.d. tokens (n, d) from the piecewise-constant density of cell averages: a cell by
+    its mass, then a uniform point in the cell (exact sampling of that density)."""
+    if n < 1:
+        raise ValueError(f"tokens.n: expected an integer >= 1, got {n}")
+    masses = np.maximum(np.asarray(density, float).reshape(-1), 0.0)
+    if not masses.sum() > 0:
+        raise ValueError("tokens: the density has no mass to sample from")
+    rng = np.random.default_rng(seed)
+    cells = rng.choice(masses.size, size=n, p=masses / masses.sum())
+    index = np.stack(np.unravel_index(cells, grid.shape), axis=1)
+    lower = np.array([grid.edges(a)[0] for a in range(grid.ndim)])
+    return lower + (index + rng.random((n, grid.ndim))) * np.asarray(grid.spacing)
+
+
+def gauss_hermite_tokens(mean: Any, cov: Any, nodes: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """Tensor Gauss-Hermite nodes of N(mean, cov): tokens (nodes^d, d) and weights (sum 1).
+
+    Expectations of smooth functions of a Gaussian converge spectrally in ``nodes``
+    (MATH.md 6.1 uses 40 x 40 in 2-D)."""
+    mean = np.atleast_1d(np.asarray(mean, float))
+    d = mean.size
+    z, w = hermegauss(int(nodes))           # probabilists' Hermite: weight e^{-z^2/2}
+    w = w / w.sum()
+    grids = np.meshgrid(*([z] * d), indexing="ij")
+    points = np.stack([g.reshape(-1) for g in grids], axis=1)
+    weights = np.ones(points.shape[0])
+    for wg in np.meshgrid(*([w] * d), indexing="ij"):
+        weights *= wg.reshape(-1)
+    root = np.linalg.cholesky(np.atleast_2d(np.asarray(cov, float)))
+    return mean + points @ root.T, weights
+
+
+def load_tokens(path: str, ndim: int | None = None) -> np.ndarray:
+    """Tokens (n, d) from a .npy file (an (n,) array is read as 1-D tokens)."""
+    tokens = np.load(path)
+    if tokens.ndim == 1:
+        tokens = tokens[:, None]
+    if tokens.ndim != 2 or (ndim is not None and tokens.shape[1] != ndim):
+        raise ValueError(f"tokens.file: expected an (n, {ndim or 'd'}) array in {path}, got "
+                         f"shape {tokens.shape}")
+    if not np.all(np.isfinite(tokens)):
+        raise ValueError(f"tokens.file: {path} holds non-finite entries")
+    return np.asarray(tokens, float)
+
+
+def token_moments(tokens: np.ndarray, weights: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted mean (d,) and covariance (d, d) of a token cloud."""
+    w = _weights(tokens, weights)
+    mean = w @ tokens
+    centred = tokens - mean
+    return mean, (centred * w[:, None]).T @ centred
+
+
+def _weights(tokens: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    if weights is None:
+        return np.full(tokens.shape[0], 1.0 / tokens.shape[0])
+    w = np.asarray(weights, float)
+    if w.shape != (tokens.shape[0],) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"tokens.weights: expected {tokens.shape[0]} non-negative weights with "
+                         f"a positive sum")
+    return w / w.sum()
+
+
+# ---- the velocity of the token system -------------------------------------------------------
+@dataclass
+class TokenSystem:
+    """Velocity of the token system for one variant (``TOKEN_VARIANTS``).
+
+    params: the same parameter specification as the grid variant (a head, heads, Layers or a
+    callable of t). Sinkhorn: ``tol`` on the marginal error, ``max_iter``; the potentials of
+    the last evaluation warm-start the next one, ``iterations`` records the counts.
+    """
+
+    variant: str
+    params: ParamSpec
+    tol: float = 1e-12
+    max_iter: int = 2000
+    iterations: list[int] = field(default_factory=list)
+    _potentials: tuple | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.variant not in TOKEN_VARIANTS:
+            raise ValueError(f"tokens.variant: unknown {self.variant!r}; choose one of "
+                             f"{', '.join(TOKEN_VARIANTS)}")
+
+    def block(self, n: int) -> int:
+        return int(max(16, min(4096, BLOCK_BYTES // (8 * max(n, 1)))))
+
+    def velocity(self, tokens: np.ndarray, weights: np.ndarray, t: float) -> np.ndarray:
+        """Gamma_{mu^n}(x_i) for every token: (n, d)."""
+        params = params_at(self.params, t)
+        block = self.block(tokens.shape[0])
+        if self.variant in ("softmax", "multihead", "linear"):
+            heads = [params] if hasattr(params, "A") else list(params)
+            out = np.zeros_like(tokens)
+            if self.variant == "linear":
+                second = (tokens * weights[:, None]).T @ tokens
+                for head in heads:
+                    out += tokens @ (head.C @ second @ head.A).T
+                return out
+            for head in heads:
+                out += tilted_means(tokens @ head.A.T, tokens, weights, block) @ head.C.T
+            return out
+        if self.variant == "l2":
+            if not isinstance(params, L2Head):
+                raise ValueError("tokens: the l2 variant needs an L2Head (Q, K, V)")
+            reweighted = weights * np.exp(-np.sum((tokens @ params.K.T) ** 2, axis=1))
+            if not reweighted.sum() > 0:
+                raise ValueError("tokens: the l2 weights e^{-|K y|^2} underflow for every token")
+            coupling = 2.0 * params.K.T @ (params.scale * params.Q)
+            return tilted_means(tokens @ coupling.T, tokens, reweighted, block) @ params.C.T
+        if self.variant == "sigmoid":
+            if not isinstance(params, SigmoidHead):
+                raise ValueError("tokens: the sigmoid variant needs a SigmoidHead (A, V, bias)")
+            sums = np.zeros_like(tokens)
+            sigmoid_sums(np.ascontiguousarray(tokens @ params.A.T), params.bias,
+                         np.ascontiguousarray(tokens), weights, sums)
+            return sums @ params.C.T
+        return self._sinkhorn(tokens, weights, params, t, block)
+
+    def _sinkhorn(self, tokens, weights, params, t, block) -> np.ndarray:
+        if not isinstance(params, SinkhornHead):
+            raise ValueError("tokens: the sinkhorn variant needs a SinkhornHead (A, V, eps)")
+        eps = params.eps
+        forward, backward = tokens @ (params.A / eps).T, tokens @ params.A / eps
+        n = tokens.shape[0]
+        f, g = (self._potentials if self._potentials is not None
+                and self._potentials[0].shape == (n,) else (np.zeros(n), np.zeros(n)))
+
+        def half(potential, c):
+            top = potential.max()
+            return -eps * log_partition(c, tokens, weights * np.exp((potential - top) / eps),
+                                        block) - top
+
+        count = 0
+        while True:
+            count += 1
+            f_new = half(g, forward)
+            error = float(np.sum(weights * np.abs(np.expm1((f - f_new) / eps))))
+            f = f_new
+            if error <= self.tol:
+                break
+            if count == self.max_iter:
+                raise RuntimeError(f"tokens: Sinkhorn marginal error {error:.2e} > tol "
+                                   f"{self.tol:.0e} after {count} iterations at t = {t:.6g}")
+            g = half(f, backward)
+        self.iterations.append(count)
+        self._potentials = (f, g)
+        tilted = weights * np.exp((g - g.max()) / eps)
+        return tilted_means(forward, tokens, tilted, block) @ params.C.T
+
+
+# ---- time integration -----------------------------------------------------------------------
+@dataclass
+class TokenSolution:
+    """Tokens at the output times: ``times`` (m,), ``tokens`` (m, n, d), ``weights`` (n,)."""
+
+    times: np.ndarray
+    tokens: np.ndarray
+    weights: np.ndarray
+
+    def at(self, t: float) -> np.ndarray:
+        i = int(np.argmin(np.abs(self.times - t)))
+        if not np.isclose(self.times[i], t, rtol=0, atol=1e-12 * max(1.0, abs(t))):
+            raise ValueError(f"tokens: t = {t} is not an output time; pass it in times=")
+        return self.tokens[i]
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Means (m, d) and covariances (m, d, d) at the output times."""
+        pairs = [token_moments(x, self.weights) for x in self.tokens]
+        return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def simulate(system: TokenSystem, tokens: np.ndarray, t_end: float, dt: float,
+             weights: np.ndarray | None = None, times: Sequence[float] | None = None,
+             method: str = "rk4", t_start: float = 0.0) -> TokenSolution:
+    """Integrate the token system from t_start to t_end with a fixed step (RK4 or SSP-RK3).
+
+    tokens: (n, d); times: output times (default: t_start and t_end); each step is
+    shortened to land on them. Raises if a token velocity is not finite.
+    """
+    if method not in ("rk4", "ssprk3"):
+        raise ValueError(f"tokens.method: unknown {method!r}; choose rk4 or ssprk3")
+    if not (dt > 0 and t_end > t_start):
+        raise ValueError(f"tokens.dt: expected dt > 0 and t_end > t_start, got dt = {dt}, "
+                         f"t = [{t_start}, {t_end}]")
+    x = np.array(tokens, dtype=float, ndmin=2)
+    w = _weights(x, weights)
+    outputs = sorted(set([float(t_start), float(t_end)] + [float(s) for s in (times or [])]))
+    saved, t = [x.copy()], float(t_start)
+
+    def rhs(state, time):
+        u = system.velocity(state, w, time)
+        if not np.all(np.isfinite(u)):
+            raise FloatingPointError(f"tokens: non-finite velocity at t = {time:.6g}")
+        return u
+
+    for target in outputs[1:]:
+        while t < target - 1e-14 * max(1.0, abs(target)):
+            h = min(dt, target - t)
+            if method == "rk4":
+                k1 = rhs(x, t)
+                k2 = rhs(x + 0.5 * h * k1, t + 0.5 * h)
+                k3 = rhs(x + 0.5 * h * k2, t + 0.5 * h)
+                k4 = rhs(x + h * k3, t + h)
+                x = x + h / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+            else:
+                y1 = x + h * rhs(x, t)
+                y2 = 0.75 * x + 0.25 * (y1 + h * rhs(y1, t + h))
+                x = x / 3.0 + 2.0 / 3.0 * (y2 + h * rhs(y2, t + 0.5 * h))
+            t = t + h if target - (t + h) > 1e-14 * max(1.0, abs(target)) else target
+        saved.append(x.copy())
+    return TokenSolution(np.array(outputs), np.array(saved), w)
