@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-slow bench lint clean
+.PHONY: demo test test-slow validate bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,9 @@ $(TSTAMP): $(STAMP)
 	touch $(TSTAMP)
 
 demo: $(STAMP)
-	$(PY) -m tpde.demo -o out
+	mkdir -p out
+	$(VENV)/bin/tpde run examples/e2_collapse_to_line.toml -o out/e2_collapse_to_line.nc --overwrite
+	$(VENV)/bin/tpde plot out/e2_collapse_to_line.nc -o out/e2_figures
 
 test: $(TSTAMP)
 	$(VENV)/bin/ruff check .
@@ -28,6 +30,9 @@ test: $(TSTAMP)
 
 test-slow: $(TSTAMP)
 	$(PY) -m pytest -q -m slow -s
+
+validate: $(STAMP)
+	$(VENV)/bin/tpde validate --suite quick -o out/validation
 
 bench: $(STAMP)
 	bash benchmarks/setup_peers.sh

@@ -1,7 +1,13 @@
-"""The ``tpde`` command line (console script). Subcommands: ``validate``.
+"""The ``tpde`` command line (console script).
 
-Bad arguments exit with status 2 and a one-line message; ``validate`` exits with 1 when a
-check fails.
+    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet]
+    tpde info OUT.nc
+    tpde plot OUT.nc [-o DIR] [--animate]
+    tpde validate [--suite quick|full] [-o DIR]
+
+Exit codes (DESIGN.md 4): 0 success (a detected blow-up or mass leaving the box is a result,
+stored in the file's ``status``), 2 bad input (one line on stderr naming the key and the
+fix; existing output is never touched), 1 internal or numerical failure.
 """
 
 from __future__ import annotations
@@ -11,9 +17,29 @@ import sys
 from pathlib import Path
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):   # one line, exit 2 (argparse prints usage + message)
+        self.exit(2, f"tpde: {message}; see tpde {self.prog.split()[-1]} --help\n"
+                  if " " in self.prog else f"tpde: {message}; see tpde --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tpde", description="Transformer PDE on grids.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="tpde", description="Transformer PDE on grids.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run a TOML configuration, write NetCDF")
+    run.add_argument("config", type=Path, help="TOML configuration (see docs/user-guide.md)")
+    run.add_argument("-o", "--output", type=Path, default=None,
+                     help="NetCDF output (default: run.output of the config)")
+    run.add_argument("--resume", action="store_true", help="continue an interrupted output")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    run.add_argument("--quiet", action="store_true", help="no progress output")
+    info = sub.add_parser("info", help="summarise a tpde NetCDF output")
+    info.add_argument("file", type=Path)
+    plot = sub.add_parser("plot", help="figures (and an animation) of a tpde output")
+    plot.add_argument("file", type=Path)
+    plot.add_argument("-o", "--output", type=Path, default=None,
+                      help="figure directory (default: next to the file, <name>_figures)")
+    plot.add_argument("--animate", action="store_true", help="also write an animation")
     validate = sub.add_parser("validate", help="run the validation suite and write a report")
     validate.add_argument("--suite", choices=("quick", "full"), default="quick",
                           help="quick: about a minute on 2 cores; full: about 15 minutes")
@@ -23,25 +49,128 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str) -> int:
+    print(f"tpde: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_run(args) -> int:
+    from tpde.config import ConfigError, build
+    from tpde.run import run_config
+
+    try:
+        config = build(args.config)
+        output = args.output or (Path(config.output) if config.output else None)
+        if output is None:
+            return _fail("run.output: no output file; pass -o OUT.nc")
+        if args.resume and args.overwrite:
+            return _fail("run: --resume and --overwrite exclude each other; choose one")
+        path = run_config(config, output, overwrite=args.overwrite, resume=args.resume,
+                          quiet=args.quiet, history=" ".join(["tpde"] + sys.argv[1:]))
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except (FileExistsError, PermissionError) as exc:
+        return _fail(str(exc))
+    from tpde.io import read
+    status = read(path).attrs.get("status", "?")
+    if not args.quiet:
+        print(f"{path}: status {status}", file=sys.stderr)
+    return 0
+
+
+def _open(path: Path):
+    from tpde.io import read
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return read(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable tpde NetCDF output ({exc})") from None
+
+
+def cmd_info(args) -> int:
+    from tpde.io import grid_from_dataset
+    try:
+        ds = _open(args.file)
+        grid = grid_from_dataset(ds)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        return _fail(str(exc))
+    times = ds["time"].values
+    print(f"{args.file}: {grid.ndim}-D grid {' x '.join(map(str, grid.shape))} on "
+          f"{[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}")
+    print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
+    print(f"  status: {ds.attrs.get('status')} at t = {ds.attrs.get('status_time')} "
+          f"{ds.attrs.get('status_message', '')}")
+    print(f"  mass {float(ds['mass'][-1]):.12g}, outflow {float(ds['outflow'][-1]):.3e}")
+    print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from tpde.plots import plot_all
+    try:
+        ds = _open(args.file)
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc))
+    outdir = args.output or args.file.with_name(args.file.stem + "_figures")
+    reference = gaussian_reference(ds)
+    paths = plot_all(ds, outdir, reference=reference, animate_density=args.animate)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def gaussian_reference(ds) -> dict | None:
+    """The Gaussian-ODE solution for a run that started Gaussian with a closed-form variant."""
+    from tpde.config import ConfigError, load
+    from tpde.validation.gaussian import VARIANTS, solve
+    try:
+        raw = load(str(ds.attrs.get("config", "")))
+        from tpde.config import build_attention
+        initial = raw.get("initial", {})
+        variant = raw.get("attention", {}).get("variant", "softmax")
+        if initial.get("kind", "gaussian") != "gaussian" or variant not in VARIANTS:
+            return None
+        d = len(raw["grid"]["lower"])
+        _, params, _ = build_attention(raw["attention"], d)
+        times = ds["time"].values
+        solution = solve(variant, initial.get("mean", [0.0] * d),
+                         initial.get("covariance"), params, float(times[-1]),
+                         t0=float(times[0]))
+        keep = times[times <= solution.status_time]
+        means, covs = solution.at(keep)
+        return {"time": keep, "mean": means, "covariance": covs}
+    except (ConfigError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cmd_validate(args) -> int:
+    from tpde.validate import run_suite
+
+    if args.output.exists() and not args.output.is_dir():
+        return _fail(f"validate: -o {args.output} exists and is not a directory; choose "
+                     "another path")
+    report = run_suite(args.suite, args.output,
+                       log=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
+    failed = [c for c in report.checks if not c.passed]
+    for check in report.checks:
+        print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.value:.3e} "
+              f"({check.limit()})")
+    print(f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; "
+          f"report: {args.output / 'report.md'}")
+    return 1 if failed else 0
+
+
+COMMANDS = {"run": cmd_run, "info": cmd_info, "plot": cmd_plot, "validate": cmd_validate}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "validate":
-        from tpde.validate import run_suite
-
-        if args.output.exists() and not args.output.is_dir():
-            print(f"tpde validate: -o {args.output} exists and is not a directory; choose "
-                  f"another path", file=sys.stderr)
-            return 2
-        report = run_suite(args.suite, args.output,
-                           log=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
-        failed = [c for c in report.checks if not c.passed]
-        for check in report.checks:
-            print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.value:.3e} "
-                  f"({check.limit()})")
-        print(f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; "
-              f"report: {args.output / 'report.md'}")
-        return 1 if failed else 0
-    return 2
+    try:
+        return COMMANDS[args.command](args)
+    except BrokenPipeError:          # `tpde info out.nc | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

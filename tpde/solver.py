@@ -100,6 +100,8 @@ class Problem:
     t_end : final time (> t_start). snapshots : int (equally spaced, ends included) or times.
     max_outflow : the run ends with status ``mass_left_domain`` when the mass that left
         through outflow boundaries exceeds this fraction of the initial mass (default 1e-3).
+    initial_outflow : mass that had already left before t_start (a resumed run); the initial
+        mass is then ``mass(density) + initial_outflow``.
     """
 
     grid: Grid
@@ -111,6 +113,7 @@ class Problem:
     t_start: float = 0.0
     max_outflow: float = 1e-3
     max_steps: int = 10_000_000
+    initial_outflow: float = 0.0
 
     def __post_init__(self) -> None:
         self.density = self.grid.check_density(self.density, "initial density")
@@ -183,8 +186,8 @@ class Solver:
         self.callbacks = list(on_snapshot) if not callable(on_snapshot) else [on_snapshot]
         self.t = float(problem.t_start)
         self.density = problem.density.copy()
-        self.outflow = 0.0
-        self.mass0 = self.grid.integrate(self.density)
+        self.outflow = float(problem.initial_outflow)
+        self.mass0 = self.grid.integrate(self.density) + self.outflow
         self.steps = 0
         self.rejected = 0
         self.last_dt = float("nan")
@@ -250,7 +253,7 @@ class Solver:
                     if k == 0 and velocity0 is not None:
                         vel = velocity0
                     else:
-                        vel = self.face_velocity(stages[k], self.t + c[k] * dt)
+                        vel = self.face_velocity(stages[k], self._stage_time(c[k], dt))
                     left = self.operator.euler_step(stages[k], vel, beta / alpha * dt,
                                                     self._euler)
                     term = self._euler
@@ -273,6 +276,15 @@ class Solver:
         self.t += dt
         self.steps += 1
         self.last_dt = dt
+
+    def _stage_time(self, fraction: float, dt: float) -> float:
+        """t + c_k dt; a stage at the end of the step (c_k = 1) is taken a hair before it,
+        so that a step ending on a layer start uses the layer it belongs to (the left limit:
+        parameters are right-continuous, MATH.md 1.3)."""
+        t = self.t + fraction * dt
+        if fraction == 1.0:
+            t -= min(1e-12 * max(1.0, abs(t)), 1e-3 * dt)
+        return t
 
     # ---- the run ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -330,9 +342,16 @@ class Solver:
         if times[0] <= self.t:
             result.snapshots.append(self.snapshot())
             times = times[1:]
+        # steps land on the snapshot times and on the jumps of the velocity field
+        jumps = [float(b) for b in problem.velocity.breakpoints()
+                 if self.t < b < times[-1] and not np.any(np.isclose(times, b, rtol=1e-14,
+                                                                     atol=0.0))]
+        stops = sorted([(float(t), True) for t in times] + [(b, False) for b in jumps])
         try:
-            for t_snap in times:
-                status = self.advance_to(float(t_snap))
+            for t_stop, is_snapshot in stops:
+                status = self.advance_to(t_stop)
+                if not is_snapshot and status == "completed":
+                    continue
                 result.snapshots.append(self.snapshot())
                 if status != "completed":
                     result.status = status

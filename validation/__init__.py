@@ -1,5 +1,9 @@
-"""Validation: Gaussian mean/covariance ODEs (gaussian.py); the token system, distances and
-reports come next (see docs/architecture.md)."""
+"""Validation: Gaussian mean/covariance ODEs (gaussian.py), the interacting-token system
+(particles.py), distances (metrics.py) and the studies behind ``tpde validate`` (studies.py).
+
+The names of gaussian.py are re-exported here; the other modules are imported by name
+(``from tpde.validation.particles import TokenSystem``).
+"""
 
 from . import gaussian
 from .gaussian import *  # noqa: F403  (the public names of gaussian.py)

@@ -48,6 +48,17 @@ class VelocityField:
         """
         return [self.at(density, grid, t, off) for off in offsets]
 
+    def breakpoints(self) -> tuple[float, ...]:
+        """Times where the field jumps (layer starts of piecewise-constant parameters).
+
+        The solver lands a step on each of them: a Runge-Kutta step across a jump of the
+        parameters would be first-order accurate only.
+        """
+        from .parameters import Layers
+
+        spec = getattr(self, "spec", None)
+        return tuple(spec.starts) if isinstance(spec, Layers) else ()
+
     def __call__(self, density: np.ndarray, grid: Grid, t: float) -> np.ndarray:
         """Velocity at the cell centres, shape ``(d, *grid.shape)``."""
         return self.at(density, grid, t, np.zeros(grid.ndim))

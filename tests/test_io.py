@@ -1,0 +1,444 @@
+"""Tests of tpde.io: NetCDF snapshots written, killed, resumed and read back.
+
+Every value read back is compared bit for bit with what was written; moments with
+tpde.grid.moments of the written densities. Run ``pytest -s`` to see the measured costs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from types import SimpleNamespace
+
+import netCDF4
+import numpy as np
+import pytest
+import xarray as xr
+
+import tpde
+import tpde.io as tio
+from tpde.grid import Grid, gaussian, moments
+from tpde.io import SnapshotWriter, grid_from_dataset, read, resume_state
+
+GRIDS = {
+    1: Grid([-6.1], [5.7], [50], "outflow"),
+    2: Grid([-6.1, -3.3], [5.7, 4.9], [40, 28], ["periodic", "outflow"]),
+    3: Grid([-4.0, -3.7, -5.3], [4.2, 3.1, 4.9], [14, 12, 10], ["noflux", "outflow", "periodic"]),
+}
+RECORDS = ("density", "mass", "mean", "covariance", "outflow", "max_speed", "dt")
+
+
+def snap(t: float, density: np.ndarray, outflow: float = 0.0, max_speed: float = 1.0,
+         dt: float = 0.1) -> SimpleNamespace:
+    return SimpleNamespace(time=t, density=density, outflow=outflow, max_speed=max_speed, dt=dt)
+
+
+def gaussian_snaps(grid: Grid, n: int) -> list[SimpleNamespace]:
+    d = grid.ndim
+    out = []
+    for i in range(n):
+        cov = np.diag(np.linspace(0.6, 1.2, d)) * (1 + 0.2 * i)
+        mean = np.linspace(-0.4, 0.3, d) + 0.1 * i
+        out.append(snap(0.25 * i, gaussian(grid, mean, cov), outflow=1e-5 * i,
+                        max_speed=math.nan if i == 0 else 1.0 + i,
+                        dt=math.nan if i == 0 else 0.01 * i))
+    return out
+
+
+def write_file(path, grid: Grid, snaps, status: str = "completed", **kwargs) -> None:
+    writer = SnapshotWriter(path, grid, **kwargs)
+    for s in snaps:
+        assert writer.write(s)
+    writer.close(status, snaps[-1].time, f"{status} for the test")
+
+
+def assert_records(ds: xr.Dataset, grid: Grid, snaps) -> None:
+    """Every record of ds equals the snapshots (exact) and their moments."""
+    assert ds.sizes["time"] == len(snaps)
+    for name in RECORDS:
+        assert ds[name].sizes["time"] == len(snaps), name
+    np.testing.assert_array_equal(ds["time"].values, [s.time for s in snaps])
+    for i, s in enumerate(snaps):
+        assert np.array_equal(ds["density"].values[i], s.density)
+        mass, mean, cov = moments(s.density, grid)
+        assert ds["mass"].values[i] == mass
+        assert np.array_equal(ds["mean"].values[i], mean)
+        assert np.array_equal(ds["covariance"].values[i], cov)
+        for name in ("outflow", "max_speed", "dt"):
+            np.testing.assert_array_equal(ds[name].values[i], getattr(s, name))
+
+
+# ---- round trip ---------------------------------------------------------------------------
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_round_trip(tmp_path, d):
+    grid = GRIDS[d]
+    snaps = gaussian_snaps(grid, 3)
+    path = tmp_path / f"run{d}.nc"
+    config = "[grid]\ncells = [1, 2]\n# 'quotes' and \"double\" and unicode µ\n"
+    write_file(path, grid, snaps, config_text=config, title="round trip", history="tpde run x")
+    ds = read(path)
+    assert_records(ds, grid, snaps)
+    names = grid.axis_names
+    assert ds["density"].dims == ("time", *names)
+    assert ds["mean"].dims == ("time", "dim") and ds["covariance"].dims == ("time", "dim",
+                                                                              "dim2")
+    for a, name in enumerate(names):
+        coord = ds[name]
+        assert np.array_equal(coord.values, grid.centres(a))
+        assert coord.attrs["units"] == "1" and coord.attrs["axis"] == name.upper()
+        assert coord.attrs["long_name"] == f"token coordinate {a + 1}"
+        assert coord.attrs["bounds"] == f"{name}_bounds"
+        bounds = ds[f"{name}_bounds"]
+        assert bounds.dims == (name, "nv")
+        edges = grid.edges(a)
+        assert np.array_equal(bounds.values[:, 0], edges[:-1])
+        assert np.array_equal(bounds.values[:, 1], edges[1:])
+    rebuilt = grid_from_dataset(ds)
+    assert rebuilt == grid and rebuilt.boundary == grid.boundary
+    for a, name in enumerate(names):
+        assert np.array_equal(rebuilt.centres(a), ds[name].values)
+    assert ds["time"].attrs == {"units": "1", "long_name": "time (depth through the network)"}
+    for name in RECORDS:
+        assert ds[name].attrs["long_name"]
+    attrs = ds.attrs
+    assert attrs["Conventions"] == "CF-1.10"
+    assert attrs["source"] == f"tpde {tpde.__version__}"
+    assert attrs["config"] == config and attrs["title"] == "round trip"
+    assert attrs["status"] == "completed" and attrs["status_time"] == snaps[-1].time
+    assert attrs["status_message"] == "completed for the test"
+    assert "created by tpde" in attrs["history"] and attrs["history"].endswith("tpde run x")
+    enc = ds["density"].encoding
+    assert enc["zlib"] and enc["complevel"] == 4
+    assert tuple(enc["chunksizes"]) == (1, *grid.shape)
+    assert enc["dtype"] == np.float64
+    with netCDF4.Dataset(path) as nc:
+        assert nc.dimensions["time"].isunlimited()
+        assert {k: len(v) for k, v in nc.dimensions.items() if k != "time"} == {
+            "nv": 2, "dim": d, "dim2": d, **dict(zip(names, grid.cells, strict=True))}
+    print(f"\nd={d}: {len(snaps)} snapshots of {grid.shape} round-trip bit for bit, "
+          f"file {os.path.getsize(path) / 1e3:.1f} kB")
+
+
+def test_ncdump_header(tmp_path):
+    grid = GRIDS[2]
+    path = tmp_path / "run.nc"
+    write_file(path, grid, gaussian_snaps(grid, 2))
+    ncdump = shutil.which("ncdump")
+    if ncdump is None:
+        pytest.skip("ncdump is not installed")
+    header = subprocess.run([ncdump, "-h", str(path)], capture_output=True, text=True,
+                            check=True).stdout
+    assert "Conventions" in header and "density(time, x, y)" in header
+
+
+def test_solver_callback(tmp_path):
+    """A real run with the writer as the Solver's on_snapshot callback."""
+    from tpde.solver import Problem, Solver
+    from tpde.variants import AffineVelocity
+
+    grid = Grid([-6.0], [6.0], [64])
+    path = tmp_path / "solve.nc"
+    writer = SnapshotWriter(path, grid, config_text="[run]\nt_end = 0.5\n")
+    problem = Problem(grid, gaussian(grid, [0.0], [[1.0]]),
+                      AffineVelocity(matrix=[[-0.1]], offset=[0.2]), t_end=0.5, snapshots=4)
+    result = Solver(problem, on_snapshot=writer).run()
+    writer.close(result.status, result.status_time, result.status_message)
+    ds = read(path)
+    assert_records(ds, grid, result.snapshots)
+    assert ds.attrs["status"] == "completed" and ds.attrs["status_time"] == 0.5
+
+
+def test_write_cost(tmp_path):
+    grid = Grid([-6.0, -6.0], [6.0, 6.0], [128, 128])
+    density = gaussian(grid, [0.1, 0.0], np.eye(2))
+    writer = SnapshotWriter(tmp_path / "cost.nc", grid)
+    costs = []
+    for i in range(10):
+        start = time.perf_counter()
+        writer.write(snap(0.1 * i, density * (1 + 1e-3 * i)))
+        costs.append(time.perf_counter() - start)
+    writer.close()
+    start = time.perf_counter()
+    for _ in range(10):
+        with netCDF4.Dataset(tmp_path / "cost.nc", "a"):
+            pass
+    reopen = (time.perf_counter() - start) / 10
+    median = float(np.median(costs))
+    print(f"\nwrite of one 128x128 snapshot (open, append, compress, close): median "
+          f"{1e3 * median:.1f} ms, max {1e3 * max(costs):.1f} ms; open+close alone "
+          f"{1e3 * reopen:.2f} ms")
+    assert median < 0.25 and reopen < 0.05
+
+
+# ---- durability -----------------------------------------------------------------------------
+CHILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from types import SimpleNamespace
+    from tpde.grid import Grid
+    from tpde.io import SnapshotWriter
+    grid = Grid([-1.0, -2.0], [1.0, 2.0], [48, 40], "periodic")
+    writer = SnapshotWriter(sys.argv[1], grid, config_text="child")
+    pause = float(sys.argv[2])
+    for i in range(100000):
+        density = np.random.default_rng(i).random(grid.shape)
+        writer.write(SimpleNamespace(time=0.5 * i, density=density, outflow=1e-3 * i,
+                                     max_speed=2.0, dt=0.01))
+        print(i + 1, flush=True)
+        time.sleep(pause)
+""")
+
+
+def run_and_kill(path, pause: float, after: int, extra_delay: float = 0.0) -> int:
+    """Start the writer child, SIGKILL it once it reported >= after snapshots."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(pause)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        reported = 0
+        while reported < after:
+            line = proc.stdout.readline()
+            assert line, f"child ended early (rc {proc.poll()})"
+            reported = int(line)
+        time.sleep(extra_delay)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    return reported
+
+
+def check_killed_file(path) -> int:
+    grid = Grid([-1.0, -2.0], [1.0, 2.0], [48, 40], "periodic")
+    with xr.open_dataset(path) as ds:
+        n = ds.sizes["time"]
+        for name in RECORDS:
+            assert ds[name].sizes["time"] == n
+        assert np.all(np.isfinite(ds["time"].values)) and np.all(np.isfinite(ds["mass"].values))
+        np.testing.assert_array_equal(ds["time"].values, 0.5 * np.arange(n))
+        np.testing.assert_array_equal(ds["outflow"].values, 1e-3 * np.arange(n))
+        for i in range(n):
+            density = np.random.default_rng(i).random(grid.shape)
+            assert np.array_equal(ds["density"].values[i], density)
+            assert ds["mass"].values[i] == moments(density, grid)[0]
+        assert ds.attrs["status"] == "running" and ds.attrs["config"] == "child"
+    return n
+
+
+def test_sigkill_between_snapshots(tmp_path):
+    path = tmp_path / "killed.nc"
+    reported = run_and_kill(path, pause=0.05, after=3)
+    n = check_killed_file(path)
+    print(f"\nSIGKILL after {reported} reported snapshots: xarray reads {n} complete records")
+    assert n >= reported >= 3
+    assert resume_state(path)["snapshots"] == n
+
+
+def test_sigkill_during_writes(tmp_path):
+    """No pause: the kill lands at a random moment, often inside a write."""
+    rng = np.random.default_rng(7)
+    for trial in range(3):
+        path = tmp_path / f"burst{trial}.nc"
+        reported = run_and_kill(path, pause=0.0, after=3, extra_delay=rng.uniform(0, 0.1))
+        n = check_killed_file(path)
+        print(f"\ntrial {trial}: killed mid-burst after >= {reported} reported, "
+              f"{n} complete records read")
+        assert n >= reported
+
+
+def test_incomplete_record_is_dropped(tmp_path):
+    """A record missing its time (a kill inside a write) is ignored, then overwritten."""
+    grid = GRIDS[2]
+    snaps = gaussian_snaps(grid, 4)
+    path = tmp_path / "partial.nc"
+    write_file(path, grid, snaps[:2], status="interrupted")
+    with netCDF4.Dataset(path, "a") as nc:  # what a kill between density and time leaves
+        nc["density"][2, ...] = snaps[3].density
+        nc["mass"][2] = 1.0
+        assert len(nc.dimensions["time"]) == 3
+    with xr.open_dataset(path) as raw:
+        assert raw.sizes["time"] == 3 and np.isnan(raw["time"].values[2])
+    assert read(path).sizes["time"] == 2
+    state = resume_state(path)
+    assert state["snapshots"] == 2 and state["time"] == snaps[1].time
+    writer = SnapshotWriter.resume(path)
+    assert writer.snapshots == 2
+    writer.write(snaps[2])
+    writer.write(snaps[3])
+    writer.close("completed", snaps[3].time)
+    assert_records(read(path), grid, snaps)
+
+
+# ---- resume -----------------------------------------------------------------------------------
+def test_resume(tmp_path):
+    grid = GRIDS[2]
+    snaps = gaussian_snaps(grid, 4)
+    path = tmp_path / "resume.nc"
+    write_file(path, grid, snaps[:2], status="interrupted", config_text="[run]\nt_end = 0.75\n")
+    first = read(path)
+    assert first.attrs["status"] == "interrupted"
+    state = resume_state(path)
+    assert state["grid"] == grid and state["snapshots"] == 2
+    assert state["time"] == snaps[1].time and state["outflow"] == snaps[1].outflow
+    assert np.array_equal(state["density"], snaps[1].density)
+    assert state["density"].shape == grid.shape and state["density"].dtype == np.float64
+    assert state["config"] == "[run]\nt_end = 0.75\n" and state["status"] == "interrupted"
+    np.testing.assert_array_equal(state["times"], [s.time for s in snaps[:2]])
+
+    writer = SnapshotWriter.resume(path)
+    assert writer.snapshots == 2 and writer.last_time == snaps[1].time
+    assert read(path).attrs["status"] == "running"
+    assert writer.write(snap(snaps[1].time, snaps[1].density)) is False  # the resume point
+    with pytest.raises(ValueError, match="before the last written time"):
+        writer.write(snap(0.1, snaps[0].density))
+    with pytest.raises(ValueError, match="shape"):
+        writer.write(snap(9.0, np.zeros((3, 3))))
+    assert writer.write(snaps[2]) and writer.write(snaps[3])
+    writer.close("completed", snaps[3].time, "done")
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.write(snap(9.0, snaps[0].density))
+
+    ds = read(path)
+    assert_records(ds, grid, snaps)
+    for name in RECORDS:
+        np.testing.assert_array_equal(ds[name].values[:2], first[name].values)
+    assert ds.attrs["status"] == "completed" and ds.attrs["status_message"] == "done"
+    assert "resumed by tpde" in ds.attrs["history"]
+    state = resume_state(path)
+    assert state["snapshots"] == 4 and state["time"] == snaps[3].time
+    assert state["outflow"] == snaps[3].outflow
+    assert np.array_equal(state["density"], snaps[3].density)
+
+
+def test_context_manager_status(tmp_path):
+    grid = GRIDS[1]
+    snaps = gaussian_snaps(grid, 2)
+    path = tmp_path / "ctx.nc"
+    with pytest.raises(KeyboardInterrupt), SnapshotWriter(path, grid) as writer:
+        writer.write(snaps[0])
+        raise KeyboardInterrupt
+    assert read(path).attrs["status"] == "interrupted"
+    with SnapshotWriter.resume(path) as writer:
+        writer.write(snaps[1])
+    ds = read(path)
+    assert ds.attrs["status"] == "completed" and ds.sizes["time"] == 2
+
+
+def test_resume_errors(tmp_path):
+    with pytest.raises(ValueError, match="^run.output: .* does not exist"):
+        SnapshotWriter.resume(tmp_path / "missing.nc")
+    with pytest.raises(ValueError, match="^run.output"):
+        resume_state(tmp_path / "missing.nc")
+    empty = tmp_path / "empty.nc"
+    SnapshotWriter(empty, GRIDS[1]).close("interrupted")
+    with pytest.raises(ValueError, match="no complete snapshot"):
+        resume_state(empty)
+    foreign = tmp_path / "foreign.nc"
+    xr.Dataset({"a": ("t", [1.0])}).to_netcdf(foreign)
+    with pytest.raises(ValueError, match="grid_lower"):
+        SnapshotWriter.resume(foreign)
+    text = tmp_path / "text.nc"
+    text.write_text("not netcdf")
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="^run.output: cannot open"):
+        SnapshotWriter.resume(text)
+    assert time.perf_counter() - start < 1.0  # not mistaken for a lock
+
+
+# ---- overwrite safety ----------------------------------------------------------------------
+def test_existing_file_is_kept(tmp_path):
+    grid = GRIDS[2]
+    path = tmp_path / "out.nc"
+    write_file(path, grid, gaussian_snaps(grid, 2))
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="--overwrite") as info:
+        SnapshotWriter(path, grid)
+    assert str(info.value).startswith("run.output: ") and "\n" not in str(info.value)
+    assert path.read_bytes() == before
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    original = tio._create
+    tio._create = broken
+    try:
+        with pytest.raises(ValueError, match="^run.output: cannot write .*No space left"):
+            SnapshotWriter(path, grid, overwrite=True)
+    finally:
+        tio._create = original
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]
+
+    writer = SnapshotWriter(path, GRIDS[1], overwrite=True)
+    assert read(path).sizes["time"] == 0 and grid_from_dataset(read(path)) == GRIDS[1]
+    writer.close("completed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]
+
+
+def test_unwritable_targets(tmp_path, monkeypatch):
+    grid = GRIDS[1]
+    for target, reason in [(tmp_path / "no" / "such" / "dir" / "out.nc", "does not exist"),
+                           (tmp_path, "is a directory")]:
+        with pytest.raises(ValueError, match=f"^run.output: cannot write .*{reason}"):
+            SnapshotWriter(target, grid)
+    assert not (tmp_path / "no").exists()
+    with monkeypatch.context() as m:
+        m.setattr(tio.os, "access", lambda *args, **kwargs: False)
+        with pytest.raises(ValueError, match="^run.output: cannot write .*not writable"):
+            SnapshotWriter(tmp_path / "out.nc", grid)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
+                    reason="root writes into read-only directories")
+def test_read_only_directory(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="^run.output: cannot write"):
+            SnapshotWriter(folder / "out.nc", GRIDS[1])
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o700)
+
+
+# ---- locking --------------------------------------------------------------------------------
+HOLDER = textwrap.dedent("""
+    import sys, time, netCDF4
+    nc = netCDF4.Dataset(sys.argv[1], "r")
+    print("open", flush=True)
+    time.sleep(float(sys.argv[2]))
+    nc.close()
+""")
+
+
+def test_writer_waits_for_a_reader(tmp_path):
+    grid = GRIDS[1]
+    snaps = gaussian_snaps(grid, 2)
+    path = tmp_path / "locked.nc"
+    writer = SnapshotWriter(path, grid)
+    writer.write(snaps[0])
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), "1.0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        writer.lock_timeout = 0.1
+        with pytest.raises(RuntimeError, match="holds it open"):
+            writer.write(snaps[1])
+        assert writer.snapshots == 1
+        writer.lock_timeout = 30.0
+        start = time.perf_counter()
+        assert writer.write(snaps[1])
+        waited = time.perf_counter() - start
+    finally:
+        proc.wait()
+        proc.stdout.close()
+    writer.close()
+    print(f"\nwriter waited {waited:.2f} s for a reader holding the file open")
+    assert_records(read(path), grid, snaps)

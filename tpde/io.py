@@ -1,0 +1,478 @@
+"""NetCDF output of runs: writing snapshots as they come, reading back, resuming (DESIGN.md 4).
+
+File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
+
+    dimensions : time (unlimited, N), x[, y[, z]] (grid.cells), dim = dim2 = d, nv = 2
+    coordinates: time(time), x(x) [y(y), z(z)] cell centres, x_bounds(x, nv) cell edges, ...
+    variables  : density(time, x[, y[, z]])   float64, zlib level 4, one chunk per snapshot
+                 mass(time), mean(time, dim), covariance(time, dim, dim2)  (tpde.grid.moments)
+                 outflow(time) (cumulative mass that left the box), max_speed(time), dt(time)
+    attributes : Conventions, title, history, source, config, status, status_time,
+                 status_message, grid_lower, grid_upper, grid_cells, grid_boundary
+
+Durability. :class:`SnapshotWriter` keeps the file *closed* between snapshots: each
+:meth:`SnapshotWriter.write` opens it in append mode, writes one record and closes it (a few
+milliseconds). An HDF5 file that is open for writing can be left unreadable by a kill, a closed
+one cannot, so a process killed at any moment outside those milliseconds leaves a file that
+``xarray.open_dataset`` reads with every completed snapshot. Within one record the data
+variables are written first and ``time`` last; float record variables have ``_FillValue =
+NaN`` and times must be finite, so a record whose ``time`` is NaN is *incomplete*:
+:func:`read`, :func:`resume_state` and :meth:`SnapshotWriter.resume` ignore a trailing
+incomplete record (the resumed writer overwrites it).
+
+Locking. HDF5 locks a file while it is open, so a writer cannot append while another process
+holds the file open (e.g. an ``xarray.open_dataset`` that was never closed); the writer then
+retries for ``lock_timeout`` seconds before it raises. :func:`read` loads and closes at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import os
+import time as _time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import netCDF4
+import numpy as np
+import xarray as xr
+
+import tpde
+from tpde.grid import Grid, moments
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: treat every failed open as a lock and retry
+    fcntl = None
+
+__all__ = [
+    "CONVENTIONS",
+    "SnapshotLike",
+    "SnapshotWriter",
+    "grid_from_dataset",
+    "read",
+    "resume_state",
+]
+
+CONVENTIONS = "CF-1.10"
+AXES = ("x", "y", "z")
+LOCK_TIMEOUT = 60.0
+_TIME_CHUNK = 256
+
+_LONG_NAMES = {
+    "density": "token density (cell averages)",
+    "mass": "mass in the box",
+    "mean": "mean of the density",
+    "covariance": "covariance of the density",
+    "outflow": "cumulative mass that left the box",
+    "max_speed": "largest face velocity of the last step",
+    "dt": "last time step",
+}
+
+
+class SnapshotLike(Protocol):
+    """What :meth:`SnapshotWriter.write` reads (``tpde.solver.Snapshot`` fits)."""
+
+    time: float
+    density: np.ndarray
+    outflow: float
+    max_speed: float
+    dt: float
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _source() -> str:
+    return f"tpde {tpde.__version__}"
+
+
+# ---- path checks ----------------------------------------------------------------------------
+def _check_target(path: str, overwrite: bool) -> None:
+    """Raise a one-line ValueError unless a new file can be created at ``path``."""
+    if os.path.isdir(path):
+        raise ValueError(f"run.output: cannot write {path}: it is a directory")
+    if os.path.exists(path) and not overwrite:
+        raise ValueError(f"run.output: {path} exists; pass --overwrite to replace it or "
+                         "--resume to continue it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"run.output: cannot write {path}: directory {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"run.output: cannot write {path}: directory {folder} is not writable")
+
+
+def _temporary_name(path: str) -> str:
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+
+
+def _busy(path: str, exclusive: bool) -> bool:
+    """Whether another open handle holds a conflicting HDF5 (flock) lock on ``path``."""
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases the probe lock
+    return False
+
+
+def _retry_open(path: str, opener: Callable[[], Any], exclusive: bool, timeout: float) -> Any:
+    """``opener()``, retried while another process holds the file locked (up to timeout s)."""
+    deadline = _time.monotonic() + timeout
+    delay, unlocked_failures = 0.005, 0
+    while True:
+        try:
+            return opener()
+        except OSError as exc:
+            if not os.path.exists(path):
+                raise ValueError(f"run.output: {path} does not exist") from None
+            if not _busy(path, exclusive):
+                unlocked_failures += 1
+                if unlocked_failures >= 2:
+                    raise ValueError(f"run.output: cannot open {path}: {exc}") from None
+            elif _time.monotonic() >= deadline:
+                raise RuntimeError(f"run.output: {path} stayed locked for {timeout:g} s; "
+                                   "another process (or handle) holds it open: close its "
+                                   "xarray or netCDF4 handle") from None
+            else:
+                _time.sleep(delay)
+                delay = min(2 * delay, 0.25)
+
+
+@contextlib.contextmanager
+def _opened(path: str, mode: str, timeout: float) -> Iterator[netCDF4.Dataset]:
+    """``netCDF4.Dataset(path, mode)`` (retried while locked), closed on exit."""
+    nc = _retry_open(path, lambda: netCDF4.Dataset(path, mode), mode != "r", timeout)
+    try:
+        yield nc
+    finally:
+        nc.close()
+
+
+# ---- file layout ----------------------------------------------------------------------------
+def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
+    """Spatial dimensions, cell-centre coordinates and their bounds (cell edges)."""
+    nc.createDimension("nv", 2)
+    for a in range(grid.ndim):
+        name = AXES[a]
+        nc.createDimension(name, grid.cells[a])
+        coord = nc.createVariable(name, "f8", (name,))
+        coord.setncatts({"units": "1", "axis": name.upper(),
+                         "long_name": f"token coordinate {a + 1}",
+                         "bounds": f"{name}_bounds"})
+        coord[:] = grid.centres(a)
+        edges = grid.edges(a)
+        bounds = nc.createVariable(f"{name}_bounds", "f8", (name, "nv"))
+        bounds[:] = np.stack([edges[:-1], edges[1:]], axis=1)
+
+
+def _record_variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...],
+                     chunks: tuple[int, ...], **compression: Any) -> None:
+    var = nc.createVariable(name, "f8", ("time", *dims), fill_value=np.nan,
+                            chunksizes=chunks, **compression)
+    var.setncatts({"long_name": _LONG_NAMES[name], "units": "1"})
+
+
+def _define_records(nc: netCDF4.Dataset, grid: Grid) -> None:
+    """The unlimited ``time`` axis and every per-snapshot variable."""
+    d = grid.ndim
+    nc.createDimension("time", None)
+    nc.createDimension("dim", d)
+    nc.createDimension("dim2", d)
+    time = nc.createVariable("time", "f8", ("time",), fill_value=np.nan,
+                             chunksizes=(_TIME_CHUNK,))
+    time.setncatts({"units": "1", "long_name": "time (depth through the network)"})
+    _record_variable(nc, "density", grid.axis_names, (1, *grid.shape),
+                     compression="zlib", complevel=4, shuffle=True)
+    _record_variable(nc, "mass", (), (_TIME_CHUNK,))
+    _record_variable(nc, "mean", ("dim",), (_TIME_CHUNK, d))
+    _record_variable(nc, "covariance", ("dim", "dim2"), (_TIME_CHUNK, d, d))
+    for name in ("outflow", "max_speed", "dt"):
+        _record_variable(nc, name, (), (_TIME_CHUNK,))
+
+
+def _global_attributes(grid: Grid, config_text: str, title: str, history: str) -> dict:
+    created = f"{_now()}: created by {_source()}" + (f": {history}" if history else "")
+    return {
+        "Conventions": CONVENTIONS, "title": title, "history": created, "source": _source(),
+        "config": config_text, "status": "running", "status_time": math.nan,
+        "status_message": "",
+        "grid_lower": np.asarray(grid.lower, dtype=np.float64),
+        "grid_upper": np.asarray(grid.upper, dtype=np.float64),
+        "grid_cells": np.asarray(grid.cells, dtype=np.int64),
+        "grid_boundary": ",".join(grid.boundary),
+    }
+
+
+def _create(path: str, grid: Grid, attributes: dict) -> None:
+    """Write an empty file with every dimension, variable and attribute."""
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
+        nc.setncatts(attributes)
+        _define_axes(nc, grid)
+        _define_records(nc, grid)
+
+
+# ---- reading helpers ------------------------------------------------------------------------
+def _grid_from_attributes(attrs: dict, where: str) -> Grid:
+    """Rebuild the Grid from the ``grid_*`` global attributes (exact: float64 stored as is)."""
+    missing = [k for k in ("grid_lower", "grid_upper", "grid_cells", "grid_boundary")
+               if k not in attrs]
+    if missing:
+        raise ValueError(f"run.output: {where} has no {missing[0]} attribute; not a tpde "
+                         "output file")
+    lower = np.atleast_1d(np.asarray(attrs["grid_lower"], dtype=np.float64))
+    upper = np.atleast_1d(np.asarray(attrs["grid_upper"], dtype=np.float64))
+    cells = np.atleast_1d(np.asarray(attrs["grid_cells"])).astype(int)
+    boundary = [b.strip() for b in str(attrs["grid_boundary"]).split(",")]
+    return Grid(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
+
+
+def _complete_records(time: np.ndarray) -> int:
+    """Number of leading records whose ``time`` (written last) is present."""
+    ok = np.isfinite(np.asarray(time, dtype=np.float64))
+    return int(ok.size if ok.all() else np.argmin(ok))
+
+
+def _complete_in_file(nc: netCDF4.Dataset) -> int:
+    var = nc["time"]
+    var.set_auto_mask(False)
+    return _complete_records(var[:])
+
+
+def _file_attributes(nc: netCDF4.Dataset) -> dict:
+    return {k: nc.getncattr(k) for k in nc.ncattrs()}
+
+
+# ---- the writer -----------------------------------------------------------------------------
+class SnapshotWriter:
+    """Append run snapshots to a NetCDF file, one durable record per :meth:`write`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike. The output file (``run.output``).
+    grid : Grid. Every density written must have shape ``grid.shape``.
+    config_text : the resolved configuration (TOML text), stored in the ``config`` attribute.
+    title : the ``title`` attribute.
+    overwrite : replace an existing file. The new file is created under a temporary name in
+        the same directory and moved over the old one only once it is complete.
+    history : the command line, recorded in ``history`` with the creation time.
+    lock_timeout : seconds to wait while another process holds the file open.
+
+    Raises ValueError (one line, starting ``run.output``) when the file exists and
+    ``overwrite`` is false, or when the directory is missing or not writable; nothing is
+    created then. The instance is callable, so it can be a ``Solver`` ``on_snapshot`` callback.
+
+    Examples
+    --------
+    >>> writer = SnapshotWriter("run.nc", grid, config_text=toml_text)   # doctest: +SKIP
+    >>> result = Solver(problem, on_snapshot=writer).run()               # doctest: +SKIP
+    >>> writer.close(result.status, result.status_time, result.status_message)  # +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike, grid: Grid, config_text: str = "",
+                 title: str = "tpde run", overwrite: bool = False, history: str = "",
+                 lock_timeout: float = LOCK_TIMEOUT):
+        path = os.fspath(path)
+        if not isinstance(grid, Grid):
+            raise ValueError(f"run.output: expected a tpde.grid.Grid, got {type(grid).__name__}")
+        _check_target(path, overwrite)
+        temporary = _temporary_name(path)
+        try:
+            _create(temporary, grid, _global_attributes(grid, str(config_text), str(title),
+                                                        str(history)))
+            os.replace(temporary, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            raise ValueError(f"run.output: cannot write {path}: {exc}") from None
+        self._setup(path, grid, 0, None, lock_timeout)
+
+    def _setup(self, path: str, grid: Grid, count: int, last_time: float | None,
+               lock_timeout: float) -> None:
+        self.path = path
+        self.grid = grid
+        self.lock_timeout = float(lock_timeout)
+        self._count = count
+        self._last_time = last_time
+        self._closed = False
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike,
+               lock_timeout: float = LOCK_TIMEOUT) -> SnapshotWriter:
+        """Reopen an existing output file for appending after its last complete snapshot.
+
+        Existing records are kept as they are; a trailing incomplete record (a kill inside a
+        write) is overwritten by the next :meth:`write`. The status becomes ``running`` and
+        ``history`` gets a ``resumed`` line.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"run.output: {path} does not exist; nothing to resume (drop "
+                             "--resume to start a new run)")
+        with _opened(path, "a", lock_timeout) as nc:
+            attrs = _file_attributes(nc)
+            grid = _grid_from_attributes(attrs, path)
+            count = _complete_in_file(nc)
+            last = float(nc["time"][count - 1]) if count else None
+            nc.setncatts({
+                "status": "running", "status_time": math.nan,
+                "status_message": f"resumed after {count} snapshots",
+                "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
+            })
+        writer = cls.__new__(cls)
+        writer._setup(path, grid, count, last, lock_timeout)
+        return writer
+
+    @property
+    def snapshots(self) -> int:
+        """Number of complete snapshots in the file."""
+        return self._count
+
+    @property
+    def last_time(self) -> float | None:
+        """Time of the last snapshot written (None before the first)."""
+        return self._last_time
+
+    def _check_snapshot(self, snapshot: SnapshotLike) -> tuple[float, np.ndarray]:
+        if self._closed:
+            raise RuntimeError(f"run.output: {self.path} was closed; use "
+                               "SnapshotWriter.resume to append again")
+        density = np.asarray(snapshot.density, dtype=np.float64)
+        if density.shape != self.grid.shape:
+            raise ValueError(f"run.output: snapshot density has shape {density.shape}, "
+                             f"expected {self.grid.shape}")
+        t = float(snapshot.time)
+        if not math.isfinite(t):
+            raise ValueError(f"run.output: snapshot time must be finite, got {t}")
+        if self._last_time is not None and t < self._last_time:
+            raise ValueError(f"run.output: snapshot time {t!r} is before the last written "
+                             f"time {self._last_time!r}")
+        return t, density
+
+    def write(self, snapshot: SnapshotLike) -> bool:
+        """Append one snapshot (density of shape ``grid.shape``) and close the file again.
+
+        mass, mean (d,) and covariance (d, d) are computed with :func:`tpde.grid.moments`.
+        A snapshot at exactly the time of the last record (the start of a resumed run) is
+        skipped; returns whether a record was written.
+        """
+        t, density = self._check_snapshot(snapshot)
+        if self._last_time is not None and t == self._last_time:
+            return False
+        mass, mean, cov = moments(density, self.grid)
+        i = self._count
+        with _opened(self.path, "a", self.lock_timeout) as nc:
+            nc["density"][i, ...] = density
+            nc["mass"][i] = mass
+            nc["mean"][i, :] = mean
+            nc["covariance"][i, :, :] = cov
+            nc["outflow"][i] = float(snapshot.outflow)
+            nc["max_speed"][i] = float(snapshot.max_speed)
+            nc["dt"][i] = float(snapshot.dt)
+            nc["time"][i] = t  # last: a record without time is incomplete
+        self._count = i + 1
+        self._last_time = t
+        return True
+
+    __call__ = write
+
+    def close(self, status: str = "completed", status_time: float = math.nan,
+              status_message: str = "") -> None:
+        """Record how the run ended (``completed``, ``blowup``, ``mass_left_domain``,
+        ``interrupted``, ``failed``) with the time and a one-line message."""
+        if not (isinstance(status, str) and status.strip()):
+            raise ValueError(f"run.output: status must be a non-empty string, got {status!r}")
+        with _opened(self.path, "a", self.lock_timeout) as nc:
+            nc.setncatts({"status": status, "status_time": float(status_time),
+                          "status_message": str(status_message)})
+        self._closed = True
+
+    def __enter__(self) -> SnapshotWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``failed``."""
+        if self._closed:
+            return
+        last = math.nan if self._last_time is None else self._last_time
+        if exc_type is None:
+            self.close("completed", last)
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("interrupted", last, "interrupted by the user")
+        else:
+            self.close("failed", math.nan, f"{exc_type.__name__}: {exc}".splitlines()[0])
+
+    def __repr__(self) -> str:
+        return f"SnapshotWriter({self.path!r}, {self.grid!r}, snapshots={self._count})"
+
+
+# ---- reading --------------------------------------------------------------------------------
+def _load(path: str) -> xr.Dataset:
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        return ds.load()
+
+
+def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
+    """Load an output file into memory (the file is closed on return).
+
+    Returns an ``xarray.Dataset`` with ``density (time, x[, y[, z]])``, ``mass (time)``,
+    ``mean (time, dim)``, ``covariance (time, dim, dim2)``, ``outflow``, ``max_speed``,
+    ``dt (time)``, coordinates ``time``, ``x``.. and bounds ``x_bounds (x, nv)``..; a trailing
+    incomplete record is dropped.
+    """
+    path = os.fspath(path)
+    ds = _retry_open(path, lambda: _load(path), False, lock_timeout)
+    n = _complete_records(ds["time"].values)
+    if n < ds.sizes["time"]:
+        ds = ds.isel(time=slice(0, n))
+    return ds
+
+
+def grid_from_dataset(ds: xr.Dataset) -> Grid:
+    """The exact :class:`Grid` of a run (from the ``grid_*`` global attributes)."""
+    return _grid_from_attributes(dict(ds.attrs), "dataset")
+
+
+def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
+    """What a solver needs to continue an interrupted run, read without loading every record.
+
+    Returns a dict: ``grid`` (Grid), ``time`` (float, last snapshot), ``density`` (last
+    density, ``grid.shape``), ``outflow`` (float, cumulative), ``mass`` (float),
+    ``snapshots`` (int, complete records), ``times`` (all snapshot times, (snapshots,)),
+    ``config`` (str), ``status`` and ``status_message`` (str).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"run.output: {path} does not exist; nothing to resume")
+    with _opened(path, "r", lock_timeout) as nc:
+        nc.set_auto_mask(False)
+        attrs = _file_attributes(nc)
+        grid = _grid_from_attributes(attrs, path)
+        n = _complete_in_file(nc)
+        if n == 0:
+            raise ValueError(f"run.output: {path} holds no complete snapshot; start a new "
+                             "run with --overwrite")
+        last = n - 1
+        return {
+            "grid": grid,
+            "time": float(nc["time"][last]),
+            "density": np.array(nc["density"][last, ...], dtype=np.float64),
+            "outflow": float(nc["outflow"][last]),
+            "mass": float(nc["mass"][last]),
+            "snapshots": n,
+            "times": np.array(nc["time"][:n], dtype=np.float64),
+            "config": str(attrs.get("config", "")),
+            "status": str(attrs.get("status", "")),
+            "status_message": str(attrs.get("status_message", "")),
+        }

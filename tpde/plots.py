@@ -1,0 +1,618 @@
+"""Figures and animations of a run's output (the ``xarray.Dataset`` of DESIGN.md 4).
+
+Every function takes the Dataset that a run returns or writes (or the path of a NetCDF file
+holding one) and draws from its variables only: ``density(time, x[, y[, z]])`` with the cell
+edges from the bounds variables ``x_bounds(x, nv)`` ..., ``mass``, ``mean``, ``covariance``
+and ``outflow``. Figures are plain :class:`matplotlib.figure.Figure` objects on their own Agg
+canvas: nothing here selects a global backend, touches ``pyplot`` or needs a display, so the
+module is safe to call from a terminal, a notebook or a dask worker alike.
+
+Optional ``reference`` moments (for instance the Gaussian mean/covariance ODE solution) are a
+mapping with arrays ``time`` (m,), ``mean`` (m, d) and ``covariance`` (m, d, d); they are
+interpolated linearly in time (a convex combination of covariances stays a covariance) and
+drawn dashed: the 1- and 2-sigma ellipses on 2-D images and 3-D slices, the Gaussian density
+in 1-D, the moment curves in :func:`moments_figure`.
+
+>>> from tpde.plots import plot_all
+>>> plot_all("out.nc", "figures", animate_density=True)  # doctest: +SKIP
+[PosixPath('figures/density.png'), ...]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import xarray as xr
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "animate",
+    "density_figure",
+    "mass_figure",
+    "moments_figure",
+    "plot_all",
+    "projection_figure",
+]
+
+AXES = ("x", "y", "z")
+DEFAULT_SNAPSHOTS = 5
+CMAP = "magma"
+REF_COLOUR = "cyan"
+DPI = 110
+SIGMAS = (1.0, 2.0)
+# The three slice / projection planes of a 3-D density: (horizontal axis, vertical axis).
+PLANES = ((0, 1), (0, 2), (1, 2))
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+def _as_dataset(ds: xr.Dataset | str | os.PathLike[str]) -> xr.Dataset:
+    """The Dataset itself, or the one in the NetCDF file ``ds`` (opened lazily)."""
+    if isinstance(ds, str | os.PathLike):
+        import xarray as xr
+
+        path = Path(ds)
+        if not path.is_file():
+            raise ValueError(f"plot: {path} does not exist or is not a file")
+        return xr.open_dataset(path)
+    return ds
+
+
+def _source(ds: xr.Dataset) -> str:
+    """How error messages name ``ds``: its file when it was read from one."""
+    source = ds.encoding.get("source") if hasattr(ds, "encoding") else None
+    return str(source) if source else "the dataset"
+
+
+def _spatial_dims(ds: xr.Dataset) -> tuple[str, ...]:
+    """The spatial dimensions of ``ds.density`` in x, y, z order; ValueError if unusable."""
+    if "density" not in getattr(ds, "data_vars", {}):
+        raise ValueError(f"plot: {_source(ds)} has no 'density' variable; "
+                         "is it a tpde output?")
+    dims = ds["density"].dims
+    spatial = tuple(a for a in AXES if a in dims)
+    other = [dim for dim in dims if dim != "time" and dim not in AXES]
+    if "time" not in dims or other or spatial != AXES[: len(spatial)] or not spatial:
+        raise ValueError(f"plot: {_source(ds)} has density with dims {dims}; expected "
+                         "(time, x), (time, x, y) or (time, x, y, z)")
+    return spatial
+
+
+def _edges(ds: xr.Dataset, name: str) -> np.ndarray:
+    """Cell edges along axis ``name``: from its bounds variable, else from the centres."""
+    bounds = ds[name].attrs.get("bounds", f"{name}_bounds") if name in ds.coords else None
+    if bounds is not None and bounds in ds.variables:
+        b = np.asarray(ds[bounds].values, dtype=float)
+        if b.ndim == 2 and b.shape[1] == 2:
+            return np.r_[b[:, 0], b[-1, 1]]
+    centres = np.asarray(ds[name].values, dtype=float)
+    if centres.size == 1:
+        return np.array([centres[0] - 0.5, centres[0] + 0.5])
+    mid = 0.5 * (centres[1:] + centres[:-1])
+    return np.r_[2 * centres[0] - mid[0], mid, 2 * centres[-1] - mid[-1]]
+
+
+def _centres(ds: xr.Dataset, name: str) -> np.ndarray:
+    if name in ds.coords:
+        return np.asarray(ds[name].values, dtype=float)
+    edges = _edges(ds, name)
+    return 0.5 * (edges[1:] + edges[:-1])
+
+
+def _times(ds: xr.Dataset) -> np.ndarray:
+    if "time" in ds.coords:
+        return np.asarray(ds["time"].values, dtype=float)
+    return np.arange(ds.sizes["time"], dtype=float)
+
+
+def _snapshot(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray:
+    """One density snapshot as a float array indexed ``[x, y, z]`` (only it is loaded)."""
+    return np.asarray(ds["density"].isel(time=index).transpose(*spatial).values, dtype=float)
+
+
+def _pick(times: np.ndarray, wanted: Sequence[float] | None) -> list[int]:
+    """Snapshot indices: up to 5 evenly spaced ones, or the nearest to each wanted time."""
+    n = times.size
+    if n == 0:
+        raise ValueError("plot: the dataset has no snapshots (time has length 0)")
+    if wanted is None:
+        k = min(DEFAULT_SNAPSHOTS, n)
+        return sorted({int(round(i)) for i in np.linspace(0, n - 1, k)})
+    wanted = np.atleast_1d(np.asarray(wanted, dtype=float))
+    if wanted.size == 0:
+        raise ValueError("plot: times is empty; give at least one time or None")
+    return [int(np.nanargmin(np.abs(times - t))) for t in wanted]
+
+
+def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndarray] | None:
+    """Validated reference moments as arrays ``time`` (m,), ``mean`` (m, d), ``cov`` (m, d, d)."""
+    if reference is None:
+        return None
+    missing = [key for key in ("time", "mean", "covariance") if key not in reference]
+    if missing:
+        raise ValueError(f"plot: reference needs arrays time, mean, covariance; "
+                         f"missing {', '.join(missing)}")
+    time = np.atleast_1d(np.asarray(reference["time"], dtype=float))
+    mean = np.asarray(reference["mean"], dtype=float).reshape(time.size, -1)
+    cov = np.asarray(reference["covariance"], dtype=float)
+    if mean.shape[1] != d or cov.shape != (time.size, d, d):
+        raise ValueError(f"plot: reference shapes mean {mean.shape}, covariance {cov.shape} do "
+                         f"not match {time.size} times in d = {d}")
+    order = np.argsort(time)
+    return {"time": time[order], "mean": mean[order], "cov": cov[order]}
+
+
+def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarray]:
+    """Reference mean and covariance at time ``t`` (linear in time, clamped at the ends)."""
+    rt = ref["time"]
+    mean = np.array([np.interp(t, rt, ref["mean"][:, i]) for i in range(ref["mean"].shape[1])])
+    d = mean.size
+    cov = np.array([[np.interp(t, rt, ref["cov"][:, i, j]) for j in range(d)]
+                    for i in range(d)])
+    return mean, 0.5 * (cov + cov.T)
+
+
+# ---- drawing helpers ------------------------------------------------------------------------
+def _figure(width: float, height: float) -> Figure:
+    """A new figure on its own Agg canvas (no pyplot, no global backend switch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _suptitle(fig: Figure, ds: xr.Dataset, what: str) -> None:
+    title = str(ds.attrs.get("title", "")).strip()
+    status = str(ds.attrs.get("status", "")).strip()
+    text = f"{title}: {what}" if title else what
+    if status and status != "completed":
+        when = ds.attrs.get("status_time")
+        try:
+            text += f" [{status} at t = {float(when):.4g}]"
+        except (TypeError, ValueError):
+            text += f" [{status}]"
+    fig.suptitle(text)
+
+
+def _ellipse(mean: np.ndarray, cov: np.ndarray, radius: float) -> np.ndarray:
+    """Points (2, 200) of the ellipse ``(x - m)^T cov^-1 (x - m) = radius^2``."""
+    angle = np.linspace(0.0, 2.0 * np.pi, 200)
+    values, vectors = np.linalg.eigh(cov)
+    circle = np.stack([np.cos(angle), np.sin(angle)])
+    return mean[:, None] + radius * vectors @ (np.sqrt(np.clip(values, 0, None))[:, None]
+                                               * circle)
+
+
+def _draw_ellipses(ax: Axes, mean: np.ndarray, cov: np.ndarray, label: bool) -> None:
+    for k, r in enumerate(SIGMAS):
+        xy = _ellipse(mean, cov, r)
+        ax.plot(xy[0], xy[1], "--", color=REF_COLOUR, lw=0.9,
+                label="reference 1, 2 sigma" if label and k == 0 else None)
+
+
+def _slice_gaussian(mean: np.ndarray, cov: np.ndarray, plane: tuple[int, int], fixed: int,
+                    value: float) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and covariance whose ellipses are the level sets of N(mean, cov) on a plane.
+
+    The restriction of a Gaussian to the plane ``x[fixed] = value`` is again Gaussian in the
+    two remaining coordinates, with the conditional mean and covariance (Schur complement).
+    """
+    p = list(plane)
+    s_pc = cov[p, fixed]
+    s_cc = cov[fixed, fixed]
+    if s_cc <= 0:
+        return mean[p], cov[np.ix_(p, p)]
+    cond_mean = mean[p] + s_pc * (value - mean[fixed]) / s_cc
+    cond_cov = cov[np.ix_(p, p)] - np.outer(s_pc, s_pc) / s_cc
+    return cond_mean, cond_cov
+
+
+def _image(ax: Axes, xe: np.ndarray, ye: np.ndarray, values: np.ndarray, vmax: float,
+           xlabel: str, ylabel: str):
+    """pcolormesh of ``values[i, j]`` (i along the horizontal axis) on the cell edges."""
+    mesh = ax.pcolormesh(xe, ye, values.T, cmap=CMAP, vmin=0.0, vmax=vmax, shading="flat")
+    ax.set_aspect("equal")
+    ax.set_xlim(xe[0], xe[-1])
+    ax.set_ylim(ye[0], ye[-1])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return mesh
+
+
+def _vmax(values: Iterable[np.ndarray]) -> float:
+    top = max((float(np.nanmax(v)) for v in values if np.isfinite(v).any()), default=1.0)
+    return top if top > 0 else 1.0
+
+
+def _max_index(rho: np.ndarray) -> tuple[int, ...]:
+    """Index of the density maximum (the box centre when the snapshot is all NaN)."""
+    if not np.isfinite(rho).any():
+        return tuple(n // 2 for n in rho.shape)
+    return tuple(int(i) for i in np.unravel_index(np.nanargmax(rho), rho.shape))
+
+
+def _plane_slice(rho: np.ndarray, plane: tuple[int, int], at: tuple[int, ...]) -> np.ndarray:
+    fixed = 3 - sum(plane)
+    index: list[Any] = [slice(None)] * 3
+    index[fixed] = at[fixed]
+    return rho[tuple(index)]
+
+
+# ---- figures --------------------------------------------------------------------------------
+def density_figure(ds: xr.Dataset | str | os.PathLike[str], times: Sequence[float] | None = None,
+                   reference: Mapping[str, Any] | None = None) -> Figure:
+    """Density snapshots.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset or path
+        A run's output.
+    times : sequence of float, optional
+        The times to draw (each snaps to the nearest stored snapshot); default up to 5 evenly
+        spaced snapshots, the first and the last included.
+    reference : mapping, optional
+        Reference moments ``time`` (m,), ``mean`` (m, d), ``covariance`` (m, d, d); drawn as
+        the Gaussian density (1-D, dashed, scaled to the snapshot's mass) or the 1- and
+        2-sigma ellipses (2-D images; 3-D slices: the Gaussian's level sets on each plane).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        1-D: one axes with a line per time. 2-D: a row of images on the cell edges with a
+        shared colour scale. 3-D: a row per time of the x-y, x-z and y-z slices through the
+        density maximum, shared colour scale.
+    """
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    d = len(spatial)
+    ref = _reference(reference, d)
+    all_times = _times(ds)
+    picks = _pick(all_times, times)
+    snaps = [_snapshot(ds, spatial, i) for i in picks]
+    edges = [_edges(ds, a) for a in spatial]
+
+    if d == 1:
+        fig = _figure(7.0, 4.2)
+        ax = fig.add_subplot()
+        x = _centres(ds, "x")
+        mass = np.asarray(ds["mass"].values, float) if "mass" in ds else None
+        for k, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
+            colour = f"C{k % 10}"
+            ax.plot(x, rho, color=colour, lw=1.4, label=f"t = {all_times[i]:.4g}")
+            if ref is not None:
+                m, c = _interp(ref, all_times[i])
+                scale = mass[i] if mass is not None and np.isfinite(mass[i]) else 1.0
+                var = max(float(c[0, 0]), 1e-300)
+                xf = np.linspace(edges[0][0], edges[0][-1], 800)
+                pdf = scale * np.exp(-0.5 * (xf - m[0]) ** 2 / var) / np.sqrt(2 * np.pi * var)
+                ax.plot(xf, pdf, "--", color=colour, lw=1.0,
+                        label="reference Gaussian" if k == 0 else None)
+        ax.set_xlim(edges[0][0], edges[0][-1])
+        ax.set_ylim(bottom=0.0)
+        ax.set_xlabel(_label(ds, "x"))
+        ax.set_ylabel("density")
+        ax.legend(fontsize="small")
+        _suptitle(fig, ds, "density")
+        return fig
+
+    vmax = _vmax(snaps)
+    if d == 2:
+        ncol = len(picks)
+        fig = _figure(3.6 * ncol + 1.0, 3.8)
+        axes = fig.subplots(1, ncol, squeeze=False)[0]
+        mesh = None
+        for k, (ax, i, rho) in enumerate(zip(axes, picks, snaps, strict=True)):
+            mesh = _image(ax, edges[0], edges[1], rho, vmax, _label(ds, "x"), _label(ds, "y"))
+            ax.set_title(f"t = {all_times[i]:.4g}")
+            if ref is not None:
+                m, c = _interp(ref, all_times[i])
+                _draw_ellipses(ax, m, c, label=k == 0)
+                ax.set_xlim(edges[0][0], edges[0][-1])
+                ax.set_ylim(edges[1][0], edges[1][-1])
+            if k > 0:
+                ax.set_ylabel("")
+        if ref is not None:
+            axes[0].legend(fontsize="x-small", loc="upper right")
+        fig.colorbar(mesh, ax=list(axes), label="density", shrink=0.9)
+        _suptitle(fig, ds, "density")
+        return fig
+
+    # d == 3
+    centres = [_centres(ds, a) for a in spatial]
+    fig = _figure(11.0, 3.4 * len(picks) + 0.6)
+    axes = fig.subplots(len(picks), 3, squeeze=False)
+    mesh = None
+    for row, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
+        at = _max_index(rho)
+        m = c = None
+        if ref is not None:
+            m, c = _interp(ref, all_times[i])
+        for col, plane in enumerate(PLANES):
+            a, b = plane
+            fixed = 3 - a - b
+            ax = axes[row, col]
+            mesh = _image(ax, edges[a], edges[b], _plane_slice(rho, plane, at), vmax,
+                          _label(ds, spatial[a]), _label(ds, spatial[b]))
+            ax.set_title(f"t = {all_times[i]:.4g}, {spatial[fixed]} = "
+                         f"{centres[fixed][at[fixed]]:.3g}", fontsize="medium")
+            if m is not None:
+                sm, sc = _slice_gaussian(m, c, plane, fixed, centres[fixed][at[fixed]])
+                _draw_ellipses(ax, sm, sc, label=row == 0 and col == 0)
+                ax.set_xlim(edges[a][0], edges[a][-1])
+                ax.set_ylim(edges[b][0], edges[b][-1])
+    if ref is not None:
+        axes[0, 0].legend(fontsize="x-small", loc="upper right")
+    fig.colorbar(mesh, ax=axes.ravel().tolist(), label="density", shrink=0.8)
+    _suptitle(fig, ds, "density slices through the maximum")
+    return fig
+
+
+def projection_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = None,
+                      reference: Mapping[str, Any] | None = None) -> Figure:
+    """Marginal projections of a 3-D density onto the x-y, x-z and y-z planes.
+
+    Each panel is the sum along the third axis times its cell widths, so it integrates to
+    the snapshot's mass. ``time`` snaps to the nearest snapshot (default: the last one);
+    ``reference`` moments, when given, add the 1- and 2-sigma ellipses of the marginal
+    covariances (the 2x2 sub-blocks).
+    """
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    if len(spatial) != 3:
+        raise ValueError(f"plot: projections need a 3-D density; {_source(ds)} is "
+                         f"{len(spatial)}-D")
+    ref = _reference(reference, 3)
+    all_times = _times(ds)
+    i = all_times.size - 1 if time is None else _pick(all_times, [time])[0]
+    rho = _snapshot(ds, spatial, i)
+    edges = [_edges(ds, a) for a in spatial]
+    widths = [np.diff(e) for e in edges]
+    shape = [(-1, 1, 1), (1, -1, 1), (1, 1, -1)]
+    projections = []
+    for a, b in PLANES:
+        fixed = 3 - a - b
+        projections.append(np.nansum(rho * widths[fixed].reshape(shape[fixed]), axis=fixed))
+    vmax = _vmax(projections)
+    fig = _figure(11.0, 3.9)
+    axes = fig.subplots(1, 3)
+    mesh = None
+    m = c = None
+    if ref is not None:
+        m, c = _interp(ref, all_times[i])
+    for k, ((a, b), proj) in enumerate(zip(PLANES, projections, strict=True)):
+        ax = axes[k]
+        mesh = _image(ax, edges[a], edges[b], proj, vmax, _label(ds, spatial[a]),
+                      _label(ds, spatial[b]))
+        ax.set_title(f"sum over {spatial[3 - a - b]}")
+        if m is not None:
+            _draw_ellipses(ax, m[[a, b]], c[np.ix_([a, b], [a, b])], label=k == 0)
+            ax.set_xlim(edges[a][0], edges[a][-1])
+            ax.set_ylim(edges[b][0], edges[b][-1])
+    if ref is not None:
+        axes[0].legend(fontsize="x-small", loc="upper right")
+    fig.colorbar(mesh, ax=list(axes), label="marginal density", shrink=0.9)
+    _suptitle(fig, ds, f"marginal projections at t = {all_times[i]:.4g}")
+    return fig
+
+
+def moments_figure(ds: xr.Dataset | str | os.PathLike[str],
+                   reference: Mapping[str, Any] | None = None, log: bool = False) -> Figure:
+    """Mean components and covariance eigenvalues against time.
+
+    The eigenvalues (``numpy.linalg.eigvalsh``, ascending) are drawn as lambda_1 ... lambda_d;
+    ``reference`` moments are drawn dashed in the same colours; ``log=True`` puts the
+    eigenvalues on a log scale. Snapshots with non-finite covariances (a blow-up) are gaps.
+    """
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    d = len(spatial)
+    ref = _reference(reference, d)
+    for name in ("mean", "covariance"):
+        if name not in ds:
+            raise ValueError(f"plot: {_source(ds)} has no {name!r} variable")
+    t = _times(ds)
+    mean = np.asarray(ds["mean"].transpose("time", ...).values, float).reshape(t.size, d)
+    cov = np.asarray(ds["covariance"].transpose("time", ...).values, float)
+    eigs = _eigenvalues(cov.reshape(t.size, d, d))
+
+    fig = _figure(11.0, 4.2)
+    ax_mean, ax_eig = fig.subplots(1, 2)
+    for k in range(d):
+        ax_mean.plot(t, mean[:, k], "-", color=f"C{k}", label=f"mean {spatial[k]}")
+        ax_eig.plot(t, eigs[:, k], "-", color=f"C{k}", label=f"lambda_{k + 1}")
+    if ref is not None:
+        rt = ref["time"]
+        ref_eigs = _eigenvalues(ref["cov"])
+        for k in range(d):
+            ax_mean.plot(rt, ref["mean"][:, k], "--", color=f"C{k}", lw=1.0,
+                         label="reference" if k == 0 else None)
+            ax_eig.plot(rt, ref_eigs[:, k], "--", color=f"C{k}", lw=1.0,
+                        label="reference" if k == 0 else None)
+    ax_mean.set_xlabel("t")
+    ax_mean.set_ylabel("mean")
+    ax_mean.set_title("mean")
+    ax_eig.set_xlabel("t")
+    ax_eig.set_ylabel("eigenvalues")
+    ax_eig.set_title("eigenvalues of the covariance")
+    if log:
+        ax_eig.set_yscale("log")
+    for ax in (ax_mean, ax_eig):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    _suptitle(fig, ds, "moments")
+    return fig
+
+
+def _eigenvalues(cov: np.ndarray) -> np.ndarray:
+    """Ascending eigenvalues of each symmetric matrix in ``cov`` (m, d, d); NaN where not finite."""
+    out = np.full(cov.shape[:2], np.nan)
+    ok = np.isfinite(cov).all(axis=(1, 2))
+    if ok.any():
+        sym = 0.5 * (cov[ok] + np.swapaxes(cov[ok], 1, 2))
+        out[ok] = np.linalg.eigvalsh(sym)
+    return out
+
+
+def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
+    """Mass, cumulative outflow and their sum against time.
+
+    The left panel draws the three curves; the right one the drift of ``mass + outflow``
+    from its initial value, which a conservative scheme keeps at round-off.
+    """
+    ds = _as_dataset(ds)
+    _spatial_dims(ds)
+    if "mass" not in ds:
+        raise ValueError(f"plot: {_source(ds)} has no 'mass' variable")
+    t = _times(ds)
+    mass = np.asarray(ds["mass"].values, float)
+    outflow = (np.asarray(ds["outflow"].values, float) if "outflow" in ds
+               else np.zeros_like(mass))
+    total = mass + outflow
+    fig = _figure(11.0, 4.2)
+    ax, ax_drift = fig.subplots(1, 2)
+    ax.plot(t, mass, "-", color="C0", label="mass in the box")
+    ax.plot(t, outflow, "-", color="C1", label="outflow (cumulative)")
+    ax.plot(t, total, "--", color="k", label="mass + outflow")
+    ax.set_xlabel("t")
+    ax.set_ylabel("mass")
+    ax.set_title("mass and outflow")
+    ax.legend(fontsize="small")
+    ax_drift.plot(t, total - total[0], "-", color="k")
+    ax_drift.set_xlabel("t")
+    ax_drift.set_ylabel("(mass + outflow)(t) - (mass + outflow)(0)")
+    ax_drift.set_title("conservation")
+    ax_drift.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
+    for a in (ax, ax_drift):
+        a.grid(True, alpha=0.3)
+    _suptitle(fig, ds, "mass")
+    return fig
+
+
+def _label(ds: xr.Dataset, name: str) -> str:
+    units = ds[name].attrs.get("units", "") if name in ds.coords else ""
+    return f"{name} [{units}]" if units and units != "1" else name
+
+
+# ---- animation ------------------------------------------------------------------------------
+def animate(ds: xr.Dataset | str | os.PathLike[str], path: str | os.PathLike[str],
+            fps: int = 10) -> Path:
+    """Animate the density over all snapshots and write it to ``path``.
+
+    1-D: a line; 2-D: an image on the cell edges; 3-D: the x-y slice through the maximum of
+    each snapshot; one colour (or y) scale for all frames. The file is an MP4 through
+    ffmpeg (``matplotlib.animation.FFMpegWriter``) when ffmpeg is available, else a GIF through
+    Pillow; a ``.gif`` path always gets a GIF. The suffix is changed to match the writer.
+
+    Returns
+    -------
+    pathlib.Path
+        The file actually written.
+    """
+    from matplotlib.animation import FFMpegWriter, FuncAnimation, PillowWriter
+
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    d = len(spatial)
+    t = _times(ds)
+    path = Path(path)
+    if path.suffix.lower() != ".gif" and FFMpegWriter.isAvailable():
+        writer: Any = FFMpegWriter(fps=fps, bitrate=1800)
+        path = path.with_suffix(".mp4")
+    else:
+        writer = PillowWriter(fps=fps)
+        path = path.with_suffix(".gif")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    top = _vmax(_snapshot(ds, spatial, i) for i in range(t.size))
+    edges = [_edges(ds, a) for a in spatial]
+    fig = _figure(6.0, 4.2 if d == 1 else 5.0)
+    ax = fig.add_subplot()
+    title = str(ds.attrs.get("title", "")).strip()
+    prefix = f"{title}: " if title else ""
+
+    if d == 1:
+        (line,) = ax.plot(_centres(ds, "x"), _snapshot(ds, spatial, 0), color="C0")
+        ax.set_xlim(edges[0][0], edges[0][-1])
+        ax.set_ylim(0.0, 1.05 * top)
+        ax.set_xlabel(_label(ds, "x"))
+        ax.set_ylabel("density")
+
+        def update(i: int):
+            line.set_ydata(_snapshot(ds, spatial, i))
+            ax.set_title(f"{prefix}t = {t[i]:.4g}")
+            return (line,)
+    else:
+        centres_z = _centres(ds, "z") if d == 3 else None
+
+        def frame(i: int) -> tuple[np.ndarray, str]:
+            rho = _snapshot(ds, spatial, i)
+            if d == 2:
+                return rho, ""
+            at = _max_index(rho)
+            return _plane_slice(rho, (0, 1), at), f", z = {centres_z[at[2]]:.3g}"
+
+        first, _ = frame(0)
+        mesh = _image(ax, edges[0], edges[1], first, top, _label(ds, "x"), _label(ds, "y"))
+        fig.colorbar(mesh, ax=ax, label="density")
+
+        def update(i: int):
+            values, where = frame(i)
+            mesh.set_array(values.T.ravel())
+            ax.set_title(f"{prefix}t = {t[i]:.4g}{where}")
+            return (mesh,)
+
+    update(0)
+    animation = FuncAnimation(fig, update, frames=t.size, blit=False, repeat=False)
+    animation.save(path, writer=writer, dpi=DPI)
+    fig.clear()
+    return path
+
+
+# ---- everything -----------------------------------------------------------------------------
+def plot_all(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.PathLike[str],
+             reference: Mapping[str, Any] | None = None,
+             animate_density: bool = False) -> list[Path]:
+    """Write the standard figures of a run into ``outdir`` (created if needed).
+
+    Files: ``density.png``, ``moments.png``, ``mass.png``, in 3-D also ``projections.png``
+    (at the last snapshot), and with ``animate_density`` the animation ``density.mp4`` or
+    ``density.gif`` (see :func:`animate`). ``ds`` may be a path of a NetCDF file, which is
+    opened lazily and closed at the end.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written, in that order.
+    """
+    opened = isinstance(ds, str | os.PathLike)
+    ds = _as_dataset(ds)
+    try:
+        spatial = _spatial_dims(ds)
+        outdir = Path(outdir)
+        outdir.mkdir(parents=True, exist_ok=True)
+        jobs = [("density.png", lambda: density_figure(ds, reference=reference)),
+                ("moments.png", lambda: moments_figure(ds, reference=reference)),
+                ("mass.png", lambda: mass_figure(ds))]
+        if len(spatial) == 3:
+            jobs.append(("projections.png", lambda: projection_figure(ds, reference=reference)))
+        written = []
+        for name, make in jobs:
+            fig = make()
+            target = outdir / name
+            fig.savefig(target, dpi=DPI)
+            fig.clear()
+            written.append(target)
+        if animate_density:
+            written.append(animate(ds, outdir / "density.mp4"))
+        return written
+    finally:
+        if opened:
+            ds.close()
