@@ -1,6 +1,8 @@
 """The ``tpde`` command line (console script).
 
     tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet]
+    tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite]
+    tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite]
     tpde info OUT.nc
     tpde plot OUT.nc [-o DIR] [--animate]
     tpde validate [--suite quick|full] [-o DIR]
@@ -33,6 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue an interrupted output")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    for name, what in (("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
+                       ("particles", "the token system of a configuration")):
+        ref = sub.add_parser(name, help=f"{what}, written to NetCDF")
+        ref.add_argument("config", type=Path, help="TOML configuration (as for tpde run)")
+        ref.add_argument("-o", "--output", type=Path, default=None,
+                         help=f"NetCDF output (default: run.output with _{name} appended)")
+        ref.add_argument("--overwrite", action="store_true", help="replace an existing output")
+        if name == "particles":
+            ref.add_argument("--tokens", type=int, required=True, help="number of tokens n")
+            ref.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     info = sub.add_parser("info", help="summarise a tpde NetCDF output")
     info.add_argument("file", type=Path)
     plot = sub.add_parser("plot", help="figures (and an animation) of a tpde output")
@@ -75,6 +87,29 @@ def cmd_run(args) -> int:
     status = read(path).attrs.get("status", "?")
     if not args.quiet:
         print(f"{path}: status {status}", file=sys.stderr)
+    return 0
+
+
+def cmd_reference(args) -> int:
+    from tpde.config import ConfigError, build
+    from tpde.references import gaussian_reference, particle_reference, write_reference
+
+    try:
+        config = build(args.config)
+        output = args.output
+        if output is None:
+            base = Path(config.output or "out.nc")
+            output = base.with_name(f"{base.stem}_{args.command}.nc")
+        if output.exists() and not args.overwrite:
+            return _fail(f"run.output: {output} exists; pass --overwrite to replace it")
+        if args.command == "gaussian":
+            ds = gaussian_reference(config)
+        else:
+            ds = particle_reference(config, args.tokens, args.seed)
+        path = write_reference(ds, output, overwrite=args.overwrite)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    print(f"{path}: {ds.sizes['time']} times, status {ds.attrs['status']}")
     return 0
 
 
@@ -161,7 +196,8 @@ def cmd_validate(args) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"run": cmd_run, "info": cmd_info, "plot": cmd_plot, "validate": cmd_validate}
+COMMANDS = {"run": cmd_run, "info": cmd_info, "plot": cmd_plot, "validate": cmd_validate,
+            "gaussian": cmd_reference, "particles": cmd_reference}
 
 
 def main(argv: list[str] | None = None) -> int:
