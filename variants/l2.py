@@ -20,7 +20,7 @@ from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
 from .direct import support_box
-from .parameters import L2Head, ParamSpec, as_param_spec, params_at
+from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField
 
 
@@ -43,20 +43,8 @@ class L2Attention(TiltedMeanField):
         self.spec = as_param_spec(params)
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
-        head = params_at(self.spec, t)
-        if not isinstance(head, L2Head):
-            raise ValueError(f"attention: the l2 variant needs Q and K (an L2Head), got "
-                             f"{type(head).__name__}")
-        if head.K.shape[1] != grid.ndim:
-            raise ValueError(f"attention.K: expected k x {grid.ndim} for a {grid.ndim}-D grid, "
-                             f"got {head.K.shape[0]} x {head.K.shape[1]}")
+        head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
         coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
-        lattices, points = self.lattice_points(grid, offsets)
         weights = reweighted_density(density, grid, head)
-        sums = self.sums(weights, grid, lattices, coupling)
-        lower, upper = support_box(weights, grid)
-        out = []
-        for coords, x in zip(lattices, points, strict=True):
-            velocity = np.clip(sums.means(x @ coupling.T), lower, upper) @ head.C.T
-            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
-        return out
+        return self.tilted_velocities(weights, grid, offsets, coupling, head.C,
+                                      support_box(weights, grid))

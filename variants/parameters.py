@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Head", "L2Head", "Layers", "ParamSpec", "Params", "SigmoidHead", "SinkhornHead",
-           "as_param_spec", "checked_matrix", "head_from_qk", "params_at", "shape_str"]
+           "as_param_spec", "checked_matrix", "head_at", "head_from_qk", "params_at",
+           "shape_str"]
 
 
 # ------------------------------------------------------------------------------
@@ -243,6 +244,18 @@ def as_param_spec(spec: Any) -> Any:
             )
         return Layers(spec["layers"])
     return spec
+
+
+def head_at(spec: ParamSpec, t: float, kind: type, variant: str, ndim: int):
+    """The single head of type ``kind`` in force at t, checked against the grid dimension."""
+    head = params_at(spec, t)
+    if not isinstance(head, kind):
+        raise ValueError(f"attention: the {variant} variant needs a {kind.__name__}, got "
+                         f"{type(head).__name__}")
+    if head.dim != ndim:
+        raise ValueError(f"attention.A: expected {ndim} x {ndim} for a {ndim}-D grid, got "
+                         f"{head.dim} x {head.dim}")
+    return head
 
 
 def params_at(spec: ParamSpec, t: float) -> Params:

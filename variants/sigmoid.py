@@ -27,7 +27,7 @@ from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
 from .base import VelocityField
-from .parameters import ParamSpec, SigmoidHead, as_param_spec, params_at
+from .parameters import ParamSpec, SigmoidHead, as_param_spec, head_at
 
 JIT = {"cache": True, "error_model": "numpy"}
 ENGINES = ("auto", "direct")
@@ -72,13 +72,7 @@ class SigmoidAttention(VelocityField):
         return self.at_many(density, grid, t, [offset])[0]
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
-        head = params_at(self.spec, t)
-        if not isinstance(head, SigmoidHead):
-            raise ValueError(f"attention: the sigmoid variant needs a SigmoidHead (A, V, bias), "
-                             f"got {type(head).__name__}")
-        if head.dim != grid.ndim:
-            raise ValueError(f"attention.A: expected {grid.ndim} x {grid.ndim} for a "
-                             f"{grid.ndim}-D grid, got {head.dim} x {head.dim}")
+        head = head_at(self.spec, t, SigmoidHead, "sigmoid", grid.ndim)
         values = np.maximum(point_values(density, grid), 0.0).reshape(-1)
         mass = values > 0
         centres = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)

@@ -33,7 +33,7 @@ from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
 from .direct import support_box
-from .parameters import ParamSpec, SinkhornHead, as_param_spec, params_at
+from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
 from .softmax import TiltedMeanField
 
 
@@ -77,16 +77,6 @@ class SinkhornAttention(TiltedMeanField):
         self.iterations: list[int] = []
         self.marginal_error = np.nan
         self._previous: tuple | None = None   # (shape, A, eps, f, g)
-
-    def _head(self, grid: Grid, t: float) -> SinkhornHead:
-        head = params_at(self.spec, t)
-        if not isinstance(head, SinkhornHead):
-            raise ValueError(f"attention: the sinkhorn variant needs a SinkhornHead (A, V, eps), "
-                             f"got {type(head).__name__}")
-        if head.dim != grid.ndim:
-            raise ValueError(f"attention.A: expected {grid.ndim} x {grid.ndim} for a "
-                             f"{grid.ndim}-D grid, got {head.dim} x {head.dim}")
-        return head
 
     def potentials(self, weights: np.ndarray, grid: Grid, head: SinkhornHead,
                    t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -135,19 +125,12 @@ class SinkhornAttention(TiltedMeanField):
         return f, g
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
-        head = self._head(grid, t)
+        head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
         weights = quadrature_weights(density, grid)
         _, g = self.potentials(weights, grid, head, t)
         g = g.reshape(grid.shape)
         mass = weights > 0
         tilted = np.where(mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps),
                           0.0)
-        matrix = head.A / head.eps
-        lattices, points = self.lattice_points(grid, offsets)
-        sums = self.sums(tilted, grid, lattices, matrix)
-        lower, upper = support_box(weights, grid)
-        out = []
-        for coords, x in zip(lattices, points, strict=True):
-            velocity = np.clip(sums.means(x @ matrix.T), lower, upper) @ head.C.T
-            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
-        return out
+        return self.tilted_velocities(tilted, grid, offsets, head.A / head.eps, head.C,
+                                      support_box(weights, grid))

@@ -115,6 +115,19 @@ class TiltedMeanField(VelocityField):
         return SeparableSums(weights, grid, bounds, nodes, fields)
 
 
+    def tilted_velocities(self, weights: np.ndarray, grid: Grid, offsets, matrix: np.ndarray,
+                          C: np.ndarray, box: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+        """C m_w(matrix x) on every lattice, tilted means clipped to ``box`` (MATH.md 9.4):
+        the velocity of one head of l2 and Sinkhorn (point-value weights, no correction)."""
+        lattices, points = self.lattice_points(grid, offsets)
+        sums = self.sums(weights, grid, lattices, matrix)
+        out = []
+        for coords, x in zip(lattices, points, strict=True):
+            velocity = np.clip(sums.means(x @ matrix.T), *box) @ C.T
+            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
+        return out
+
+
 class SoftmaxAttention(TiltedMeanField):
     """Softmax attention, one head or several (multi-head: the heads' fields add up).
 
