@@ -75,8 +75,11 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     return out
 
 
-ROW_COLUMNS = ("row", "threads", "mcups", "median_s", "times_s", "ratio_to_ref", "l1",
-               "limited_stages_last_run", "loadavg", "error")
+ROW_COLUMNS = ("row", "case", "ndim", "cells", "threads", "mcups", "median_s", "times_s",
+               "ratio_to_ref", "l1", "limited_stages_last_run", "fast_s", "floor_s",
+               "fast_over_floor", "fft_s", "dense_s_extrapolated", "speedup",
+               "max_rel_error_vs_dense", "fft_max_rel_error_vs_dense", "iterations",
+               "loadavg", "error")
 
 
 def section(res: dict) -> list[str]:
