@@ -24,6 +24,7 @@ from test_variants import A1, COV1, MEAN1, V1, multihead_c1, relative_errors
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.solver import Problem, Solver
+from tpde.studies import fitted_box
 from tpde.validation import solve
 from tpde.variants import ATTENTION, Head, Layers, SinkhornHead
 
@@ -36,17 +37,6 @@ PARAMS = {
     "multihead": [Head(A1, 0.5 * V1), Head(0.5 * A1.T, [[0.3, -0.2], [0.4, 0.5]])],
 }
 SIGMAS = {"softmax": 7.0, "multihead": 7.0}   # box half-widths in sigma_a; default 6
-
-
-def fitted_box(solution, t_end: float = T_END, sigmas: float = 6.0):
-    """Lower / upper corners holding alpha_a(t) +- sigmas sigma_a(t) for t in [0, t_end],
-    rounded out to multiples of 1/4."""
-    lower, upper = np.full(2, np.inf), np.full(2, -np.inf)
-    for t in np.linspace(0.0, t_end, 41):
-        mean, cov = solution.at(t)
-        spread = sigmas * np.sqrt(np.diag(cov))
-        lower, upper = np.minimum(lower, mean - spread), np.maximum(upper, mean + spread)
-    return np.floor(4 * lower) / 4, np.ceil(4 * upper) / 4
 
 
 def run(variant: str, params, cells: int, t_end: float = T_END):

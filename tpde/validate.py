@@ -2,7 +2,7 @@
 
     tpde validate [--suite quick|full] [-o DIR]
 
-Three independent descriptions of the same dynamics are compared (tpde.validation.studies):
+Three independent descriptions of the same dynamics are compared (tpde.studies):
 the grid solution, the interacting tokens (MATH.md 1.2) and, for Gaussian data, the
 mean/covariance ODEs (MATH.md 3). The quick suite (about a minute on 2 cores) covers every
 variant on 1-D and 2-D, Gaussian and non-Gaussian data; the full suite adds the 2-D
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tpde import studies
 from tpde.grid import Grid, gaussian_mixture, uniform_ball
 from tpde.validation import gaussian as ode
-from tpde.validation import studies
 from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
 # MATH.md 6, case c1 (non-symmetric A and V) and its initial Gaussian

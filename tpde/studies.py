@@ -2,7 +2,8 @@
 
 Each study is a plain function that runs its pieces and returns numbers (no plotting, no
 I/O); ``tpde validate`` (tpde/validate.py) turns them into PASS/FAIL checks and a report,
-and the tests call the same functions.
+and the tests call the same functions. The studies drive the solver loop, so they live in
+``tpde`` (the face) and use ``tpde.validation`` (which never imports the solver).
 
 * :func:`gaussian_refinement` -- grid runs from N(alpha_0, Sigma_0) at several resolutions
   against the mean/covariance ODEs (MATH.md 3): errors and observed orders.
@@ -22,12 +23,18 @@ from typing import Any
 import numpy as np
 
 from tpde.grid import Grid, from_tokens, gaussian, moments
-from tpde.solver import Problem, Scheme, Solver
+from tpde.validation.gaussian import solve
+from tpde.validation.metrics import wasserstein, wasserstein_1d_tokens
+from tpde.validation.particles import (
+    TokenSystem,
+    gauss_hermite_tokens,
+    sample_tokens,
+    simulate,
+    token_moments,
+)
 from tpde.variants import ATTENTION
 
-from .gaussian import solve
-from .metrics import wasserstein, wasserstein_1d_tokens
-from .particles import TokenSystem, gauss_hermite_tokens, sample_tokens, simulate, token_moments
+from .solver import Problem, Scheme, Solver
 
 __all__ = ["Refinement", "fitted_box", "gaussian_refinement", "grid_run", "grid_vs_tokens",
            "mean_field", "observed_orders", "relative_errors", "tokens_vs_ode"]
