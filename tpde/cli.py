@@ -156,27 +156,15 @@ def cmd_plot(args) -> int:
 
 
 def gaussian_reference(ds) -> dict | None:
-    """The Gaussian-ODE solution for a run that started Gaussian with a closed-form variant."""
-    from tpde.config import ConfigError, load
-    from tpde.validation.gaussian import VARIANTS, solve
+    """The Gaussian-ODE solution for a run that started Gaussian with a closed-form variant
+    (``tpde gaussian`` on the config stored in the file), or None."""
+    from tpde.config import ConfigError, build
+    from tpde.references import gaussian_reference as reference
     try:
-        raw = load(str(ds.attrs.get("config", "")))
-        from tpde.config import build_attention
-        initial = raw.get("initial", {})
-        variant = raw.get("attention", {}).get("variant", "softmax")
-        if initial.get("kind", "gaussian") != "gaussian" or variant not in VARIANTS:
-            return None
-        d = len(raw["grid"]["lower"])
-        _, params, _ = build_attention(raw["attention"], d)
-        times = ds["time"].values
-        solution = solve(variant, initial.get("mean", [0.0] * d),
-                         initial.get("covariance"), params, float(times[-1]),
-                         t0=float(times[0]))
-        keep = times[times <= solution.status_time]
-        means, covs = solution.at(keep)
-        return {"time": keep, "mean": means, "covariance": covs}
-    except (ConfigError, ValueError, KeyError, TypeError):
+        ode = reference(build(str(ds.attrs.get("config", ""))))
+    except (ConfigError, ValueError):
         return None
+    return {name: ode[name].values for name in ("time", "mean", "covariance")}
 
 
 def cmd_validate(args) -> int:

@@ -453,7 +453,8 @@ def wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
 
 
 # ---- Gaussians ---------------------------------------------------------------------------------
-def _sym_psd(mat, d: int, name: str) -> np.ndarray:
+def _matrix(mat, d: int, name: str) -> np.ndarray:
+    """A finite (d, d) float matrix (a scalar is accepted in 1-D)."""
     try:
         c = np.asarray(mat, dtype=np.float64)
     except (TypeError, ValueError):
@@ -463,6 +464,11 @@ def _sym_psd(mat, d: int, name: str) -> np.ndarray:
     if c.shape != (d, d) or not np.all(np.isfinite(c)):
         raise ValueError(f"metrics.{name}: expected a finite ({d}, {d}) matrix, got shape "
                          f"{c.shape}")
+    return c
+
+
+def _sym_psd(mat, d: int, name: str) -> np.ndarray:
+    c = _matrix(mat, d, name)
     scale = float(np.max(np.abs(c))) if c.size else 0.0
     if float(np.max(np.abs(c - c.T))) > 1e-12 * max(scale, 1e-300):
         raise ValueError(f"metrics.{name}: not symmetric; pass (C + C^T) / 2")
@@ -547,15 +553,7 @@ def moment_errors(density: np.ndarray, grid: Grid, mean_ref, cov_ref) -> dict[st
     arr = _array(density, grid, "density")
     d = grid.ndim
     m_ref = _vector(mean_ref, d, "mean_ref")
-    try:
-        c_ref = np.asarray(cov_ref, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"metrics.cov_ref: expected a {d}x{d} matrix") from None
-    if c_ref.size == 1 and d == 1:
-        c_ref = c_ref.reshape(1, 1)
-    if c_ref.shape != (d, d) or not np.all(np.isfinite(c_ref)):
-        raise ValueError(f"metrics.cov_ref: expected a finite ({d}, {d}) matrix, got shape "
-                         f"{c_ref.shape}")
+    c_ref = _matrix(cov_ref, d, "cov_ref")
     c_norm = float(np.linalg.norm(c_ref))
     if not c_norm > 0:
         raise ValueError("metrics.cov_ref: is zero; a relative covariance error needs C_ref != 0")

@@ -33,6 +33,7 @@ from tpde.grid import Grid
 from tpde.variants.direct import log_partition, tilted_means
 from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHead, params_at
 from tpde.variants.sigmoid import sigmoid_sums
+from tpde.variants.sinkhorn import sinkhorn_iterations
 
 __all__ = ["TOKEN_VARIANTS", "TokenSolution", "TokenSystem", "gauss_hermite_tokens",
            "load_tokens", "sample_tokens", "simulate", "token_moments"]
@@ -178,18 +179,12 @@ class TokenSystem:
             return -eps * log_partition(c, tokens, weights * np.exp((potential - top) / eps),
                                         block) - top
 
-        count = 0
-        while True:
-            count += 1
-            f_new = half(g, forward)
-            error = float(np.sum(weights * np.abs(np.expm1((f - f_new) / eps))))
-            f = f_new
-            if error <= self.tol:
-                break
-            if count == self.max_iter:
-                raise RuntimeError(f"tokens: Sinkhorn marginal error {error:.2e} > tol "
-                                   f"{self.tol:.0e} after {count} iterations at t = {t:.6g}")
-            g = half(f, backward)
+        f, g, count, error = sinkhorn_iterations(
+            lambda pot: half(pot, forward), lambda pot: half(pot, backward), weights, f, g,
+            eps, self.tol, self.max_iter)
+        if not error <= self.tol:
+            raise RuntimeError(f"tokens: Sinkhorn marginal error {error:.2e} > tol "
+                               f"{self.tol:.0e} after {count} iterations at t = {t:.6g}")
         self.iterations.append(count)
         self._potentials = (f, g)
         tilted = weights * np.exp((g - g.max()) / eps)

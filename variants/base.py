@@ -48,6 +48,14 @@ class VelocityField:
         """
         return [self.at(density, grid, t, off) for off in offsets]
 
+    @staticmethod
+    def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
+        """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""
+        lattices = [grid.lattice(offset) for offset in offsets]
+        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+                  for coords in lattices]
+        return lattices, points
+
     def breakpoints(self) -> tuple[float, ...]:
         """Times where the field jumps (layer starts of piecewise-constant parameters).
 

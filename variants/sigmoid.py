@@ -27,6 +27,7 @@ from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
 from .base import VelocityField
+from .direct import density_sources
 from .parameters import ParamSpec, SigmoidHead, as_param_spec, head_at
 
 JIT = {"cache": True, "error_model": "numpy"}
@@ -73,19 +74,16 @@ class SigmoidAttention(VelocityField):
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
         head = head_at(self.spec, t, SigmoidHead, "sigmoid", grid.ndim)
-        values = np.maximum(point_values(density, grid), 0.0).reshape(-1)
-        mass = values > 0
-        centres = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
-        sources = np.ascontiguousarray(centres[mass])
-        weights = values[mass] * grid.cell_volume
+        values = np.maximum(point_values(density, grid), 0.0)
+        lattices, points = self.lattice_points(grid, offsets)
+        if np.any(values > 0):   # unnormalised: no mass gives the zero field, not an error
+            sources, weights = density_sources(values * grid.cell_volume, grid)
         out = []
-        for offset in offsets:
-            coords = grid.lattice(offset)
-            x = np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+        for coords, x in zip(lattices, points, strict=True):
             sums = np.zeros_like(x)
-            if sources.size:
-                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias, sources, weights,
-                             sums)
+            if np.any(values > 0):
+                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias,
+                             np.ascontiguousarray(sources), weights, sums)
             velocity = sums @ head.C.T
             out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out

@@ -41,6 +41,26 @@ class SinkhornError(RuntimeError):
     """The Sinkhorn iterations did not reach the marginal tolerance."""
 
 
+def sinkhorn_iterations(half_f, half_g, q: np.ndarray, f: np.ndarray, g: np.ndarray,
+                        eps: float, tol: float, max_iter: int):
+    """Alternating log-domain Sinkhorn updates f = half_f(g), g = half_g(f) from (f, g).
+
+    Stops when the l1 row-marginal error of the plan (f, g), sum_x q_x |e^{(f - f_new)/eps}
+    - 1| over the points with q > 0, is <= tol, or after max_iter updates of f. Shared by the
+    grid field and the token system. Returns (f, g, iterations, marginal error).
+    """
+    mass = q > 0
+    count = 0
+    while True:
+        count += 1
+        f_new = half_f(g)
+        error = float(np.sum(q[mass] * np.abs(np.expm1((f - f_new)[mass] / eps))))
+        f = f_new
+        if error <= tol or count == max_iter:
+            return f, g, count, error
+        g = half_g(f)
+
+
 def quadrature_weights(density: np.ndarray, grid: Grid) -> np.ndarray:
     """q >= 0 with sum q = 1: point values of the density at the centres, grid.shape."""
     values = np.maximum(point_values(density, grid), 0.0)
@@ -105,15 +125,9 @@ class SinkhornAttention(TiltedMeanField):
             sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log")
             return -eps * sums.log_partition(c) - top
 
-        count = 0
-        while True:
-            count += 1
-            f_new = half_step(g, forward, c_f)
-            error = float(np.sum(q[mass] * np.abs(np.expm1((f - f_new)[mass] / eps))))
-            f = f_new
-            if error <= self.tol or count == self.max_iter:
-                break
-            g = half_step(f, backward, c_g)
+        f, g, count, error = sinkhorn_iterations(
+            lambda pot: half_step(pot, forward, c_f), lambda pot: half_step(pot, backward, c_g),
+            q, f, g, eps, self.tol, self.max_iter)
         self.iterations.append(count)
         self.marginal_error = error
         if not error <= self.tol:

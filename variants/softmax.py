@@ -87,14 +87,6 @@ class TiltedMeanField(VelocityField):
            offset: Sequence[float]) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 
-    @staticmethod
-    def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
-        """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""
-        lattices = [grid.lattice(offset) for offset in offsets]
-        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
-                  for coords in lattices]
-        return lattices, points
-
     def sums(self, weights: np.ndarray, grid: Grid, lattices: list,
              matrix: np.ndarray, fields: str = "means") -> DirectSums | SeparableSums:
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
