@@ -75,11 +75,14 @@ def table(header: list[str], rows: list[list]) -> list[str]:
     return out
 
 
-ROW_COLUMNS = ("row", "case", "ndim", "cells", "threads", "mcups", "median_s", "times_s",
-               "ratio_to_ref", "l1", "limited_stages_last_run", "fast_s", "floor_s",
-               "fast_over_floor", "fft_s", "dense_s_extrapolated", "speedup",
-               "max_rel_error_vs_dense", "fft_max_rel_error_vs_dense", "iterations",
-               "loadavg", "error")
+ROW_COLUMNS = ("row", "case", "method", "label", "ndim", "cells_per_axis", "cells", "size",
+               "threads", "mcups", "median_s", "times_s", "ratio_to_ref", "l1",
+               "limited_stages_last_run", "fast_s", "floor_s", "fast_over_floor", "fft_s",
+               "dense_s_extrapolated", "speedup", "max_rel_error_vs_dense",
+               "fft_max_rel_error_vs_dense", "iterations", "step_s", "steps_per_s",
+               "velocity_s", "rest_s", "table_s", "fft_floor_s", "step_over_fft_floor",
+               "iterations_per_stage", "wall_s", "cov_error", "traced_doubles_per_cell",
+               "rss_doubles_per_cell", "loadavg", "error")
 
 
 def section(res: dict) -> list[str]:

@@ -10,10 +10,13 @@ from .initial import (
     uniform_box,
 )
 from .moments import covariance, mass, mean, moments, raw_moment
+from .positions import SINK_MASS, Positions
 
 __all__ = [
     "BOUNDARY_MODES",
     "Grid",
+    "Positions",
+    "SINK_MASS",
     "covariance",
     "from_array",
     "from_tokens",

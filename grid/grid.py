@@ -149,11 +149,14 @@ class Grid:
         """``sum(density) * cell_volume``: the exact integral of a field of cell averages."""
         return float(np.sum(density) * self.cell_volume)
 
-    def check_density(self, density: np.ndarray, name: str = "density") -> np.ndarray:
-        """Return ``density`` as a float64 array of shape ``grid.shape``, or raise ValueError."""
+    def check_density(self, density: np.ndarray, name: str = "density",
+                      leading: tuple[int, ...] = ()) -> np.ndarray:
+        """Return ``density`` as a float64 array of shape ``leading + grid.shape`` (finite,
+        >= 0), or raise ValueError. ``leading``: position slices (masked attention)."""
         arr = np.asarray(density, dtype=np.float64)
-        if arr.shape != self.shape:
-            raise ValueError(f"{name}: expected shape {self.shape}, got {arr.shape}")
+        if arr.shape != tuple(leading) + self.shape:
+            raise ValueError(f"{name}: expected shape {tuple(leading) + self.shape}, got "
+                             f"{arr.shape}")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{name}: contains NaN or Inf")
         if arr.min() < 0:

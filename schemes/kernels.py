@@ -441,3 +441,58 @@ def gauss_flux(velocity, left, right, weights, flux):
             right_g = right[g, lo:hi]
             for i in range(hi - lo):
                 out[i] += w * (max(u[i], 0.0) * left_g[i] + min(u[i], 0.0) * right_g[i])
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
+def interpolate_points(values, first, weights, out):
+    """Point values at shifted positions along the middle axis (Lagrange, one-sided at ends).
+
+    values: (O, n, I); first: (q, n) first stencil point of target (g, j); weights:
+    (q, n, order); out: (q, O, n, I), out[g, o, j, i] = sum_k weights[g, j, k]
+    values[o, first[g, j] + k, i].
+    """
+    q = first.shape[0]
+    n_out, n, n_in = values.shape
+    order = weights.shape[2]
+    for idx in nb.prange(q * n_out):
+        g = idx // n_out
+        o = idx - g * n_out
+        for j in range(n):
+            f = first[g, j]
+            if n_in == 1:
+                acc = 0.0
+                for k in range(order):
+                    acc += weights[g, j, k] * values[o, f + k, 0]
+                out[g, o, j, 0] = acc
+                continue
+            target = out[g, o, j]
+            target[:] = 0.0
+            for k in range(order):
+                w = weights[g, j, k]
+                source = values[o, f + k]
+                for i in range(n_in):
+                    target[i] += w * source[i]
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
+def split_node_means(values, weights, positive, negative):
+    """Quadrature means of u^+ and u^- over the q nodes of each face; False on a NaN / Inf.
+
+    values: (q, F); weights: (q,); positive, negative: (F,) outputs.
+    """
+    q, faces = values.shape
+    bad = 0
+    for f in nb.prange(faces):
+        up = 0.0
+        down = 0.0
+        for g in range(q):
+            v = values[g, f]
+            if not np.isfinite(v):
+                bad += 1
+            if v > 0.0:
+                up += weights[g] * v
+            else:
+                down += weights[g] * v
+        positive[f] = up
+        negative[f] = down
+    return bad == 0

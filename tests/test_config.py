@@ -71,6 +71,8 @@ CASES = [  # (name, mutation or raw TOML text, key the message must name)
     ("cfl above 1", edit("scheme", "cfl", 1.5), "scheme.cfl"),
     ("unknown reconstruction", edit("scheme", "reconstruction", "weno7"),
      "scheme.reconstruction"),
+    ("unknown face velocity", edit("scheme", "face_velocity", "spline"),
+     "scheme.face_velocity"),
     ("t_end negative", edit("run", "t_end", -1.0), "run.t_end"),
     ("t_end missing", edit("run", "t_end", DELETE), "run.t_end: missing"),
     ("one snapshot", edit("run", "snapshots", 1), "run.snapshots"),

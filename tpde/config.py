@@ -84,7 +84,7 @@ SECTIONS = {
     "attention": {"variant", "A", "Q", "K", "V", "W", "scale", "epsilon", "bias", "engine",
                   "heads", "layers", "tol", "max_iter", "nodes"},
     "scheme": {"reconstruction", "integrator", "cfl", "dt", "dt_max", "positivity",
-               "face_quadrature"},
+               "face_quadrature", "face_velocity"},
     "run": {"t_end", "snapshots", "output", "max_outflow", "t_start"},
 }
 HEAD_KEYS = {"A", "Q", "K", "V", "W", "scale", "epsilon", "bias"}
@@ -411,6 +411,9 @@ def build_scheme(table: dict) -> Scheme:
     if "face_quadrature" in table:
         kwargs["face_quadrature"] = _choice("scheme.face_quadrature", table["face_quadrature"],
                                             ("auto", "midpoint", "gauss"))
+    if "face_velocity" in table:
+        kwargs["face_velocity"] = _choice("scheme.face_velocity", table["face_velocity"],
+                                          ("auto", "exact", "interpolated"))
     scheme = Scheme(**kwargs)
     try:
         scheme.validate()

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, Positions
 from tpde.schemes import FaceVelocity, FluxOperator, PositivityError, get_integrator, kernels
-from tpde.schemes.operator import FACE_QUADRATURES
+from tpde.schemes.operator import FACE_QUADRATURES, FACE_VELOCITIES
 from tpde.schemes.reconstruction import get_reconstruction
 from tpde.variants import VelocityField
 
@@ -51,6 +51,14 @@ class Scheme:
         satisfy the CFL bound 1, else the run fails with a clear message.
     dt_max : float or None. Upper bound on the adaptive step.
     face_quadrature : "auto" | "midpoint" | "gauss" (see tpde.schemes.operator).
+    face_velocity : "auto" | "exact" | "interpolated". How the velocity reaches the Gauss
+        nodes of the faces (d >= 2): "exact" evaluates the field at every node (3^(d-1)
+        lattices per axis); "interpolated" evaluates the normal component at the face
+        centres only (one lattice per axis) and interpolates it along the faces with
+        8-point Lagrange stencils (error O(h^8), below the scheme's O(h^5)). "auto"
+        (default) interpolates for fields that change in time (attention: 3x fewer kernel
+        evaluations in 2-D, 9x in 3-D) and evaluates steady fields exactly (once per run).
+        Interpolation needs >= 8 cells per axis; smaller grids evaluate exactly.
     positivity : bool, default True. The positivity-preserving flux limiter.
     """
 
@@ -60,6 +68,7 @@ class Scheme:
     dt: float | None = None
     dt_max: float | None = None
     face_quadrature: str = "auto"
+    face_velocity: str = "auto"
     positivity: bool = True
 
     def validate(self) -> None:
@@ -75,6 +84,9 @@ class Scheme:
         if self.face_quadrature not in FACE_QUADRATURES:
             raise ValueError(f"scheme.face_quadrature: unknown {self.face_quadrature!r}; "
                              f"choose one of {', '.join(FACE_QUADRATURES)}")
+        if self.face_velocity not in FACE_VELOCITIES:
+            raise ValueError(f"scheme.face_velocity: unknown {self.face_velocity!r}; "
+                             f"choose one of {', '.join(FACE_VELOCITIES)}")
 
 
 def snapshot_times(t_start: float, t_end: float, snapshots: int | Sequence[float]) -> np.ndarray:
@@ -102,6 +114,9 @@ class Problem:
         through outflow boundaries exceeds this fraction of the initial mass (default 1e-3).
     initial_outflow : mass that had already left before t_start (a resumed run); the initial
         mass is then ``mass(density) + initial_outflow``.
+    positions : a :class:`tpde.grid.Positions` for masked (causal) attention, else None.
+        The density then has shape ``(positions.count, *grid.shape)``: one slice per
+        position, each transported in x only (the position marginal is invariant).
     """
 
     grid: Grid
@@ -114,9 +129,11 @@ class Problem:
     max_outflow: float = 1e-3
     max_steps: int = 10_000_000
     initial_outflow: float = 0.0
+    positions: Positions | None = None
 
     def __post_init__(self) -> None:
-        self.density = self.grid.check_density(self.density, "initial density")
+        leading = () if self.positions is None else (self.positions.count,)
+        self.density = self.grid.check_density(self.density, "initial density", leading)
         self.scheme.validate()
         if not isinstance(self.velocity, VelocityField):
             raise TypeError("velocity: expected a tpde.variants.VelocityField")
@@ -180,9 +197,16 @@ class Solver:
         self.grid = problem.grid
         scheme = problem.scheme
         self.integrator = get_integrator(scheme.integrator)
+        positions = problem.positions
         self.operator = FluxOperator(self.grid, scheme.reconstruction, scheme.face_quadrature,
-                                     scheme.positivity)
-        self.nodes = self.operator.face_nodes(problem.velocity.face_constant)
+                                     scheme.positivity,
+                                     None if positions is None else positions.count)
+        face_constant = problem.velocity.face_constant
+        self.nodes = self.operator.face_nodes(face_constant)
+        self.interpolate_faces = (scheme.face_velocity != "exact"
+                                  and self.operator.can_interpolate(face_constant)
+                                  and (scheme.face_velocity == "interpolated"
+                                       or not problem.velocity.steady))
         self.callbacks = list(on_snapshot) if not callable(on_snapshot) else [on_snapshot]
         self.t = float(problem.t_start)
         self.density = problem.density.copy()
@@ -195,9 +219,13 @@ class Solver:
         self._steady_velocity: FaceVelocity | None = None
         self._steady_bound: float | None = None
         # work arrays for the intermediate stages u^(1) .. u^(s-1) (u^(0) is self.density)
-        self._stage = [np.empty(self.grid.shape) for _ in range(self.integrator.stages - 1)]
-        self._euler = np.empty(self.grid.shape)
-        self._next = np.empty(self.grid.shape)
+        self._stage = [np.empty(self.operator.shape)
+                       for _ in range(self.integrator.stages - 1)]
+        self._last_stage0_use = max(i for i in range(self.integrator.stages)
+                                    if self.integrator.alpha[i][0] != 0.0
+                                    and self.integrator.beta[i][0] != 0.0)
+        self._euler = np.empty(self.operator.shape)
+        self._next = np.empty(self.operator.shape)
 
     # ---- velocity on the faces ---------------------------------------------------------------
     def face_velocity(self, density: np.ndarray, t: float) -> FaceVelocity:
@@ -207,14 +235,23 @@ class Solver:
         """
         if self._steady_velocity is not None:
             return self._steady_velocity
-        offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
-        lattices = iter(self.problem.velocity.at_many(density, self.grid, t, offsets))
-        values, weights = [], []
-        for a, (node_offsets, w) in enumerate(self.nodes):
-            values.append(np.stack([next(lattices)[a] for _ in node_offsets]))
-            weights.append(w)
+        field, d = self.problem.velocity, self.grid.ndim
+        weights = [w for _, w in self.nodes]
+        if self.interpolate_faces:   # normal components at the face centres, then along faces
+            centres = [np.where(np.arange(d) == a, 0.5, 0.0) for a in range(d)]
+            normal = field.components(density, self.grid, t, centres, list(range(d)))
+            values = []
+            for a in range(d):   # (memory: each face-centre array is dropped once used)
+                values.append(self.operator.transverse_velocity(normal[a], a))
+                normal[a] = None
+        else:
+            offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
+            axes = [a for a, (node_offsets, _) in enumerate(self.nodes) for _ in node_offsets]
+            lattices = iter(field.components(density, self.grid, t, offsets, axes))
+            values = [np.stack([next(lattices) for _ in node_offsets])
+                      for node_offsets, _ in self.nodes]
         try:
-            velocity = self.operator.face_velocity(values, weights)
+            velocity = self.operator.face_velocity(values, weights, copy=False)
         except FloatingPointError as exc:
             raise SimulationError(f"{exc} at t = {t:.6g}, step {self.steps}") from None
         if self.problem.velocity.steady:
@@ -252,10 +289,13 @@ class Solver:
                 else:
                     if k == 0 and velocity0 is not None:
                         vel = velocity0
+                        if i == self._last_stage0_use:
+                            velocity0 = None   # memory: one FaceVelocity alive at a time
                     else:
                         vel = self.face_velocity(stages[k], self._stage_time(c[k], dt))
                     left = self.operator.euler_step(stages[k], vel, beta / alpha * dt,
                                                     self._euler)
+                    vel = None
                     term = self._euler
                     new_outflow += alpha * (stage_outflow[k] + left)
                 if first:
@@ -319,11 +359,13 @@ class Solver:
                 dt = remaining
             elif not math.isfinite(dt):
                 dt = remaining
+            handed = [velocity]   # step() drops it after its last use (memory)
+            del velocity
             for _attempt in range(30):
                 try:
-                    self.step(dt, velocity)
+                    self.step(dt, handed.pop() if handed else None)
                     break
-                except PositivityError:
+                except PositivityError:   # redone from scratch (the stage-0 velocity too)
                     self.rejected += 1
                     dt *= 0.5
             else:

@@ -1,4 +1,13 @@
-"""Thread policy of the compiled (numba) loops, applied when ``tpde`` is imported."""
+"""Thread policy of the compiled loops, the BLAS products and the FFTs, applied on import.
+
+One number sets numba's parallel loops (fluxes, limiter, table interpolation) and the
+pyfftw / scipy.fft transforms (planned with ``numba.get_num_threads()``). The BLAS behind
+the separable tables' matrix products is held at one thread (through threadpoolctl, which
+works whichever BLAS numpy links): OpenBLAS threads spin-wait after each product and take
+the cores from the parallel loops that follow. Measured on a 2-core machine, 2-D 256^2
+softmax step: 57 ms with numba 2 / BLAS 1 threads, 108 ms with numba 2 / BLAS 2, 75 ms on
+one thread (benchmarks/step.py times the policy).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +18,35 @@ import numba as nb
 THREADS_VARIABLE = "TPDE_NUM_THREADS"
 
 
-def set_num_threads(threads: int | None = None) -> int:
-    """Threads for the compiled loops; returns the number in use.
+def default_threads() -> int:
+    """``TPDE_NUM_THREADS`` if set, else every core numba may use (``NUMBA_NUM_THREADS``,
+    the core count unless that variable lowers it)."""
+    value = os.environ.get(THREADS_VARIABLE, "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"{THREADS_VARIABLE}: expected a positive integer, got "
+                             f"{value!r}") from None
+    return nb.config.NUMBA_NUM_THREADS
 
-    Default (``None``): the ``TPDE_NUM_THREADS`` environment variable, else 1. One thread is
-    the default because numba's parallel loops slow down badly when the cores are shared with
-    other busy processes (launch and spin overheads per loop, and OpenMP threads spinning
-    against the BLAS threads of the kernel sums); on an idle 2-core machine two threads make
-    a WENO5 step about 1.6x faster (benchmarks/advection.py). At most
-    ``numba.config.NUMBA_NUM_THREADS`` (the core count unless ``NUMBA_NUM_THREADS`` is set).
+
+def set_num_threads(threads: int | None = None) -> int:
+    """Threads for the compiled loops (BLAS: one, see the module docstring); returns the
+    number in use.
+
+    Default (``None``): :func:`default_threads`. On an idle 2-core machine two threads
+    make a 2-D 256^2 softmax step about 1.5x faster than one (benchmarks/step.py); on cores
+    shared with other busy processes one thread can be faster (``TPDE_NUM_THREADS=1``).
+    At most ``numba.config.NUMBA_NUM_THREADS``.
     """
     if threads is None:
-        threads = int(os.environ.get(THREADS_VARIABLE, "1") or 1)
+        threads = default_threads()
     threads = max(1, min(int(threads), nb.config.NUMBA_NUM_THREADS))
     nb.set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency; without it BLAS keeps its own
+        return threads
+    threadpool_limits(limits=1, user_api="blas")
     return threads

@@ -4,11 +4,13 @@
 softmax and multi-head (:mod:`.softmax`), linear (moments, O(N)), l2 (:mod:`.l2`), Sinkhorn
 (:mod:`.sinkhorn`) and sigmoid (:mod:`.sigmoid`). The exponential-kernel variants share the
 kernel-sum engines of :mod:`.direct` (dense reference) and :mod:`.separable` (fast tables).
-To come: masked (causal) attention.
+:class:`CausalAttention` (:mod:`.masked`) makes softmax, multi-head, l2, sigmoid and linear
+causal over position slices.
 """
 
 from .base import VelocityField
 from .l2 import L2Attention
+from .masked import MASKABLE, CausalAttention
 from .parameters import (
     Head,
     L2Head,
@@ -35,4 +37,5 @@ ATTENTION = {
 __all__ = ["VelocityField", "ConstantVelocity", "AffineVelocity", "FunctionVelocity", "Head",
            "L2Head", "Layers", "SigmoidHead", "SinkhornHead", "head_from_qk", "params_at",
            "ATTENTION", "SoftmaxAttention", "LinearAttention", "L2Attention",
-           "SinkhornAttention", "SinkhornError", "SigmoidAttention"]
+           "SinkhornAttention", "SinkhornError", "SigmoidAttention", "CausalAttention",
+           "MASKABLE"]

@@ -48,6 +48,20 @@ class VelocityField:
         """
         return [self.at(density, grid, t, off) for off in offsets]
 
+    def components(self, density: np.ndarray, grid: Grid, t: float,
+                   offsets: Sequence[Sequence[float]],
+                   components: Sequence[int | None]) -> list[np.ndarray]:
+        """Component ``components[i]`` of the velocity on the lattice ``offsets[i]``, shape
+        ``(*lattice_shape)``; ``None`` gives all of them, ``(d, *lattice_shape)``.
+
+        The finite-volume scheme needs only the normal component on the faces of each axis;
+        a field that can compute one component for less overrides this (the attention
+        variants interpolate one tabulated field instead of d). The default picks the
+        components out of :meth:`at_many`.
+        """
+        full = self.at_many(density, grid, t, offsets)
+        return [u if comp is None else u[comp] for u, comp in zip(full, components, strict=True)]
+
     @staticmethod
     def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
         """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
@@ -105,15 +106,20 @@ def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     The exact cell-average correction of the exponential kernel (tpde.variants.softmax):
     d/dc_a log S = (h_a/2) coth(c_a h_a/2) - 1/c_a, by its series for |c_a h_a| < 2e-3.
     """
-    c = np.asarray(c, dtype=float)
+    c = np.ascontiguousarray(c, dtype=float)
     out = np.empty_like(c)
-    for a, h in enumerate(spacing):
-        u = 0.5 * h * c[:, a]
-        small = np.abs(u) < 1e-3
-        with np.errstate(divide="ignore", invalid="ignore"):
-            exact = 0.5 * h * (1.0 / np.tanh(u) - 1.0 / u)
-        u2 = u[small] ** 2  # (h/2) (u/3 - u^3/45 + 2u^5/945)
-        series = 0.5 * h * u[small] * (1.0 / 3.0 - u2 / 45.0 + 2.0 * u2 * u2 / 945.0)
-        out[:, a] = np.where(small, 0.0, exact)
-        out[small, a] = series
+    _grad_log_box_factor(c, np.asarray(spacing, float), out)
     return out
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")
+def _grad_log_box_factor(c, spacing, out):
+    for i in nb.prange(c.shape[0]):
+        for a in range(c.shape[1]):
+            half = 0.5 * spacing[a]
+            u = half * c[i, a]
+            if abs(u) < 1e-3:   # (h/2) (u/3 - u^3/45 + 2u^5/945)
+                u2 = u * u
+                out[i, a] = half * u * (1.0 / 3.0 - u2 / 45.0 + 2.0 * u2 * u2 / 945.0)
+            else:
+                out[i, a] = half * (1.0 / np.tanh(u) - 1.0 / u)

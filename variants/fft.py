@@ -38,43 +38,68 @@ except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is t
 
 
 class PlannedFFT:
-    """Real forward / inverse transforms of one padded shape, planned once and reused."""
+    """Real forward / inverse transforms of one padded shape, planned once and reused.
+
+    The input buffer is zeroed once: each forward transform writes its data window only (an
+    out-of-place real-to-complex transform leaves its input intact, so the padding stays
+    zero); each inverse multiplies the kernel spectrum straight into the transform's input.
+    """
 
     def __init__(self, shape: Sequence[int]):
         self.shape = tuple(int(n) for n in shape)
         self.backend = "scipy"
         if pyfftw is not None:
             threads = nb.get_num_threads()
-            self._in = pyfftw.empty_aligned(self.shape, dtype="float64")
+            self._in = pyfftw.zeros_aligned(self.shape, dtype="float64")
             self._forward = pyfftw.builders.rfftn(self._in, threads=threads,
-                                                  planner_effort="FFTW_ESTIMATE")
+                                                  planner_effort="FFTW_ESTIMATE",
+                                                  avoid_copy=True)
             spectrum = self._forward.output_array
             self._spectrum = pyfftw.empty_aligned(spectrum.shape, dtype=spectrum.dtype)
             self._inverse = pyfftw.builders.irfftn(self._spectrum, s=self.shape, threads=threads,
-                                                   planner_effort="FFTW_ESTIMATE")
+                                                   planner_effort="FFTW_ESTIMATE",
+                                                   avoid_copy=True)
             self.backend = "pyfftw"
+        self._window: tuple | None = None
 
-    def forward(self, values: np.ndarray) -> np.ndarray:
-        """rfftn of ``values`` zero-padded to ``shape`` (a new array)."""
+    def forward(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """rfftn of ``values`` zero-padded to ``shape``: into ``out`` (from
+        :meth:`spectrum_buffer`) or a new array."""
         if self.backend == "scipy":
             import scipy.fft
             return scipy.fft.rfftn(values, s=self.shape, workers=nb.get_num_threads())
-        self._in[...] = 0.0
-        self._in[tuple(slice(0, n) for n in values.shape)] = values
-        return self._forward().copy()
+        window = tuple(slice(0, n) for n in values.shape)
+        if window != self._window:
+            self._in[...] = 0.0
+            self._window = window
+        self._in[window] = values
+        out = self.spectrum_buffer() if out is None else out
+        self._forward(output_array=out)   # (rebinds the plan's output: always pass one)
+        return out
 
-    def inverse(self, spectrum: np.ndarray) -> np.ndarray:
+    def spectrum_buffer(self) -> np.ndarray | None:
+        """An aligned array the forward transform can write into (None for scipy)."""
+        if self.backend == "scipy":
+            return None
+        return pyfftw.empty_aligned(self._spectrum.shape, dtype=self._spectrum.dtype)
+
+    def convolve(self, kernel: np.ndarray, spectrum: np.ndarray,
+                 window: tuple[slice, ...]) -> np.ndarray:
+        """irfftn(kernel * spectrum)[window] (a new array)."""
         if self.backend == "scipy":
             import scipy.fft
-            return scipy.fft.irfftn(spectrum, s=self.shape, workers=nb.get_num_threads())
-        self._spectrum[...] = spectrum
-        return self._inverse().copy()
+            return scipy.fft.irfftn(kernel * spectrum, s=self.shape,
+                                    workers=nb.get_num_threads())[window]
+        np.multiply(kernel, spectrum, out=self._spectrum)
+        return self._inverse()[window].copy()
 
 
 class FFTSoftmaxSums:
-    """Softmax numerators and denominators by FFT convolution (symmetric A only).
+    """Softmax kernel sums by FFT convolution (symmetric A only).
 
-    ``means(density, grid, offsets)`` -> list of (P, d) uncorrected tilted means per lattice.
+    ``convolve(fields, grid, requests)``: the discrete sums sum_s e^{<A x, y_s>} f_s /
+    e^{<A x, .>}-normalised as in the module docstring, for each source field f (already
+    multiplied by ``weights(density, grid)``) on each requested lattice.
     """
 
     def __init__(self, A: np.ndarray):
@@ -84,6 +109,8 @@ class FFTSoftmaxSums:
         self.A = np.asarray(A, float)
         self._plans: dict = {}
         self._kernels: dict = {}
+        self._quad: dict = {}
+        self._buffers: dict = {}
 
     def _plan(self, shape: tuple[int, ...]) -> PlannedFFT:
         padded = tuple(2 * n for n in shape)
@@ -108,26 +135,43 @@ class FFTSoftmaxSums:
             self._kernels[key] = plan.forward(np.exp(exponent - exponent.max()))
         return self._kernels[key]
 
-    def means(self, density: np.ndarray, grid: Grid, offsets) -> list[np.ndarray]:
-        plan = self._plan(grid.shape)
-        y = np.stack(grid.mesh(sparse=False), axis=-1)
-        quad = 0.5 * np.einsum("...i,ij,...j->...", y, self.A, y)
+    def weights(self, density: np.ndarray, grid: Grid) -> np.ndarray:
+        """w = density e^{y^T A y / 2} (shifted by its maximum over the mass), (*grid.shape)."""
+        key = (grid.shape, tuple(grid.lower), tuple(grid.spacing))
+        if key not in self._quad:
+            y = np.stack(grid.mesh(sparse=False), axis=-1)
+            self._quad[key] = 0.5 * np.einsum("...i,ij,...j->...", y, self.A, y)
+        quad = self._quad[key]
         mass = density > 0
-        weights = np.where(mass, density * np.exp(quad - quad[mass].max()), 0.0)
-        fields = [weights] + [weights * y[..., a] for a in range(grid.ndim)]
-        spectra = [plan.forward(f) for f in fields]
+        return np.where(mass, density * np.exp(quad - quad[mass].max()), 0.0)
+
+    def convolve(self, fields: list[np.ndarray], grid: Grid,
+                 requests: list[tuple[Sequence[float], list[int]]]) -> list[list[np.ndarray]]:
+        """For each request (offset, field indices): the sums of those fields on the lattice
+        ``grid.lattice(offset)``, each flattened to (P,). One forward transform per field
+        that some request uses, one inverse per requested field and lattice."""
+        plan = self._plan(grid.shape)
+        used = sorted({k for _, indices in requests for k in indices})
+        buffers = self._buffers.setdefault(plan.shape, [])
+        while len(buffers) < len(used):
+            buffers.append(plan.spectrum_buffer())
+        spectra = {k: plan.forward(fields[k], buf)
+                   for k, buf in zip(used, buffers[:len(used)], strict=True)}
         out = []
-        for offset in offsets:
+        for offset, indices in requests:
             offset = tuple(float(o) for o in offset)
             kernel = self._kernel(grid, offset, plan)
-            sizes = [len(v) for v in grid.lattice(offset)]
-            window = tuple(slice(0, m) for m in sizes)
-            sums = [plan.inverse(kernel * s)[window] for s in spectra]
-            total = sums[0]
-            if not np.all(total > 0):
-                bad = int(np.count_nonzero(~(total > 0)))
-                raise ValueError(
-                    f"attention.engine: the FFT lost {bad} kernel sums to round-off (the "
-                    f"kernel's dynamic range is too large for an FFT); use engine='separable'")
-            out.append(np.stack([s / total for s in sums[1:]], axis=-1).reshape(-1, grid.ndim))
+            window = tuple(slice(0, len(v)) for v in grid.lattice(offset))
+            out.append([plan.convolve(kernel, spectra[k], window).reshape(-1)
+                        for k in indices])
         return out
+
+
+def checked_total(total: np.ndarray) -> np.ndarray:
+    """The denominators of an FFT evaluation; raises when round-off ate some of them."""
+    if not np.all(total > 0):
+        bad = int(np.count_nonzero(~(total > 0)))
+        raise ValueError(f"attention.engine: the FFT lost {bad} kernel sums to round-off (the "
+                         f"kernel's dynamic range is too large for an FFT); use "
+                         f"engine='separable'")
+    return total

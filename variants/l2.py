@@ -42,9 +42,11 @@ class L2Attention(TiltedMeanField):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
 
-    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets,
+                   components) -> list[np.ndarray]:
         head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
         coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
         weights = reweighted_density(density, grid, head)
-        return self.tilted_velocities(weights, grid, offsets, coupling, head.C,
-                                      support_box(weights, grid))
+        return self.shaped(self.head_velocities(weights, grid, offsets, components, coupling,
+                                                head.C, support_box(weights, grid)),
+                           grid, offsets)

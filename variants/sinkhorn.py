@@ -138,7 +138,8 @@ class SinkhornAttention(TiltedMeanField):
         self._previous = (grid.shape, head.A, eps, f, g)
         return f, g
 
-    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets,
+                   components) -> list[np.ndarray]:
         head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
         weights = quadrature_weights(density, grid)
         _, g = self.potentials(weights, grid, head, t)
@@ -146,5 +147,6 @@ class SinkhornAttention(TiltedMeanField):
         mass = weights > 0
         tilted = np.where(mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps),
                           0.0)
-        return self.tilted_velocities(tilted, grid, offsets, head.A / head.eps, head.C,
-                                      support_box(weights, grid))
+        return self.shaped(self.head_velocities(tilted, grid, offsets, components,
+                                                head.A / head.eps, head.C,
+                                                support_box(weights, grid)), grid, offsets)

@@ -45,7 +45,7 @@ from tpde.grid import Grid
 
 from .base import VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
-from .fft import FFTSoftmaxSums
+from .fft import FFTSoftmaxSums, checked_total
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 from .separable import SeparableSums, table_nodes
 
@@ -87,6 +87,9 @@ class TiltedMeanField(VelocityField):
            offset: Sequence[float]) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 
+    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+        return self.components(density, grid, t, offsets, [None] * len(offsets))
+
     def sums(self, weights: np.ndarray, grid: Grid, lattices: list,
              matrix: np.ndarray, fields: str = "means") -> DirectSums | SeparableSums:
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
@@ -107,16 +110,49 @@ class TiltedMeanField(VelocityField):
         return SeparableSums(weights, grid, bounds, nodes, fields)
 
 
-    def tilted_velocities(self, weights: np.ndarray, grid: Grid, offsets, matrix: np.ndarray,
-                          C: np.ndarray, box: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
-        """C m_w(matrix x) on every lattice, tilted means clipped to ``box`` (MATH.md 9.4):
-        the velocity of one head of l2 and Sinkhorn (point-value weights, no correction)."""
-        lattices, points = self.lattice_points(grid, offsets)
+    def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
+                        matrix: np.ndarray, C: np.ndarray, box: tuple[np.ndarray, np.ndarray],
+                        spacing: Sequence[float] | None = None) -> list[np.ndarray]:
+        """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (MATH.md 9.4, 9.9):
+        component ``components[i]`` (None: all) on the lattice ``offsets[i]``, each (P,) or
+        (P, d) over the lattice points in C order.
+
+        ``spacing``: the cell widths of the exact cell-average correction (softmax), None for
+        point-value weights (l2, Sinkhorn). The separable engine tabulates the velocity
+        components themselves, so a lattice that needs one component interpolates one
+        field; the interpolated values are clipped to the range ``C box`` allows.
+        """
+        lattices = [grid.lattice(offset) for offset in offsets]
         sums = self.sums(weights, grid, lattices, matrix)
+        C = np.asarray(C, float)
+        if isinstance(sums, SeparableSums):
+            table = sums.velocity_table(C, box, spacing)
+            low = np.minimum(C * box[0], C * box[1]).sum(axis=1)
+            high = np.maximum(C * box[0], C * box[1]).sum(axis=1)
+            out = []
+            for coords, comp in zip(lattices, components, strict=True):
+                values = table.on_lattice(coords, matrix, comp)
+                bounds = (low, high) if comp is None else (low[comp], high[comp])
+                out.append(np.clip(values, *bounds, out=values))
+            return out
+        _, points = self.lattice_points(grid, offsets)
         out = []
-        for coords, x in zip(lattices, points, strict=True):
-            velocity = np.clip(sums.means(x @ matrix.T), *box) @ C.T
-            out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
+        for x, comp in zip(points, components, strict=True):
+            c = x @ matrix.T
+            means = sums.means(c)
+            if spacing is not None:
+                means -= grad_log_box_factor(c, spacing)
+            velocity = np.clip(means, *box, out=means) @ C.T
+            out.append(velocity if comp is None else velocity[:, comp])
+        return out
+
+    @staticmethod
+    def shaped(values: list[np.ndarray], grid: Grid, offsets) -> list[np.ndarray]:
+        """(P,) / (P, d) lists over lattice points -> (*lattice_shape) / (d, *lattice_shape)."""
+        out = []
+        for v, offset in zip(values, offsets, strict=True):
+            shape = tuple(len(c) for c in grid.lattice(offset))
+            out.append(v.reshape(shape) if v.ndim == 1 else v.T.reshape((v.shape[1],) + shape))
         return out
 
 
@@ -137,31 +173,68 @@ class SoftmaxAttention(TiltedMeanField):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
         self._fft: dict[bytes, FFTSoftmaxSums] = {}
+        self._corrections: dict[tuple, np.ndarray] = {}
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
 
-    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets,
+                   components) -> list[np.ndarray]:
         heads = _heads(params_at(self.spec, t))
         for i, head in enumerate(heads):
             if head.dim != grid.ndim:
                 raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                                  f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
-        lattices, points = self.lattice_points(grid, offsets)
-        lower, upper = support_box(density, grid)
-        velocities = [np.zeros_like(x) for x in points]
+        box = support_box(density, grid)
+        total = None
         for head in heads:
             if self.engine == "fft":
-                sums = self._fft.setdefault(head.A.tobytes(), FFTSoftmaxSums(head.A))
-                raw = sums.means(density, grid, offsets)
+                velocity = self._fft_velocities(density, grid, offsets, components, head, box)
             else:
-                engine = self.sums(density, grid, lattices, head.A)
-                raw = [engine.means(x @ head.A.T) for x in points]
-            for velocity, x, means in zip(velocities, points, raw, strict=True):
-                means -= grad_log_box_factor(x @ head.A.T, grid.spacing)
-                velocity += np.clip(means, lower, upper, out=means) @ head.C.T
-        return [v.T.reshape((grid.ndim,) + tuple(len(c) for c in coords))
-                for v, coords in zip(velocities, lattices, strict=True)]
+                velocity = self.head_velocities(density, grid, offsets, components, head.A,
+                                                head.C, box, grid.spacing)
+            total = velocity if total is None else [a + b for a, b in zip(total, velocity,
+                                                                          strict=True)]
+        return self.shaped(total, grid, offsets)
+
+    def _fft_velocities(self, density, grid, offsets, components, head, box):
+        """One head by FFT convolutions (symmetric A): a lattice that needs component a
+        convolves the denominator and the combined numerator w (C y)_a (two inverse
+        transforms); a full lattice the d tilted-mean numerators."""
+        sums = self._fft.setdefault(head.A.tobytes(), FFTSoftmaxSums(head.A))
+        w = sums.weights(density, grid)
+        y, d, C = grid.mesh(), grid.ndim, head.C
+        fields = ([w] + [w * y[b] for b in range(d)]
+                  + [w * sum(C[a, b] * y[b] for b in range(d)) for a in range(d)])
+        requests = [(offset, [0] + (list(range(1, d + 1)) if comp is None else [1 + d + comp]))
+                    for offset, comp in zip(offsets, components, strict=True)]
+        low = np.minimum(C * box[0], C * box[1]).sum(axis=1)
+        high = np.maximum(C * box[0], C * box[1]).sum(axis=1)
+        out = []
+        for convolved, offset, comp in zip(sums.convolve(fields, grid, requests), offsets,
+                                           components, strict=True):
+            total = checked_total(convolved[0])
+            correction = self._correction(grid, offset, head, comp)
+            if comp is None:
+                means = np.stack(convolved[1:], axis=1) / total[:, None] - correction
+                out.append(np.clip(means, *box, out=means) @ C.T)
+            else:
+                velocity = convolved[1] / total - correction
+                out.append(np.clip(velocity, low[comp], high[comp], out=velocity))
+        return out
+
+    def _correction(self, grid: Grid, offset, head: Head, comp: int | None) -> np.ndarray:
+        """grad log S(A x) on a lattice, (P, d), or its C-combination for one component,
+        (P,): fixed while the parameters are, so kept for the last few lattices."""
+        key = (grid.shape, tuple(grid.lower), tuple(grid.upper), tuple(map(float, offset)),
+               head.A.tobytes(), head.C.tobytes(), comp)
+        if key not in self._corrections:
+            if len(self._corrections) >= 8:
+                self._corrections.pop(next(iter(self._corrections)))
+            _, (x,) = self.lattice_points(grid, [offset])
+            correction = grad_log_box_factor(x @ head.A.T, grid.spacing)
+            self._corrections[key] = correction if comp is None else correction @ head.C[comp]
+        return self._corrections[key]
 
 
 class LinearAttention(VelocityField):

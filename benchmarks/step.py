@@ -1,0 +1,177 @@
+#!/usr/bin/env python
+"""Full Transformer-PDE step: time per step, steps per second, and the FFT floor.
+
+    .venv/bin/python benchmarks/step.py [--n 256] [--steps 20]
+
+One SSP-RK3 step with WENO5-Z fluxes, the positivity limiter and the attention velocity
+recomputed at every stage (the default scheme, face velocities interpolated along the faces),
+2-D n^2 on [-7, 7]^2, Gaussian density; c1 matrices of MATH.md 6 (softmax, Sinkhorn eps = 1)
+and the l2 head of benchmarks/velocity.py. Each case is timed at 1 and 2 threads in the
+same run (median over ``--steps`` steps after two warm-up steps), split into the velocity
+(kernel sums, all stages) and the rest (fluxes, limiter, stage combinations).
+
+The FFT floor of a step: the padded real transforms an FFT-convolution evaluation of the
+same velocities needs, timed as planned pyfftw transforms (FFTW_MEASURE) at the same thread
+count: per stage, d + 1 forward transforms of the (2n)^d zero-padded weighted fields (the
+denominator and the d numerators w (C y)_a) and two inverses per face lattice (the
+denominator and the numerator of the normal component; the step evaluates d lattices).
+No kernel multiply, copy or pointwise work is counted, so it is a lower bound for any FFT
+engine. The ``softmax-fft`` row runs tpde's own FFT engine (symmetric A = 0.3 [[1, .3],
+[.3, .8]], the case it applies to: it does exactly these transforms); the ``softmax`` row
+is the default separable engine on the general c1 matrix (the engine ``auto`` picks, for
+its relative accuracy). ``table_s`` is the separable method's own floor: its matrix
+products (one table per stage). Prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pyfftw  # noqa: E402
+from _machine import cpu_model, loadavg  # noqa: E402
+
+import tpde  # noqa: E402
+from tpde.grid import Grid, gaussian  # noqa: E402
+from tpde.solver import Problem, Scheme, Solver  # noqa: E402
+from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
+from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
+from tpde.variants.sinkhorn import SinkhornAttention  # noqa: E402
+from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
+
+A1 = [[-0.6, 0.8], [-0.2, -0.3]]
+V1 = [[1.0, 0.5], [-0.3, 0.8]]
+L2_HEAD = L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.4, 0.7], [-0.6, 0.2]], V1)
+
+
+SYMMETRIC_A = 0.3 * np.array([[1.0, 0.3], [0.3, 0.8]])   # the FFT engine's case
+
+
+def make_field(case: str):
+    if case == "softmax":
+        return SoftmaxAttention(Head(A1, V1))
+    if case == "softmax-fft":
+        return SoftmaxAttention(Head(SYMMETRIC_A, V1), engine="fft")
+    if case == "l2":
+        return L2Attention(L2_HEAD)
+    return SinkhornAttention(SinkhornHead(A1, V1, eps=1.0))
+
+
+class TimedVelocity:
+    """Wraps Solver.face_velocity to add up the time spent in the velocity."""
+
+    def __init__(self, solver: Solver):
+        self.seconds = 0.0
+        self._inner = solver.face_velocity
+        solver.face_velocity = self
+
+    def __call__(self, density, t):
+        start = time.perf_counter()
+        out = self._inner(density, t)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def time_steps(case: str, n: int, steps: int) -> dict:
+    grid = Grid([-7.0, -7.0], [7.0, 7.0], [n, n])
+    rho = gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]])
+    field = make_field(case)
+    solver = Solver(Problem(grid, rho, field, t_end=1e9, scheme=Scheme()))
+    timer = TimedVelocity(solver)
+    velocity = solver.face_velocity(solver.density, 0.0)
+    dt = 0.4 * solver.stable_dt(velocity)
+    for _ in range(2):   # compile, warm the Sinkhorn potentials
+        solver.step(dt, solver.face_velocity(solver.density, solver.t))
+    totals, velocities = [], []
+    for _ in range(steps):
+        timer.seconds = 0.0
+        start = time.perf_counter()
+        solver.step(dt, solver.face_velocity(solver.density, solver.t))
+        totals.append(time.perf_counter() - start)
+        velocities.append(timer.seconds)
+    step_s, velocity_s = float(np.median(totals)), float(np.median(velocities))
+    row = {"case": case, "cells": n, "step_s": step_s, "steps_per_s": 1.0 / step_s,
+           "velocity_s": velocity_s, "rest_s": step_s - velocity_s,
+           "lattices_per_stage": 1 if not solver.interpolate_faces else grid.ndim}
+    if case == "sinkhorn":
+        row["iterations_per_stage"] = float(np.mean(field.iterations[-3 * steps:]))
+    elif case != "softmax-fft":
+        lattices, _ = field.lattice_points(grid, [np.zeros(2)])
+        matrix = np.asarray(A1) if case == "softmax" else 2.0 * L2_HEAD.K.T @ L2_HEAD.Q
+        weights = rho if case == "softmax" else reweighted_density(rho, grid, L2_HEAD)
+        field.sums(weights, grid, lattices, matrix)
+        table = []
+        for _ in range(5):
+            start = time.perf_counter()
+            field.sums(weights, grid, lattices, matrix)
+            table.append(time.perf_counter() - start)
+        row["table_s"] = 3 * float(np.median(table))
+    return row
+
+
+def fft_floor(n: int, ndim: int, lattices: int, threads: int, repeat: int = 7) -> float:
+    """Seconds of the planned transforms of one SSP-RK3 step (module docstring)."""
+    shape = (2 * n,) * ndim
+    real = pyfftw.empty_aligned(shape, dtype="float64")
+    real[...] = np.random.default_rng(0).random(shape)
+    forward = pyfftw.builders.rfftn(real, threads=threads, planner_effort="FFTW_MEASURE")
+    spectrum = pyfftw.empty_aligned(forward.output_array.shape, dtype="complex128")
+    inverse = pyfftw.builders.irfftn(spectrum, s=shape, threads=threads,
+                                     planner_effort="FFTW_MEASURE")
+    def one_step():
+        for _stage in range(3):
+            for _ in range(ndim + 1):
+                forward()
+            for _ in range(2 * lattices):
+                inverse()
+
+    one_step()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        one_step()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows = []
+    for threads in (1, 2):
+        used = tpde.set_num_threads(threads)
+        for case in ("softmax", "softmax-fft", "l2", "sinkhorn"):
+            row = time_steps(case, args.n, args.steps if case != "sinkhorn" else 5)
+            row["threads"] = used
+            if case != "sinkhorn":
+                floor = fft_floor(args.n, 2, row["lattices_per_stage"], used)
+                row["fft_floor_s"] = floor
+                row["step_over_fft_floor"] = row["step_s"] / floor
+            row["loadavg"] = loadavg()
+            rows.append(row)
+            print(f"# {case} {args.n}^2, {used} thread(s): {row['step_s'] * 1e3:.1f} ms/step "
+                  f"({row['steps_per_s']:.1f} steps/s; velocity {row['velocity_s'] * 1e3:.1f} "
+                  f"ms)" + (f", FFT floor {row['fft_floor_s'] * 1e3:.1f} ms: "
+                            f"{row['step_over_fft_floor']:.2f}x" if "fft_floor_s" in row
+                            else f", {row['iterations_per_stage']:.1f} iterations per stage"),
+                  file=sys.stderr, flush=True)
+    out = {"benchmark": "step", "n": args.n, "scheme": "WENO5-Z, SSP-RK3, positivity limiter",
+           "rows": rows,
+           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
+                    "loadavg_end": loadavg()},
+           "wall_s": round(time.perf_counter() - start, 1)}
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
