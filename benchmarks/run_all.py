@@ -81,7 +81,8 @@ ROW_COLUMNS = ("row", "case", "method", "label", "ndim", "cells_per_axis", "cell
                "dense_s_extrapolated", "speedup", "max_rel_error_vs_dense",
                "fft_max_rel_error_vs_dense", "iterations", "step_s", "steps_per_s",
                "velocity_s", "rest_s", "table_s", "fft_floor_s", "step_over_fft_floor",
-               "iterations_per_stage", "wall_s", "cov_error", "traced_doubles_per_cell",
+               "iterations_per_stage", "positions", "slices", "per_slice_s", "wall_s",
+               "cov_error", "traced_doubles_per_cell",
                "rss_doubles_per_cell", "loadavg", "error")
 
 

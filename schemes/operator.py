@@ -342,23 +342,35 @@ class FluxOperator:
         out[...] = density
         for a in range(self.grid.ndim):
             kernels.subtract_divergence(self._axis(fluxes[a], a), dt / h[a], self._axis(out, a))
-        if self.positivity and out.min() < 0.0:
+        if self.positivity and self.lead:
+            # position slices are limited one by one: a slice that stays positive keeps its
+            # high-order update bit for bit (masked attention: exact causality)
+            lowest = out.reshape(out.shape[0], -1).min(axis=1)
+            for k in np.flatnonzero(lowest < 0.0):
+                part = slice(k, k + 1)
+                self._limit(density[part], velocity, dt, out[part], [f[part] for f in fluxes],
+                            part)
+        elif self.positivity and out.min() < 0.0:
             self._limit(density, velocity, dt, out, fluxes)
         return self._outflow(fluxes, dt)
 
-    def _limit(self, density, velocity, dt, out, fluxes) -> None:
+    def _limit(self, density, velocity, dt, out, fluxes, part: slice = slice(None)) -> None:
+        """Limit the fluxes of ``density`` (the position slices ``part`` of the state when
+        there are slices: every array passed is that part, the work arrays are cut to it)."""
         h = self.grid.spacing
         tol = 1e-12 * float(np.max(density))
-        low, out_sum, ratio = self._low, self._out_sum, self._ratio
         if self._low_flux is None:
             self._low_flux = [np.empty(s) for s in self.face_shapes]
+        low, out_sum, ratio = self._low[part], self._out_sum[part], self._ratio[part]
+        low_fluxes = [f[part] for f in self._low_flux]
+        positive = [u[part] for u in velocity.positive]
+        negative = [u[part] for u in velocity.negative]
         low[...] = density
         out_sum[...] = 0.0
         for a in range(self.grid.ndim):
-            low_flux3, anti3 = self._axis(self._low_flux[a], a), self._axis(fluxes[a], a)
+            low_flux3, anti3 = self._axis(low_fluxes[a], a), self._axis(fluxes[a], a)
             kernels.split_low_flux(anti3, self._axis(density, a), self.src[a],
-                                   self._axis(velocity.positive[a], a),
-                                   self._axis(velocity.negative[a], a),
+                                   self._axis(positive[a], a), self._axis(negative[a], a),
                                    self.vacuum_outside[a], self.vacuum_outside[a], low_flux3)
             kernels.accumulate_low_and_outgoing(low_flux3, anti3, dt / h[a], self._axis(low, a),
                                                 self._axis(out_sum, a))
@@ -368,7 +380,7 @@ class FluxOperator:
                                   "is above the positivity bound")
         out[...] = density
         for a in range(self.grid.ndim):
-            kernels.limit_fluxes(self._axis(self._low_flux[a], a), self._axis(fluxes[a], a),
+            kernels.limit_fluxes(self._axis(low_fluxes[a], a), self._axis(fluxes[a], a),
                                  self._axis(ratio, a), self.periodic[a])
             kernels.subtract_divergence(self._axis(fluxes[a], a), dt / h[a], self._axis(out, a))
         lowest = float(out.min())

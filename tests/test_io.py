@@ -23,8 +23,14 @@ import xarray as xr
 
 import tpde
 import tpde.io as tio
-from tpde.grid import Grid, gaussian, moments
-from tpde.io import SnapshotWriter, grid_from_dataset, read, resume_state
+from tpde.grid import Grid, Positions, gaussian, moments
+from tpde.io import (
+    SnapshotWriter,
+    grid_from_dataset,
+    positions_from_dataset,
+    read,
+    resume_state,
+)
 
 GRIDS = {
     1: Grid([-6.1], [5.7], [50], "outflow"),
@@ -288,10 +294,12 @@ def test_resume(tmp_path):
     assert np.array_equal(state["density"], snaps[1].density)
     assert state["density"].shape == grid.shape and state["density"].dtype == np.float64
     assert state["config"] == "[run]\nt_end = 0.75\n" and state["status"] == "interrupted"
+    assert state["positions"] is None and positions_from_dataset(first) is None
     np.testing.assert_array_equal(state["times"], [s.time for s in snaps[:2]])
 
     writer = SnapshotWriter.resume(path)
     assert writer.snapshots == 2 and writer.last_time == snaps[1].time
+    assert writer.positions is None and writer.shape == grid.shape
     assert read(path).attrs["status"] == "running"
     assert writer.write(snap(snaps[1].time, snaps[1].density)) is False  # the resume point
     with pytest.raises(ValueError, match="before the last written time"):
@@ -442,3 +450,115 @@ def test_writer_waits_for_a_reader(tmp_path):
     writer.close()
     print(f"\nwriter waited {waited:.2f} s for a reader holding the file open")
     assert_records(read(path), grid, snaps)
+
+
+# ---- position slices (masked attention) ------------------------------------------------------
+POSITIONS = Positions(4)
+SLICED_GRID = Grid([-4.0, -3.0], [4.0, 3.5], [12, 10], ["outflow", "periodic"])
+SLICE_RECORDS = ("slice_mass", "slice_mean", "slice_covariance")
+
+
+def sliced_snaps(n: int, empty: int | None = None) -> list[SimpleNamespace]:
+    """n snapshots of shape (S, 12, 10): a Gaussian whose mean drifts with s and t; slice
+    ``empty`` of the last snapshot has no mass."""
+    grid = SLICED_GRID
+    out = []
+    for i in range(n):
+        cov = np.diag([0.8, 0.5]) * (1 + 0.2 * i)
+        density = POSITIONS.sliced(
+            lambda s, i=i, cov=cov: gaussian(grid, [s - 0.5 + 0.1 * i, 0.3 * s], cov), grid)
+        if empty is not None and i == n - 1:
+            density[empty] = 0.0
+        out.append(snap(0.25 * i, density, outflow=1e-5 * i))
+    return out
+
+
+def assert_sliced_records(ds: xr.Dataset, snaps) -> None:
+    """Density, x-marginal moments and slice moments of ds equal the snapshots' (exact)."""
+    grid, count = SLICED_GRID, POSITIONS.count
+    assert ds.sizes["time"] == len(snaps)
+    np.testing.assert_array_equal(ds["time"].values, [s.time for s in snaps])
+    for i, s in enumerate(snaps):
+        assert np.array_equal(ds["density"].values[i], s.density)
+        mass, mean, cov = moments(s.density.sum(axis=0), grid)
+        assert ds["mass"].values[i] == mass
+        assert np.array_equal(ds["mean"].values[i], mean)
+        assert np.array_equal(ds["covariance"].values[i], cov)
+        slice_mass = POSITIONS.marginal(s.density, grid)
+        assert np.array_equal(ds["slice_mass"].values[i], slice_mass)
+        for k in range(count):
+            mean_k, cov_k = ds["slice_mean"].values[i, k], ds["slice_covariance"].values[i, k]
+            if slice_mass[k] == 0:
+                assert np.isnan(mean_k).all() and np.isnan(cov_k).all()
+                continue
+            m, mu, sigma = moments(s.density[k], grid)  # normalised by the slice mass
+            assert m == pytest.approx(slice_mass[k], rel=1e-13)
+            assert np.array_equal(mean_k, mu) and np.array_equal(cov_k, sigma)
+        np.testing.assert_array_equal(ds["outflow"].values[i], s.outflow)
+
+
+def test_sliced_round_trip(tmp_path):
+    grid, count = SLICED_GRID, POSITIONS.count
+    snaps = sliced_snaps(3, empty=2)
+    path = tmp_path / "sliced.nc"
+    write_file(path, grid, snaps, positions=POSITIONS)
+    ds = read(path)
+    assert_sliced_records(ds, snaps)
+    assert np.isnan(ds["slice_mean"].values[2, 2]).all()  # the empty slice
+    assert ds["density"].dims == ("time", "s", "x", "y")
+    assert ds["density"].shape == (3, count, 12, 10)
+    assert ds["slice_mass"].dims == ("time", "s")
+    assert ds["slice_mean"].dims == ("time", "s", "dim")
+    assert ds["slice_covariance"].dims == ("time", "s", "dim", "dim2")
+    assert ds["mean"].dims == ("time", "dim") and "s" not in ds["mass"].dims
+    assert np.array_equal(ds["s"].values, POSITIONS.s)
+    assert np.array_equal(ds["s"].values, [0.0, 0.25, 0.5, 0.75, 1.0])
+    assert ds["s"].attrs["long_name"] == "token position" and ds["s"].attrs["units"] == "1"
+    assert ds["s"].attrs["comment"].startswith("slice 0 is the attention sink at s = 0")
+    assert ds["position_weight"].dims == ("s",)
+    assert np.array_equal(ds["position_weight"].values, POSITIONS.weights)
+    assert ds["position_weight"].attrs["long_name"] == "position marginal nu (mass per slice)"
+    for name in SLICE_RECORDS:
+        assert ds[name].attrs["long_name"] and ds[name].attrs["units"] == "1"
+    # the slice masses are the invariant position marginal nu (a Gaussian well inside the box)
+    np.testing.assert_allclose(ds["slice_mass"].values[0], POSITIONS.weights, rtol=1e-6)
+    assert ds.attrs["positions"] == 4 and ds.attrs["sink_mass"] == 0.1
+    assert ds.attrs["Conventions"] == "CF-1.10"
+    assert positions_from_dataset(ds) == POSITIONS and grid_from_dataset(ds) == grid
+    assert tuple(ds["density"].encoding["chunksizes"]) == (1, count, *grid.shape)
+    with netCDF4.Dataset(path) as nc:
+        assert len(nc.dimensions["s"]) == count and nc.dimensions["time"].isunlimited()
+
+
+def test_sliced_resume(tmp_path):
+    grid = SLICED_GRID
+    snaps = sliced_snaps(3)
+    path = tmp_path / "sliced.nc"
+    write_file(path, grid, snaps[:2], status="interrupted", positions=Positions(4, 0.1))
+    state = resume_state(path)
+    assert state["positions"] == POSITIONS and state["snapshots"] == 2
+    assert np.array_equal(state["density"], snaps[1].density)
+    writer = SnapshotWriter.resume(path)
+    assert writer.positions == POSITIONS and writer.shape == POSITIONS.shape(grid)
+    assert "positions=Positions(slices=4" in repr(writer)
+    assert writer.write(snaps[2])
+    writer.close("completed", snaps[2].time)
+    assert_sliced_records(read(path), snaps)
+
+
+def test_sliced_shape_errors(tmp_path):
+    grid = SLICED_GRID
+    writer = SnapshotWriter(tmp_path / "sliced.nc", grid, positions=POSITIONS)
+    density = sliced_snaps(1)[0].density
+    for bad in (density[0], density[:-1], np.zeros((POSITIONS.count, 10, 12))):
+        with pytest.raises(ValueError, match=r"^run\.output: .*shape") as info:
+            writer.write(snap(0.0, bad))
+        assert "\n" not in str(info.value)
+    assert writer.snapshots == 0
+    writer.close()
+    with pytest.raises(ValueError, match=r"^run\.output: expected tpde\.grid\.Positions"):
+        SnapshotWriter(tmp_path / "other.nc", grid, positions=4)
+    assert not (tmp_path / "other.nc").exists()
+    plain = xr.Dataset(attrs={"positions": 4})
+    with pytest.raises(ValueError, match="^run.output: .*no sink_mass"):
+        positions_from_dataset(plain)

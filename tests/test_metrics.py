@@ -17,10 +17,12 @@ from scipy.integrate import quad
 from scipy.linalg import sqrtm
 from scipy.stats import norm, wasserstein_distance
 
-from tpde.grid import Grid, gaussian, uniform_ball, uniform_box
+from tpde.grid import Grid, Positions, from_tokens, gaussian, uniform_ball, uniform_box
 from tpde.validation.metrics import (
     Distance,
     bures_wasserstein,
+    conditional_wasserstein,
+    conditional_wasserstein_tokens,
     density_errors,
     moment_errors,
     wasserstein,
@@ -28,6 +30,7 @@ from tpde.validation.metrics import (
     wasserstein_1d_tokens,
     wasserstein_tokens,
 )
+from tpde.validation.particles import sample_sliced_tokens
 
 M1, S1, M2, S2 = 0.3, 0.8, -0.5, 1.3          # two 1-D Gaussians
 MA, SA = np.array([0.3, -0.2]), np.array([[1.0, 0.3], [0.3, 0.6]])
@@ -294,3 +297,90 @@ def test_bad_input_names_the_argument():
         wasserstein(a, b, g, num_iter_max=3)
     with pytest.raises(ValueError, match=r"^metrics\.num_iter_max: Sinkhorn"):
         wasserstein(a, b, g, method="entropic", reg=0.01, num_iter_max=20)
+
+
+# ---- conditional (position-sliced) distances -----------------------------------------------------
+def _drifting(grid: Grid, positions: Positions, shift: float = 0.0) -> np.ndarray:
+    """Sliced density (S, *grid.shape): slice k a Gaussian whose mean drifts with s_k."""
+    d = grid.ndim
+    return positions.sliced(lambda s: gaussian(grid, np.full(d, s - 0.3 + shift),
+                                               0.4 * np.eye(d)), grid)
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_conditional_zero_on_itself_and_plain_with_one_slice(d):
+    g = Grid([-4] * d, [4] * d, [200] if d == 1 else [20, 20])
+    positions = Positions(3)
+    a, b = _drifting(g, positions), _drifting(g, positions, shift=0.4)
+    assert conditional_wasserstein(a, a, g) <= 1e-12
+    for p in (1, 2):
+        plain = wasserstein(a[2], b[2], g, p=p).value
+        one = conditional_wasserstein(a[2:3], b[2:3], g, p=p)
+        print(f"\n{d}-D, p={p}: one slice {one:.15f}, plain {plain:.15f}")
+        assert one == plain
+
+
+def test_conditional_1d_two_shifted_slices():
+    """Slice 0 shifted by 0.3 = 30 h, slice 1 by 0.5 = 50 h: exact cell averages of translated
+    Gaussians are translated arrays, and W_p of a translation is the shift (exact to 1e-12,
+    test_1d_translation_is_exact); the tails beyond the box (> 9 sigma) are ~1e-18."""
+    g = Grid([-5], [5], [1000])
+    sigma, nu = 0.5, np.array([0.25, 0.75])
+    a = np.stack([m * gaussian(g, [0.0], [[sigma**2]]) for m in nu])
+    b = np.stack([m * gaussian(g, [shift], [[sigma**2]])
+                  for m, shift in zip(nu, (0.3, 0.5), strict=True)])
+    w2 = conditional_wasserstein(a, b, g)
+    w1 = conditional_wasserstein(a, b, g, p=1)
+    flat = conditional_wasserstein(a, b, g, slice_weights=[1.0, 1.0])
+    ref2 = math.sqrt(0.25 * 0.3**2 + 0.75 * 0.5**2)
+    print(f"\ntwo slices: W_2,nu {w2:.15f} (ref {ref2:.15f}), W_1,nu {w1:.15f}")
+    assert abs(w2 - ref2) <= 1e-12
+    assert abs(w1 - (0.25 * 0.3 + 0.75 * 0.5)) <= 1e-12
+    assert abs(flat - math.sqrt(0.5 * 0.3**2 + 0.5 * 0.5**2)) <= 1e-12
+    a3, b3 = np.insert(a, 1, 0.0, axis=0), np.insert(b, 1, 0.0, axis=0)
+    assert conditional_wasserstein(a3, b3, g) == w2              # empty in both: skipped
+    b3[1] = b3[0]
+    with pytest.raises(ValueError, match=r"^metrics\.density_a: slice 1"):
+        conditional_wasserstein(a3, b3, g)
+    with pytest.raises(ValueError, match=r"^metrics\.density_b: "):
+        conditional_wasserstein(a, b[:1], g)
+    with pytest.raises(ValueError, match=r"^metrics\.slice_weights: "):
+        conditional_wasserstein(a, b, g, slice_weights=[1.0, -1.0])
+
+
+def test_conditional_tokens_1d_decreases_with_the_sample_size():
+    """Each slice by the exact 1-D distance; the sampling error decays like n^{-1/2}."""
+    g = Grid([-4], [4], [400])
+    positions = Positions(2)
+    rho = _drifting(g, positions)
+    rows = {}
+    for per in (200, 5000):
+        values = []
+        for seed in range(3):
+            x, s, w = sample_sliced_tokens(rho, g, positions, per, seed=seed)
+            values.append(conditional_wasserstein_tokens(rho, g, x, s, positions.s, w))
+        rows[per] = float(np.mean(values))
+    x, s, w = sample_sliced_tokens(rho, g, positions, 200, seed=0)
+    nu = positions.marginal(rho, g)
+    by_hand = math.sqrt(sum(nu[k] / nu.sum() * wasserstein_1d_tokens(
+        rho[k], g, x[k * 200:(k + 1) * 200], p=2) ** 2 for k in range(positions.count)))
+    print(f"\n1-D conditional W_2 of sliced tokens: 200/slice {rows[200]:.2e}, "
+          f"5000/slice {rows[5000]:.2e}")
+    assert abs(conditional_wasserstein_tokens(rho, g, x, s, positions.s, w) - by_hand) <= 1e-14
+    assert rows[5000] < rows[200] / 2.5                 # sqrt(25) = 5 expected
+    with pytest.raises(ValueError, match=r"^metrics\.token_positions: "):
+        conditional_wasserstein_tokens(rho, g, x, s + 0.1, positions.s, w)
+
+
+def test_conditional_tokens_2d_is_the_distance_to_the_binned_tokens():
+    g = Grid([-4, -4], [4, 4], [20, 20])
+    positions = Positions(2)
+    rho = _drifting(g, positions)
+    per = 300
+    x, s, w = sample_sliced_tokens(rho, g, positions, per, seed=2)
+    binned = np.stack([from_tokens(g, x[k * per:(k + 1) * per], w[k * per:(k + 1) * per])
+                       for k in range(positions.count)])
+    got = conditional_wasserstein_tokens(rho, g, x, s, positions.s, w)
+    ref = conditional_wasserstein(rho, binned, g)
+    print(f"\n2-D conditional W_2, {per} tokens/slice: {got:.6f} (binned grid {ref:.6f})")
+    assert abs(got - ref) <= 1e-12 and got > 0

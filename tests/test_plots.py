@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -13,6 +14,8 @@ import xarray as xr
 from PIL import Image
 
 from tpde import plots
+from tpde.grid import Grid, Positions, gaussian
+from tpde.io import SnapshotWriter, read
 
 AXES = ("x", "y", "z")
 CELLS = {1: (64,), 2: (36, 28), 3: (20, 16, 12)}  # non-square: catches transposed axes
@@ -266,3 +269,71 @@ def test_no_pyplot_and_no_backend_switch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr
+
+
+# ---- position slices (masked attention) ------------------------------------------------------
+POSITIONS = Positions(4)
+
+
+def make_sliced_dataset(d: int, directory: Path, nt: int = 3) -> xr.Dataset:
+    """A masked-attention run written by tpde.io and read back: density (time, s, x[, y..])
+    of a Gaussian whose mean drifts with s and t."""
+    grid = Grid(LOWER[d], UPPER[d], CELLS[d])
+    path = directory / f"sliced{d}.nc"
+    with SnapshotWriter(path, grid, title="sliced", positions=POSITIONS) as writer:
+        for i, t in enumerate(np.linspace(0.0, 1.0, nt)):
+            shift = np.array([0.8, -0.5, 0.3][:d])
+            density = POSITIONS.sliced(
+                lambda s, t=t, shift=shift: gaussian(grid, (s + 0.3 * t) * shift,
+                                                     0.5 * np.eye(d)), grid)
+            writer.write(SimpleNamespace(time=float(t), density=density, outflow=0.0,
+                                         max_speed=1.0, dt=0.01 * (i + 1)))
+    return read(path)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_plot_all_sliced(tmp_path, d):
+    ds = make_sliced_dataset(d, tmp_path)
+    assert ds["density"].dims[:2] == ("time", "s")
+    written = plots.plot_all(ds, tmp_path / "figs", reference=reference(d))
+    names = (["density.png", "moments.png", "mass.png"] + (["projections.png"] if d == 3 else [])
+             + ["slices.png", "position_marginal.png"])
+    assert [p.name for p in written] == names
+    for path in written:
+        check_png(path)
+
+
+def test_sliced_figures_draw_marginal_and_slices(tmp_path):
+    ds = make_sliced_dataset(1, tmp_path)
+    marginal = ds["density"].sum("s").values
+    lines = plots.density_figure(ds, times=[0.0, 1.0]).axes[0].lines
+    assert np.array_equal(lines[0].get_ydata(), marginal[0])
+    assert np.array_equal(lines[1].get_ydata(), marginal[-1])
+
+    fig = plots.slices_figure(ds)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["s = 0 (sink), mass 0.1", "s = 0.5, mass 0.225", "s = 1, mass 0.225"]
+    for ax, k in zip(fig.axes, [0, 2, 4], strict=True):
+        assert np.array_equal(ax.lines[0].get_ydata(), ds["density"].values[-1, k])
+
+    ax_mass, ax_mean = plots.position_marginal_figure(ds).axes
+    first, last = (line.get_ydata() for line in ax_mass.lines)
+    np.testing.assert_allclose(first, last, rtol=1e-12)  # the position marginal is invariant
+    np.testing.assert_allclose(last, POSITIONS.weights, rtol=1e-6)
+    assert np.array_equal(ax_mass.lines[0].get_xdata(), POSITIONS.s)
+    np.testing.assert_allclose(ax_mean.lines[1].get_ydata(), ds["slice_mean"].values[-1, :, 0])
+
+    # without the slice records the figures compute them from the density
+    bare = ds.drop_vars(["slice_mass", "slice_mean", "slice_covariance"])
+    ax_mass, ax_mean = plots.position_marginal_figure(bare).axes
+    np.testing.assert_allclose(ax_mass.lines[1].get_ydata(), ds["slice_mass"].values[-1],
+                               rtol=1e-12)
+    np.testing.assert_allclose(ax_mean.lines[1].get_ydata(), ds["slice_mean"].values[-1, :, 0],
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_slice_figures_need_positions():
+    ds = make_dataset(2)
+    for figure in (plots.slices_figure, plots.position_marginal_figure):
+        with pytest.raises(ValueError, match="no position dimension 's'"):
+            figure(ds)

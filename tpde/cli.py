@@ -133,6 +133,9 @@ def cmd_info(args) -> int:
     times = ds["time"].values
     print(f"{args.file}: {grid.ndim}-D grid {' x '.join(map(str, grid.shape))} on "
           f"{[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}")
+    if "s" in ds.dims:
+        print(f"  masked attention: {ds.sizes['s'] - 1} positions in (0, 1] plus the sink "
+              f"at s = 0 (mass {float(ds.attrs.get('sink_mass', float('nan'))):g})")
     print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
     print(f"  status: {ds.attrs.get('status')} at t = {ds.attrs.get('status_time')} "
           f"{ds.attrs.get('status_message', '')}")

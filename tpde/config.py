@@ -10,6 +10,8 @@ lower = [-6.0, -6.0]      # required
 upper = [6.0, 6.0]        # required
 cells = [128, 128]        # required
 boundary = "outflow"      # outflow | periodic | noflux, or one per axis
+# positions = 16          # masked attention only: position slices in (0, 1]
+# sink_mass = 0.1         # masked attention only: nu-mass of the attention sink at s = 0
 
 [initial]
 kind = "gaussian"         # gaussian | mixture | uniform | tokens | file
@@ -19,6 +21,8 @@ covariance = [[1.0, 0.3], [0.3, 0.5]]
 # uniform: center = [...], radius = r (ball)  or  lower = [...], upper = [...] (box)
 # tokens:  file = "tokens.npy", deposit = "cic" (or "ngp")
 # file:    file = "previous.nc", snapshot = -1 (a tpde output on the same grid)
+# masked attention: every position slice starts from this law (nu x mu_0), or, for a
+# gaussian, mean_drift = [...] moves the mean with the position: mean + s * mean_drift
 
 [attention]
 variant = "softmax"       # softmax | multihead | l2 | sinkhorn | sigmoid | linear
@@ -28,6 +32,7 @@ scale = 1.0               # multiplies A (l2: multiplies Q); the authors' code u
 epsilon = 1.0             # sinkhorn
 bias = 0.0                # sigmoid
 engine = "auto"           # auto | direct | separable (| fft for softmax with symmetric A)
+masked = false            # causal attention over position slices (not for sinkhorn)
 # [[attention.heads]]: A (or Q, K), V[, W] per head (multihead);
 # [[attention.layers]]: t_start plus the keys above (or heads) per layer.
 
@@ -56,7 +61,9 @@ from typing import Any
 import numpy as np
 
 from tpde.grid import (
+    SINK_MASS,
     Grid,
+    Positions,
     from_array,
     from_tokens,
     gaussian,
@@ -67,6 +74,8 @@ from tpde.grid import (
 from tpde.schemes import INTEGRATORS, RECONSTRUCTIONS
 from tpde.variants import (
     ATTENTION,
+    MASKABLE,
+    CausalAttention,
     Head,
     L2Head,
     Layers,
@@ -78,11 +87,11 @@ from tpde.variants.parameters import checked_matrix
 from .solver import Problem, Scheme
 
 SECTIONS = {
-    "grid": {"lower", "upper", "cells", "boundary"},
+    "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass"},
     "initial": {"kind", "mean", "covariance", "weights", "means", "covariances", "center",
-                "radius", "lower", "upper", "file", "deposit", "snapshot"},
+                "radius", "lower", "upper", "file", "deposit", "snapshot", "mean_drift"},
     "attention": {"variant", "A", "Q", "K", "V", "W", "scale", "epsilon", "bias", "engine",
-                  "heads", "layers", "tol", "max_iter", "nodes"},
+                  "heads", "layers", "tol", "max_iter", "nodes", "masked"},
     "scheme": {"reconstruction", "integrator", "cfl", "dt", "dt_max", "positivity",
                "face_quadrature", "face_velocity"},
     "run": {"t_end", "snapshots", "output", "max_outflow", "t_start"},
@@ -203,7 +212,56 @@ def _list(key: str, value: Any, d: int) -> list:
     return value
 
 
-def build_initial(table: dict, grid: Grid) -> np.ndarray:
+DEFAULT_POSITIONS = 16
+
+
+def build_positions(grid_table: dict, attention_table: dict) -> Positions | None:
+    """The position slices of masked attention (None for unmasked runs)."""
+    masked = attention_table.get("masked", False)
+    if not isinstance(masked, bool):
+        raise ConfigError(f"attention.masked: expected true or false, got {masked!r}")
+    if not masked:
+        for key in ("positions", "sink_mass"):
+            if key in grid_table:
+                raise ConfigError(f"grid.{key}: only for masked attention; set "
+                                  f"attention.masked = true or remove it")
+        return None
+    variant = attention_table.get("variant", "softmax")
+    if variant not in MASKABLE:
+        raise ConfigError(f"attention.masked: no causal form for {variant!r}; choose one of "
+                          f"{', '.join(MASKABLE)}")
+    slices = _number("grid.positions", grid_table.get("positions", DEFAULT_POSITIONS),
+                     positive=True, integer=True)
+    sink = _number("grid.sink_mass", grid_table.get("sink_mass", SINK_MASS), positive=True)
+    try:
+        return Positions(int(slices), float(sink))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def build_initial(table: dict, grid: Grid, positions: Positions | None = None) -> np.ndarray:
+    """The initial cell averages: grid.shape, or (positions.count, *grid.shape) for masked
+    runs (every slice the same law scaled by its nu-mass, or a drifting gaussian mean)."""
+    if "mean_drift" in table:
+        if positions is None or table.get("kind", "gaussian") != "gaussian":
+            raise ConfigError("initial.mean_drift: only for a gaussian with masked attention "
+                              "(attention.masked = true); remove it")
+        drift = _vector("initial.mean_drift", table["mean_drift"], grid.ndim)
+        base = {k: v for k, v in table.items() if k != "mean_drift"}
+        mean = _vector("initial.mean", table.get("mean", [0.0] * grid.ndim), grid.ndim)
+        try:
+            return positions.sliced(lambda s: _initial({**base, "mean": (mean + s * drift)
+                                                        .tolist()}, grid), grid)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (with initial.mean_drift, at every position up to "
+                              f"s = 1)") from None
+        except ValueError as exc:
+            raise ConfigError(f"initial: {exc}") from None
+    density = _initial(table, grid)
+    return density if positions is None else positions.product(density, grid)
+
+
+def _initial(table: dict, grid: Grid) -> np.ndarray:
     d = grid.ndim
     kind = _choice("initial.kind", table.get("kind", "gaussian"),
                    ("gaussian", "mixture", "uniform", "tokens", "file"))
@@ -430,8 +488,11 @@ def build(source: str | Path | Mapping) -> Config:
         if section not in raw:
             raise ConfigError(f"{section}: missing section [{section}]")
     grid = build_grid(raw["grid"])
-    density = build_initial(raw.get("initial", {}), grid)
+    positions = build_positions(raw["grid"], raw["attention"])
+    density = build_initial(raw.get("initial", {}), grid, positions)
     variant, _, velocity = build_attention(raw["attention"], grid.ndim)
+    if positions is not None:
+        velocity = CausalAttention(velocity)
     scheme = build_scheme(raw.get("scheme", {}))
     run = raw["run"]
     if "t_end" not in run:
@@ -453,7 +514,7 @@ def build(source: str | Path | Mapping) -> Config:
         raise ConfigError(f"run.output: expected a file name, got {output!r}")
     try:
         problem = Problem(grid, density, velocity, t_end, scheme=scheme, snapshots=snapshots,
-                          t_start=t_start, max_outflow=max_outflow)
+                          t_start=t_start, max_outflow=max_outflow, positions=positions)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return Config(problem, output, variant, dumps(raw), raw)

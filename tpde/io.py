@@ -10,6 +10,22 @@ File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
     attributes : Conventions, title, history, source, config, status, status_time,
                  status_message, grid_lower, grid_upper, grid_cells, grid_boundary
 
+Masked (causal) attention adds the position coordinate s (``positions=`` a
+:class:`tpde.grid.Positions` with ``S = positions.count = slices + 1``)::
+
+    dimensions : s (S)
+    coordinates: s(s) positions 0, 1/slices, .., 1 (slice 0 is the attention sink at s = 0;
+                 slice k stands for the positions in ((k-1)/slices, k/slices])
+    variables  : position_weight(s)  nu-mass of each slice (Positions.weights, sums to 1)
+                 density(time, s, x[, y[, z]])  slice k: cell averages of the joint density
+                 mass, mean, covariance      of the x-marginal (density summed over s)
+                 slice_mass(time, s), slice_mean(time, s, dim),
+                 slice_covariance(time, s, dim, dim2)  moments of each slice, normalised by
+                 its mass (NaN for a slice without mass)
+    attributes : positions (int, slices), sink_mass (float)
+
+Files without positions have none of these (:func:`positions_from_dataset` gives None).
+
 Durability. :class:`SnapshotWriter` keeps the file *closed* between snapshots: each
 :meth:`SnapshotWriter.write` opens it in append mode, writes one record and closes it (a few
 milliseconds). An HDF5 file that is open for writing can be left unreadable by a kill, a closed
@@ -40,7 +56,7 @@ import numpy as np
 import xarray as xr
 
 import tpde
-from tpde.grid import Grid, moments
+from tpde.grid import Grid, Positions, moments
 
 try:
     import fcntl
@@ -52,6 +68,7 @@ __all__ = [
     "SnapshotLike",
     "SnapshotWriter",
     "grid_from_dataset",
+    "positions_from_dataset",
     "read",
     "resume_state",
 ]
@@ -60,6 +77,10 @@ CONVENTIONS = "CF-1.10"
 AXES = ("x", "y", "z")
 LOCK_TIMEOUT = 60.0
 _TIME_CHUNK = 256
+_RECORD_CHUNK_VALUES = 8192  # at most this many values (64 KiB) per chunk of a moment record
+S_COMMENT = ("slice 0 is the attention sink at s = 0; slice k stands for positions in "
+             "((k-1)/N, k/N]")
+MARGINAL_COMMENT = "of the x-marginal (density summed over s)"
 
 _LONG_NAMES = {
     "density": "token density (cell averages)",
@@ -69,6 +90,9 @@ _LONG_NAMES = {
     "outflow": "cumulative mass that left the box",
     "max_speed": "largest face velocity of the last step",
     "dt": "last time step",
+    "slice_mass": "mass of each position slice",
+    "slice_mean": "mean of each position slice (normalised by its mass)",
+    "slice_covariance": "covariance of each position slice (normalised by its mass)",
 }
 
 
@@ -177,14 +201,42 @@ def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
         bounds[:] = np.stack([edges[:-1], edges[1:]], axis=1)
 
 
+def _define_positions(nc: netCDF4.Dataset, positions: Positions) -> None:
+    """The ``s`` dimension, its coordinate ``s(s)`` and ``position_weight(s)``."""
+    nc.createDimension("s", positions.count)
+    coord = nc.createVariable("s", "f8", ("s",))
+    coord.setncatts({"units": "1", "long_name": "token position", "comment": S_COMMENT})
+    coord[:] = positions.s
+    weight = nc.createVariable("position_weight", "f8", ("s",))
+    weight.setncatts({"units": "1", "long_name": "position marginal nu (mass per slice)"})
+    weight[:] = positions.weights
+
+
 def _record_variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...],
-                     chunks: tuple[int, ...], **compression: Any) -> None:
+                     chunks: tuple[int, ...], comment: str = "", **compression: Any) -> None:
     var = nc.createVariable(name, "f8", ("time", *dims), fill_value=np.nan,
                             chunksizes=chunks, **compression)
     var.setncatts({"long_name": _LONG_NAMES[name], "units": "1"})
+    if comment:
+        var.setncattr("comment", comment)
 
 
-def _define_records(nc: netCDF4.Dataset, grid: Grid) -> None:
+def _moment_chunks(inner: tuple[int, ...]) -> tuple[int, ...]:
+    """Chunk sizes of a moment record ``(time, *inner)``: up to _TIME_CHUNK records, and
+    at most _RECORD_CHUNK_VALUES values per chunk (many slices would make it huge)."""
+    per_record = int(np.prod(inner, dtype=np.int64))
+    return (max(1, min(_TIME_CHUNK, _RECORD_CHUNK_VALUES // per_record)), *inner)
+
+
+def _define_slice_records(nc: netCDF4.Dataset, d: int, count: int) -> None:
+    """slice_mass(time, s), slice_mean(time, s, dim), slice_covariance(time, s, dim, dim2)."""
+    _record_variable(nc, "slice_mass", ("s",), _moment_chunks((count,)))
+    _record_variable(nc, "slice_mean", ("s", "dim"), _moment_chunks((count, d)))
+    _record_variable(nc, "slice_covariance", ("s", "dim", "dim2"),
+                     _moment_chunks((count, d, d)))
+
+
+def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None) -> None:
     """The unlimited ``time`` axis and every per-snapshot variable."""
     d = grid.ndim
     nc.createDimension("time", None)
@@ -193,18 +245,24 @@ def _define_records(nc: netCDF4.Dataset, grid: Grid) -> None:
     time = nc.createVariable("time", "f8", ("time",), fill_value=np.nan,
                              chunksizes=(_TIME_CHUNK,))
     time.setncatts({"units": "1", "long_name": "time (depth through the network)"})
-    _record_variable(nc, "density", grid.axis_names, (1, *grid.shape),
+    lead = () if positions is None else ("s",)
+    shape = grid.shape if positions is None else positions.shape(grid)
+    _record_variable(nc, "density", (*lead, *grid.axis_names), (1, *shape),
                      compression="zlib", complevel=4, shuffle=True)
-    _record_variable(nc, "mass", (), (_TIME_CHUNK,))
-    _record_variable(nc, "mean", ("dim",), (_TIME_CHUNK, d))
-    _record_variable(nc, "covariance", ("dim", "dim2"), (_TIME_CHUNK, d, d))
+    marginal = "" if positions is None else MARGINAL_COMMENT
+    _record_variable(nc, "mass", (), (_TIME_CHUNK,), marginal)
+    _record_variable(nc, "mean", ("dim",), (_TIME_CHUNK, d), marginal)
+    _record_variable(nc, "covariance", ("dim", "dim2"), (_TIME_CHUNK, d, d), marginal)
     for name in ("outflow", "max_speed", "dt"):
         _record_variable(nc, name, (), (_TIME_CHUNK,))
+    if positions is not None:
+        _define_slice_records(nc, d, positions.count)
 
 
-def _global_attributes(grid: Grid, config_text: str, title: str, history: str) -> dict:
+def _global_attributes(grid: Grid, config_text: str, title: str, history: str,
+                       positions: Positions | None = None) -> dict:
     created = f"{_now()}: created by {_source()}" + (f": {history}" if history else "")
-    return {
+    attributes = {
         "Conventions": CONVENTIONS, "title": title, "history": created, "source": _source(),
         "config": config_text, "status": "running", "status_time": math.nan,
         "status_message": "",
@@ -213,14 +271,20 @@ def _global_attributes(grid: Grid, config_text: str, title: str, history: str) -
         "grid_cells": np.asarray(grid.cells, dtype=np.int64),
         "grid_boundary": ",".join(grid.boundary),
     }
+    if positions is not None:
+        attributes["positions"] = np.int64(positions.slices)
+        attributes["sink_mass"] = np.float64(positions.sink_mass)
+    return attributes
 
 
-def _create(path: str, grid: Grid, attributes: dict) -> None:
+def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None = None) -> None:
     """Write an empty file with every dimension, variable and attribute."""
     with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
         nc.setncatts(attributes)
         _define_axes(nc, grid)
-        _define_records(nc, grid)
+        if positions is not None:
+            _define_positions(nc, positions)
+        _define_records(nc, grid, positions)
 
 
 # ---- reading helpers ------------------------------------------------------------------------
@@ -236,6 +300,36 @@ def _grid_from_attributes(attrs: dict, where: str) -> Grid:
     cells = np.atleast_1d(np.asarray(attrs["grid_cells"])).astype(int)
     boundary = [b.strip() for b in str(attrs["grid_boundary"]).split(",")]
     return Grid(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
+
+
+def _positions_from_attributes(attrs: dict, where: str) -> Positions | None:
+    """The Positions of the ``positions`` / ``sink_mass`` global attributes, else None."""
+    if "positions" not in attrs:
+        return None
+    if "sink_mass" not in attrs:
+        raise ValueError(f"run.output: {where} has a positions attribute but no sink_mass")
+    slices = np.asarray(attrs["positions"]).reshape(-1)
+    sink = np.asarray(attrs["sink_mass"]).reshape(-1)
+    if slices.size != 1 or sink.size != 1 or int(slices[0]) != slices[0]:
+        raise ValueError(f"run.output: {where} has positions = {attrs['positions']!r}, "
+                         f"sink_mass = {attrs['sink_mass']!r}; expected an integer and a number")
+    return Positions(int(slices[0]), float(sink[0]))
+
+
+def _slice_moments(density: np.ndarray, grid: Grid,
+                   positions: Positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Moments of each slice of ``density`` (S, *grid.shape), S = positions.count: mass (S,)
+    (:meth:`Positions.marginal`), mean (S, d) and covariance (S, d, d) normalised by the
+    slice mass (:func:`tpde.grid.moments`); NaN mean and covariance where the mass is not > 0.
+    """
+    d, count = grid.ndim, positions.count
+    mass = positions.marginal(density, grid)
+    mean = np.full((count, d), np.nan)
+    cov = np.full((count, d, d), np.nan)
+    for k in range(count):
+        if mass[k] > 0:
+            _, mean[k], cov[k] = moments(density[k], grid)
+    return mass, mean, cov
 
 
 def _complete_records(time: np.ndarray) -> int:
@@ -261,13 +355,16 @@ class SnapshotWriter:
     Parameters
     ----------
     path : str or os.PathLike. The output file (``run.output``).
-    grid : Grid. Every density written must have shape ``grid.shape``.
+    grid : Grid. Every density written must have shape ``grid.shape`` (without positions).
     config_text : the resolved configuration (TOML text), stored in the ``config`` attribute.
     title : the ``title`` attribute.
     overwrite : replace an existing file. The new file is created under a temporary name in
         the same directory and moved over the old one only once it is complete.
     history : the command line, recorded in ``history`` with the creation time.
     lock_timeout : seconds to wait while another process holds the file open.
+    positions : :class:`tpde.grid.Positions` of masked (causal) attention, or None. Densities
+        then have shape ``positions.shape(grid) = (S, *grid.shape)`` and the file gets the
+        ``s`` dimension and the slice records (module docstring).
 
     Raises ValueError (one line, starting ``run.output``) when the file exists and
     ``overwrite`` is false, or when the directory is missing or not writable; nothing is
@@ -282,26 +379,30 @@ class SnapshotWriter:
 
     def __init__(self, path: str | os.PathLike, grid: Grid, config_text: str = "",
                  title: str = "tpde run", overwrite: bool = False, history: str = "",
-                 lock_timeout: float = LOCK_TIMEOUT):
+                 lock_timeout: float = LOCK_TIMEOUT, positions: Positions | None = None):
         path = os.fspath(path)
         if not isinstance(grid, Grid):
             raise ValueError(f"run.output: expected a tpde.grid.Grid, got {type(grid).__name__}")
+        if positions is not None and not isinstance(positions, Positions):
+            raise ValueError(f"run.output: expected tpde.grid.Positions or None for "
+                             f"positions, got {type(positions).__name__}")
         _check_target(path, overwrite)
         temporary = _temporary_name(path)
         try:
             _create(temporary, grid, _global_attributes(grid, str(config_text), str(title),
-                                                        str(history)))
+                                                        str(history), positions), positions)
             os.replace(temporary, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
             raise ValueError(f"run.output: cannot write {path}: {exc}") from None
-        self._setup(path, grid, 0, None, lock_timeout)
+        self._setup(path, grid, 0, None, lock_timeout, positions)
 
     def _setup(self, path: str, grid: Grid, count: int, last_time: float | None,
-               lock_timeout: float) -> None:
+               lock_timeout: float, positions: Positions | None = None) -> None:
         self.path = path
         self.grid = grid
+        self.positions = positions
         self.lock_timeout = float(lock_timeout)
         self._count = count
         self._last_time = last_time
@@ -314,7 +415,8 @@ class SnapshotWriter:
 
         Existing records are kept as they are; a trailing incomplete record (a kill inside a
         write) is overwritten by the next :meth:`write`. The status becomes ``running`` and
-        ``history`` gets a ``resumed`` line.
+        ``history`` gets a ``resumed`` line. The grid and the positions (None for a file
+        without them) are those of the file.
         """
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -323,6 +425,7 @@ class SnapshotWriter:
         with _opened(path, "a", lock_timeout) as nc:
             attrs = _file_attributes(nc)
             grid = _grid_from_attributes(attrs, path)
+            positions = _positions_from_attributes(attrs, path)
             count = _complete_in_file(nc)
             last = float(nc["time"][count - 1]) if count else None
             nc.setncatts({
@@ -331,8 +434,13 @@ class SnapshotWriter:
                 "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
             })
         writer = cls.__new__(cls)
-        writer._setup(path, grid, count, last, lock_timeout)
+        writer._setup(path, grid, count, last, lock_timeout, positions)
         return writer
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of a density: ``grid.shape``, or ``(positions.count, *grid.shape)``."""
+        return self.grid.shape if self.positions is None else self.positions.shape(self.grid)
 
     @property
     def snapshots(self) -> int:
@@ -349,9 +457,10 @@ class SnapshotWriter:
             raise RuntimeError(f"run.output: {self.path} was closed; use "
                                "SnapshotWriter.resume to append again")
         density = np.asarray(snapshot.density, dtype=np.float64)
-        if density.shape != self.grid.shape:
+        if density.shape != self.shape:
+            what = "" if self.positions is None else " (position slices, *grid.shape)"
             raise ValueError(f"run.output: snapshot density has shape {density.shape}, "
-                             f"expected {self.grid.shape}")
+                             f"expected {self.shape}{what}")
         t = float(snapshot.time)
         if not math.isfinite(t):
             raise ValueError(f"run.output: snapshot time must be finite, got {t}")
@@ -361,22 +470,27 @@ class SnapshotWriter:
         return t, density
 
     def write(self, snapshot: SnapshotLike) -> bool:
-        """Append one snapshot (density of shape ``grid.shape``) and close the file again.
+        """Append one snapshot (density of shape :attr:`shape`) and close the file again.
 
-        mass, mean (d,) and covariance (d, d) are computed with :func:`tpde.grid.moments`.
-        A snapshot at exactly the time of the last record (the start of a resumed run) is
-        skipped; returns whether a record was written.
+        mass, mean (d,) and covariance (d, d) are computed with :func:`tpde.grid.moments`
+        (with positions: of the x-marginal ``density.sum(axis=0)``, and slice_mass (S,),
+        slice_mean (S, d), slice_covariance (S, d, d) of each slice). A snapshot at exactly
+        the time of the last record (the start of a resumed run) is skipped; returns whether
+        a record was written.
         """
         t, density = self._check_snapshot(snapshot)
         if self._last_time is not None and t == self._last_time:
             return False
-        mass, mean, cov = moments(density, self.grid)
+        sliced = self.positions is not None
+        mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
         i = self._count
         with _opened(self.path, "a", self.lock_timeout) as nc:
             nc["density"][i, ...] = density
             nc["mass"][i] = mass
             nc["mean"][i, :] = mean
             nc["covariance"][i, :, :] = cov
+            if sliced:
+                self._write_slices(nc, i, density)
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
@@ -386,6 +500,13 @@ class SnapshotWriter:
         return True
 
     __call__ = write
+
+    def _write_slices(self, nc: netCDF4.Dataset, i: int, density: np.ndarray) -> None:
+        """Record i of slice_mass (S,), slice_mean (S, d), slice_covariance (S, d, d)."""
+        mass, mean, cov = _slice_moments(density, self.grid, self.positions)
+        nc["slice_mass"][i, :] = mass
+        nc["slice_mean"][i, :, :] = mean
+        nc["slice_covariance"][i, :, :, :] = cov
 
     def close(self, status: str = "completed", status_time: float = math.nan,
               status_message: str = "") -> None:
@@ -414,7 +535,9 @@ class SnapshotWriter:
             self.close("failed", math.nan, f"{exc_type.__name__}: {exc}".splitlines()[0])
 
     def __repr__(self) -> str:
-        return f"SnapshotWriter({self.path!r}, {self.grid!r}, snapshots={self._count})"
+        extra = "" if self.positions is None else f", positions={self.positions!r}"
+        return (f"SnapshotWriter({self.path!r}, {self.grid!r}, snapshots={self._count}"
+                f"{extra})")
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -429,7 +552,10 @@ def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
     Returns an ``xarray.Dataset`` with ``density (time, x[, y[, z]])``, ``mass (time)``,
     ``mean (time, dim)``, ``covariance (time, dim, dim2)``, ``outflow``, ``max_speed``,
     ``dt (time)``, coordinates ``time``, ``x``.. and bounds ``x_bounds (x, nv)``..; a trailing
-    incomplete record is dropped.
+    incomplete record is dropped. A run with positions has ``density (time, s, x[, y[, z]])``,
+    the coordinate ``s (s)``, ``position_weight (s)``, ``slice_mass (time, s)``,
+    ``slice_mean (time, s, dim)`` and ``slice_covariance (time, s, dim, dim2)`` as well
+    (:func:`positions_from_dataset` rebuilds its Positions).
     """
     path = os.fspath(path)
     ds = _retry_open(path, lambda: _load(path), False, lock_timeout)
@@ -444,11 +570,18 @@ def grid_from_dataset(ds: xr.Dataset) -> Grid:
     return _grid_from_attributes(dict(ds.attrs), "dataset")
 
 
+def positions_from_dataset(ds: xr.Dataset) -> Positions | None:
+    """The :class:`Positions` of a run (from the ``positions`` and ``sink_mass`` global
+    attributes), or None for a run without position slices."""
+    return _positions_from_attributes(dict(ds.attrs), "dataset")
+
+
 def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
     """What a solver needs to continue an interrupted run, read without loading every record.
 
-    Returns a dict: ``grid`` (Grid), ``time`` (float, last snapshot), ``density`` (last
-    density, ``grid.shape``), ``outflow`` (float, cumulative), ``mass`` (float),
+    Returns a dict: ``grid`` (Grid), ``positions`` (Positions, or None without position
+    slices), ``time`` (float, last snapshot), ``density`` (last density, ``grid.shape`` or
+    ``positions.shape(grid)``), ``outflow`` (float, cumulative), ``mass`` (float),
     ``snapshots`` (int, complete records), ``times`` (all snapshot times, (snapshots,)),
     ``config`` (str), ``status`` and ``status_message`` (str).
     """
@@ -459,6 +592,7 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
         nc.set_auto_mask(False)
         attrs = _file_attributes(nc)
         grid = _grid_from_attributes(attrs, path)
+        positions = _positions_from_attributes(attrs, path)
         n = _complete_in_file(nc)
         if n == 0:
             raise ValueError(f"run.output: {path} holds no complete snapshot; start a new "
@@ -466,6 +600,7 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
         last = n - 1
         return {
             "grid": grid,
+            "positions": positions,
             "time": float(nc["time"][last]),
             "density": np.array(nc["density"][last, ...], dtype=np.float64),
             "outflow": float(nc["outflow"][last]),

@@ -3,9 +3,15 @@
 Every function takes the Dataset that a run returns or writes (or the path of a NetCDF file
 holding one) and draws from its variables only: ``density(time, x[, y[, z]])`` with the cell
 edges from the bounds variables ``x_bounds(x, nv)`` ..., ``mass``, ``mean``, ``covariance``
-and ``outflow``. Figures are plain :class:`matplotlib.figure.Figure` objects on their own Agg
-canvas: nothing here selects a global backend, touches ``pyplot`` or needs a display, so the
-module is safe to call from a terminal, a notebook or a dask worker alike.
+and ``outflow``. A run of masked (causal) attention has ``density(time, s, x[, y[, z]])``
+with a position coordinate ``s``; every figure above then draws the x-marginal (the density
+summed over s; ``mass``, ``mean`` and ``covariance`` are already those of the x-marginal),
+and :func:`slices_figure` and :func:`position_marginal_figure` draw the slices themselves
+(from ``slice_mass``, ``slice_mean`` when present, else from the density).
+
+Figures are plain :class:`matplotlib.figure.Figure` objects on their own Agg canvas: nothing
+here selects a global backend, touches ``pyplot`` or needs a display, so the module is safe to
+call from a terminal, a notebook or a dask worker alike.
 
 Optional ``reference`` moments (for instance the Gaussian mean/covariance ODE solution) are a
 mapping with arrays ``time`` (m,), ``mean`` (m, d) and ``covariance`` (m, d, d); they are
@@ -38,7 +44,9 @@ __all__ = [
     "mass_figure",
     "moments_figure",
     "plot_all",
+    "position_marginal_figure",
     "projection_figure",
+    "slices_figure",
 ]
 
 AXES = ("x", "y", "z")
@@ -49,6 +57,7 @@ DPI = 110
 SIGMAS = (1.0, 2.0)
 # The three slice / projection planes of a 3-D density: (horizontal axis, vertical axis).
 PLANES = ((0, 1), (0, 2), (1, 2))
+POSITION = "s"  # the position dimension of masked (causal) attention
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -77,11 +86,16 @@ def _spatial_dims(ds: xr.Dataset) -> tuple[str, ...]:
                          "is it a tpde output?")
     dims = ds["density"].dims
     spatial = tuple(a for a in AXES if a in dims)
-    other = [dim for dim in dims if dim != "time" and dim not in AXES]
+    other = [dim for dim in dims if dim not in ("time", POSITION) and dim not in AXES]
     if "time" not in dims or other or spatial != AXES[: len(spatial)] or not spatial:
         raise ValueError(f"plot: {_source(ds)} has density with dims {dims}; expected "
-                         "(time, x), (time, x, y) or (time, x, y, z)")
+                         "(time, x), (time, x, y) or (time, x, y, z), optionally with s")
     return spatial
+
+
+def _sliced(ds: xr.Dataset) -> bool:
+    """Whether ``ds.density`` has the position dimension ``s`` (masked attention)."""
+    return POSITION in ds["density"].dims
 
 
 def _edges(ds: xr.Dataset, name: str) -> np.ndarray:
@@ -112,8 +126,54 @@ def _times(ds: xr.Dataset) -> np.ndarray:
 
 
 def _snapshot(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray:
-    """One density snapshot as a float array indexed ``[x, y, z]`` (only it is loaded)."""
-    return np.asarray(ds["density"].isel(time=index).transpose(*spatial).values, dtype=float)
+    """One density snapshot as a float array indexed ``[x, y, z]`` (only it is loaded); with
+    positions the x-marginal, the sum over s (NaN where any slice is NaN)."""
+    rho = ds["density"].isel(time=index)
+    if POSITION in rho.dims:
+        rho = rho.sum(POSITION, skipna=False)
+    return np.asarray(rho.transpose(*spatial).values, dtype=float)
+
+
+def _slices(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray:
+    """The slices of one snapshot, float array (S, *cells) indexed ``[k, x, y, z]``."""
+    rho = ds["density"].isel(time=index).transpose(POSITION, *spatial)
+    return np.asarray(rho.values, dtype=float)
+
+
+def _positions(ds: xr.Dataset) -> np.ndarray:
+    """The positions s (S,): the ``s`` coordinate, else evenly spaced in [0, 1]."""
+    if POSITION in ds.coords:
+        return np.asarray(ds[POSITION].values, dtype=float)
+    count = ds.sizes[POSITION]
+    return np.arange(count) / max(count - 1, 1)
+
+
+def _cell_volume(ds: xr.Dataset, spatial: tuple[str, ...]) -> np.ndarray:
+    """Cell volumes, broadcastable to a snapshot indexed ``[x, y, z]``."""
+    widths = np.diff(_edges(ds, spatial[0]))
+    for name in spatial[1:]:
+        widths = np.multiply.outer(widths, np.diff(_edges(ds, name)))
+    return widths
+
+
+def _slice_stats(ds: xr.Dataset, spatial: tuple[str, ...],
+                 index: int) -> tuple[np.ndarray, np.ndarray]:
+    """slice_mass (S,) and slice_mean (S, d) of snapshot ``index``: the stored records,
+    else computed from the density (mean of the cell centres, weighted by cell mass)."""
+    d = len(spatial)
+    if "slice_mass" in ds and "slice_mean" in ds:
+        mass = np.asarray(ds["slice_mass"].isel(time=index).values, dtype=float)
+        mean = ds["slice_mean"].isel(time=index).transpose(POSITION, ...)
+        return mass, np.asarray(mean.values, dtype=float).reshape(mass.size, d)
+    cells = _slices(ds, spatial, index) * _cell_volume(ds, spatial)
+    count = cells.shape[0]
+    mass = cells.reshape(count, -1).sum(axis=1)
+    mesh = np.meshgrid(*[_centres(ds, a) for a in spatial], indexing="ij")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.stack([(cells * x).reshape(count, -1).sum(axis=1) / mass for x in mesh],
+                        axis=1)
+    mean[~(mass > 0)] = np.nan
+    return mass, mean
 
 
 def _pick(times: np.ndarray, wanted: Sequence[float] | None) -> list[int]:
@@ -496,6 +556,108 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     return fig
 
 
+def _require_slices(ds: xr.Dataset) -> None:
+    if not _sliced(ds):
+        raise ValueError(f"plot: {_source(ds)} has no position dimension 's'; position "
+                         "figures need a masked-attention run")
+
+
+def _slice_picks(count: int) -> list[int]:
+    """The sink (0), the middle (count // 2) and the last slice, without repeats."""
+    return sorted({0, count // 2, count - 1})
+
+
+def _draw_slice(fig: Figure, ax: Axes, ds: xr.Dataset, spatial: tuple[str, ...],
+                values: np.ndarray) -> None:
+    """One slice on its own scale: 1-D a line of ``values`` (nx,); 2-D an image of ``values``
+    (nx, ny); 3-D an image of its x-y plane through the middle z cell (``values`` (nx, ny,
+    nz)), with a colour bar."""
+    edges = [_edges(ds, a) for a in spatial]
+    if len(spatial) == 1:
+        ax.plot(_centres(ds, "x"), values, color="C0", lw=1.4)
+        ax.set_xlim(edges[0][0], edges[0][-1])
+        ax.set_ylim(bottom=0.0)
+        ax.set_xlabel(_label(ds, "x"))
+        ax.set_ylabel("density")
+        ax.grid(True, alpha=0.3)
+        return
+    if len(spatial) == 3:
+        values = values[:, :, values.shape[2] // 2]
+    mesh = _image(ax, edges[0], edges[1], values, _vmax([values]), _label(ds, "x"),
+                  _label(ds, "y"))
+    fig.colorbar(mesh, ax=ax, label="density", shrink=0.8)
+
+
+def slices_figure(ds: xr.Dataset | str | os.PathLike[str],
+                  time: float | None = None) -> Figure:
+    """Three position slices of the density side by side (masked-attention runs).
+
+    The sink (s = 0), the middle slice and the last slice (s = 1) at the last snapshot, or
+    the one nearest to ``time``; each panel is titled with s and the slice mass and has its
+    own scale (the slices carry different masses). 1-D: a line each; 2-D: an image each;
+    3-D: the x-y plane through the middle z cell of each. ValueError without an ``s``
+    dimension.
+    """
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    _require_slices(ds)
+    all_times = _times(ds)
+    i = _pick(all_times, None if time is None else [time])[-1]
+    rho = _slices(ds, spatial, i)
+    s = _positions(ds)
+    mass, _ = _slice_stats(ds, spatial, i)
+    picks = _slice_picks(rho.shape[0])
+    d = len(spatial)
+    fig = _figure(3.8 * len(picks) + 0.6, 3.6 if d == 1 else 3.9)
+    axes = fig.subplots(1, len(picks), squeeze=False)[0]
+    for ax, k in zip(axes, picks, strict=True):
+        _draw_slice(fig, ax, ds, spatial, rho[k])
+        sink = " (sink)" if k == 0 else ""
+        ax.set_title(f"s = {s[k]:.3g}{sink}, mass {mass[k]:.4g}", fontsize="medium")
+    where = f"t = {all_times[i]:.4g}"
+    if d == 3:
+        z = _centres(ds, "z")
+        where += f", z = {z[z.size // 2]:.3g}"
+    _suptitle(fig, ds, f"position slices at {where}")
+    return fig
+
+
+def position_marginal_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
+    """The position marginal and the slice means against s, at the first and last time.
+
+    Left: ``slice_mass`` against s (the marginal nu is invariant, so the two times
+    coincide up to outflow). Right: the components of ``slice_mean`` against s. The first
+    time is dashed with open markers, the last solid. ValueError without an ``s`` dimension.
+    """
+    ds = _as_dataset(ds)
+    spatial = _spatial_dims(ds)
+    _require_slices(ds)
+    t = _times(ds)
+    _pick(t, None)  # ValueError without snapshots
+    s = _positions(ds)
+    fig = _figure(11.0, 4.2)
+    ax_mass, ax_mean = fig.subplots(1, 2)
+    styles = ({"ls": "--", "marker": "o", "mfc": "none", "lw": 1.0},
+              {"ls": "-", "marker": ".", "lw": 1.4})
+    for index, style in zip((0, t.size - 1), styles, strict=True):
+        mass, mean = _slice_stats(ds, spatial, index)
+        when = f"t = {t[index]:.4g}"
+        ax_mass.plot(s, mass, color="k", label=when, **style)
+        for a, name in enumerate(spatial):
+            ax_mean.plot(s, mean[:, a], color=f"C{a}", label=f"mean {name}, {when}", **style)
+    ax_mass.set_ylim(bottom=0.0)
+    ax_mass.set_ylabel("slice mass")
+    ax_mass.set_title("position marginal nu")
+    ax_mean.set_ylabel("slice mean")
+    ax_mean.set_title("mean of each slice")
+    for ax in (ax_mass, ax_mean):
+        ax.set_xlabel("s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    _suptitle(fig, ds, "positions")
+    return fig
+
+
 def _label(ds: xr.Dataset, name: str) -> str:
     units = ds[name].attrs.get("units", "") if name in ds.coords else ""
     return f"{name} [{units}]" if units and units != "1" else name
@@ -583,9 +745,11 @@ def plot_all(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.PathLike[
     """Write the standard figures of a run into ``outdir`` (created if needed).
 
     Files: ``density.png``, ``moments.png``, ``mass.png``, in 3-D also ``projections.png``
-    (at the last snapshot), and with ``animate_density`` the animation ``density.mp4`` or
-    ``density.gif`` (see :func:`animate`). ``ds`` may be a path of a NetCDF file, which is
-    opened lazily and closed at the end.
+    (at the last snapshot), with position slices (a ``density`` with dimension ``s``) also
+    ``slices.png`` (:func:`slices_figure`) and ``position_marginal.png``
+    (:func:`position_marginal_figure`), and with ``animate_density`` the animation
+    ``density.mp4`` or ``density.gif`` (see :func:`animate`). ``ds`` may be a path of a
+    NetCDF file, which is opened lazily and closed at the end.
 
     Returns
     -------
@@ -603,6 +767,9 @@ def plot_all(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.PathLike[
                 ("mass.png", lambda: mass_figure(ds))]
         if len(spatial) == 3:
             jobs.append(("projections.png", lambda: projection_figure(ds, reference=reference)))
+        if _sliced(ds):
+            jobs += [("slices.png", lambda: slices_figure(ds)),
+                     ("position_marginal.png", lambda: position_marginal_figure(ds))]
         written = []
         for name, make in jobs:
             fig = make()

@@ -9,7 +9,8 @@ attributes):
   time when the covariance blows up.
 * ``particle_reference(config, n, seed)``: n i.i.d. tokens sampled from the initial density,
   moved by the token system (MATH.md 1.2, SSP-RK3 with the run's snapshot times), stored as
-  ``tokens(time, token, dim)``.
+  ``tokens(time, token, dim)``. Masked runs: n // (positions + 1) tokens per position
+  slice (``token_position(token)``, ``token_weight(token)``), moved by the masked system.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def gaussian_reference(config: Config) -> xr.Dataset:
     if initial.get("kind", "gaussian") != "gaussian":
         raise ConfigError("initial.kind: tpde gaussian needs Gaussian initial data "
                           "(kind = 'gaussian')")
+    if "mean_drift" in initial:
+        raise ConfigError("initial.mean_drift: position-dependent data have no Gaussian "
+                          "closure; tpde gaussian needs the same Gaussian at every position "
+                          "(then every slice follows the ODEs, MATH.md VC12)")
     if config.variant not in VARIANTS:
         raise ConfigError(f"attention.variant: {config.variant!r} has no Gaussian closure; "
                           f"tpde gaussian supports {', '.join(VARIANTS)}")
@@ -69,20 +74,36 @@ def gaussian_reference(config: Config) -> xr.Dataset:
 def particle_reference(config: Config, n: int, seed: int = 0, dt: float | None = None
                        ) -> xr.Dataset:
     """n tokens sampled from the initial density, moved by the token system."""
-    from tpde.validation.particles import TokenSystem, sample_tokens, simulate
+    from tpde.validation.particles import (
+        TokenSystem,
+        sample_sliced_tokens,
+        sample_tokens,
+        simulate,
+    )
 
     if n < 1:
         raise ConfigError(f"--tokens: expected an integer >= 1, got {n}")
     problem = config.problem
-    tokens = sample_tokens(problem.density, problem.grid, n, seed)
+    positions, token_s, weights = problem.positions, None, None
+    if positions is None:
+        tokens = sample_tokens(problem.density, problem.grid, n, seed)
+    else:
+        if n < positions.count:
+            raise ConfigError(f"--tokens: a masked run needs at least one token per position "
+                              f"slice ({positions.count}), got {n}")
+        tokens, token_s, weights = sample_sliced_tokens(problem.density, problem.grid,
+                                                        positions, n // positions.count, seed)
     step = dt or float(np.min(np.diff(problem.times))) / 10
-    solution = simulate(TokenSystem(config.variant, problem.velocity.spec), tokens,
-                        problem.t_end, step, times=list(problem.times), method="ssprk3",
-                        t_start=problem.t_start)
+    solution = simulate(TokenSystem(config.variant, problem.velocity.spec, positions=token_s),
+                        tokens, problem.t_end, step, weights=weights,
+                        times=list(problem.times), method="ssprk3", t_start=problem.t_start)
     means, covs = solution.moments()
     ds = _moments_dataset(solution.times, means, covs, config, f"tpde token system, n = {n}")
     ds["tokens"] = (("time", "token", "dim"), solution.tokens,
                     {"long_name": "token positions"})
+    if token_s is not None:
+        ds["token_position"] = (("token",), token_s, {"long_name": "token position s"})
+        ds["token_weight"] = (("token",), solution.weights, {"long_name": "token weight"})
     ds.attrs.update(status="completed", status_time=float(solution.times[-1]),
                     status_message="", seed=seed, dt=step)
     return ds

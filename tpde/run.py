@@ -82,7 +82,8 @@ def run_config(config: Config, output: str | Path, overwrite: bool = False,
         skip_first = True
     else:
         writer = _writer(lambda: io.SnapshotWriter(output, problem.grid, config_text=config.text,
-                                                   overwrite=overwrite, history=history))
+                                                   overwrite=overwrite, history=history,
+                                                   positions=problem.positions))
     progress = Progress(problem.t_end, quiet=quiet)
 
     def on_snapshot(snap: Snapshot) -> None:

@@ -13,6 +13,8 @@ and the tests call the same functions. The studies drive the solver loop, so the
 * :func:`mean_field` -- the distance between tokens and the grid solution as n grows, with a
   least-squares slope in log-log (MATH.md 2, item 5: W1 ~ n^{-1/2} in 1-D, n^{-1/2} log n
   in 2-D for i.i.d. tokens, carried forward by the stability estimate).
+* :func:`masked_grid_vs_tokens` -- masked attention: tokens sampled per position slice, the
+  masked token system against the masked grid run in the conditional distance W_{p,nu}.
 """
 
 from __future__ import annotations
@@ -22,22 +24,28 @@ from typing import Any
 
 import numpy as np
 
-from tpde.grid import Grid, from_tokens, gaussian, moments
+from tpde.grid import Grid, Positions, from_tokens, gaussian, moments
 from tpde.validation.gaussian import solve
-from tpde.validation.metrics import wasserstein, wasserstein_1d_tokens
+from tpde.validation.metrics import (
+    conditional_wasserstein_tokens,
+    wasserstein,
+    wasserstein_1d_tokens,
+)
 from tpde.validation.particles import (
     TokenSystem,
     gauss_hermite_tokens,
+    sample_sliced_tokens,
     sample_tokens,
     simulate,
     token_moments,
 )
-from tpde.variants import ATTENTION
+from tpde.variants import ATTENTION, CausalAttention
 
 from .solver import Problem, Scheme, Solver
 
 __all__ = ["Refinement", "fitted_box", "gaussian_refinement", "grid_run", "grid_vs_tokens",
-           "mean_field", "observed_orders", "relative_errors", "tokens_vs_ode"]
+           "masked_grid_vs_tokens", "mean_field", "observed_orders", "relative_errors",
+           "tokens_vs_ode"]
 
 
 def relative_errors(mean: np.ndarray, cov: np.ndarray, reference) -> tuple[float, float]:
@@ -177,3 +185,31 @@ def mean_field(variant: str, params: Any, grid: Grid, density: np.ndarray, ns: l
         distances.append(float(np.mean(samples)))
     slope = float(np.polyfit(np.log(ns), np.log(distances), 1)[0])
     return {"n": list(ns), "distances": distances, "slope": slope}
+
+
+def masked_grid_vs_tokens(variant: str, params: Any, grid: Grid, positions: Positions,
+                          density: np.ndarray, per_slice: int, t_end: float, dt: float,
+                          seed: int = 0, p: int = 2) -> dict:
+    """Masked attention, tokens against the grid (issue 6): ``per_slice`` tokens sampled
+    from each position slice of ``density`` (shape (positions.count, *grid.shape)), moved by
+    the masked token system (SSP-RK3, fixed dt) and compared with the masked grid run in the
+    conditional distance W_{p,nu}, at t = 0 (the sampling distance) and at t_end."""
+    tokens, token_s, weights = sample_sliced_tokens(density, grid, positions, per_slice, seed)
+
+    def distance(grid_density: np.ndarray, token_points: np.ndarray) -> float:
+        return conditional_wasserstein_tokens(grid_density, grid, token_points, token_s,
+                                              positions.s, token_weights=weights, p=p)
+
+    start = distance(density, tokens)
+    system = TokenSystem(variant, params, positions=token_s)
+    solution = simulate(system, tokens, t_end, dt, weights=weights, method="ssprk3")
+    field_ = CausalAttention(ATTENTION[variant](params))
+    result = Solver(Problem(grid, density, field_, t_end, max_outflow=1e-5,
+                            positions=positions)).run()
+    if result.status != "completed":
+        raise RuntimeError(f"validation: the masked {variant} run ended with {result.status} "
+                           f"at t = {result.status_time:.4g}: {result.status_message}")
+    end = distance(result.final, solution.tokens[-1])
+    return {"tokens": tokens.shape[0], "distance_start": start, "distance_end": end,
+            "final": result.final, "token_final": solution.tokens[-1],
+            "token_positions": token_s}

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from tpde import studies
-from tpde.grid import Grid, gaussian_mixture, uniform_ball
+from tpde.grid import Grid, Positions, gaussian_mixture, uniform_ball
 from tpde.validation import gaussian as ode
 from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
@@ -169,6 +169,37 @@ def grid_vs_tokens(report: Report, log, cases: list[tuple]) -> None:
                                               rows))
 
 
+def masked_checks(report: Report, log, cases: list[tuple]) -> None:
+    """Masked attention: the masked token system against the masked grid run in the
+    conditional distance W_{2,nu}, tokens sampled per position slice (studies)."""
+    rows = []
+    for name, variant, params, grid, positions, density, per_slice in cases:
+        try:
+            out = studies.masked_grid_vs_tokens(variant, params, grid, positions, density,
+                                                per_slice, 1.0, 0.02, seed=1)
+        except (RuntimeError, FloatingPointError) as exc:
+            report.checks.append(Check(f"masked grid vs tokens, {name}: {exc}", math.inf, 1.0))
+            log(f"masked {name}: FAILED {exc}")
+            continue
+        ratio = out["distance_end"] / out["distance_start"]
+        rows.append([name, out["tokens"], out["distance_start"], out["distance_end"]])
+        report.checks.append(Check(f"masked grid vs tokens, {name}: W2,nu(t=1) / W2,nu(t=0)",
+                                   ratio, 1.0))
+        log(f"masked {name}: {out['distance_start']:.3e} -> {out['distance_end']:.3e}")
+    report.sections.append(
+        "## Masked attention: grid vs the masked token system (t = 1)\n\nPosition-dependent "
+        "data, tokens sampled per slice (the sink included); conditional distance "
+        "W_{2,nu} = (sum_k nu_k W_2(slice_k)^2)^{1/2}. The check asks that the distance at "
+        "t = 1 stays below the sampling distance at t = 0 (contracting dynamics).\n\n"
+        + _table(["case", "tokens", "t = 0", "t = 1"], rows))
+
+
+def drifting_slices_1d(positions: Positions) -> tuple[Grid, np.ndarray]:
+    grid = Grid([-6.0], [6.0], [240])
+    return grid, positions.sliced(lambda s: gaussian_mixture(
+        grid, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s], [1.2]], [[[0.3]], [[0.25]]]), grid)
+
+
 def mean_field_study(report: Report, log, grid: Grid, density: np.ndarray, params,
                      ns: list[int], label: str, seeds: int = 3) -> dict:
     out = studies.mean_field("softmax", params, grid, density, ns, 0.5, 0.05, seeds=seeds)
@@ -274,6 +305,21 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
                   ("2-D two bumps, Sinkhorn", "sinkhorn",
                    SinkhornHead(0.5 * np.eye(2), -0.5 * np.eye(2)), mix_grid, mix, 1000, 2)]
     grid_vs_tokens(report, log, cases)
+
+    positions = Positions(3, 0.2)
+    masked = [("1-D drifting bumps, softmax", "softmax", Head([[0.6]], [[-1.0]]),
+               *drifting_slices_1d(positions), 250)]
+    if suite == "full":
+        grid2 = Grid([-5.0, -5.0], [5.0, 5.0], [40, 40])
+        slices2 = positions.sliced(lambda s: gaussian_mixture(
+            grid2, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s, 0.0], [1.2, 0.5 - s]],
+            [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]]), grid2)
+        masked += [("1-D drifting bumps, softmax", "softmax", Head([[0.6]], [[-1.0]]),
+                    *drifting_slices_1d(positions), 1000),
+                   ("2-D drifting bumps, softmax", "softmax", Head(-0.5 * np.eye(2), np.eye(2)),
+                    grid2, slices2, 500)]
+    masked_checks(report, log, [(name, variant, params, grid, positions, density, n)
+                                for name, variant, params, grid, density, n in masked])
 
     mean_fields = {"1-D two bumps": mean_field_study(report, log, line, bumps,
                                                      Head([[0.8]], [[-1.0]]),

@@ -13,6 +13,10 @@ error), so only the *shape* of a density counts; check the mass with :func:`mome
 * :func:`wasserstein`, :func:`wasserstein_tokens` -- ``W_p`` in 1-3 D with POT
   (``ot.emd2`` network simplex, or log-domain Sinkhorn ``ot.sinkhorn2``) between the cell-centre
   atoms; see :func:`wasserstein` for the support, the cut-off and the error bounds.
+* :func:`conditional_wasserstein`, :func:`conditional_wasserstein_tokens` -- the conditional
+  distance of masked attention (MATH.md 1.3 notes) between position-sliced densities (shape
+  ``(S, *grid.shape)``, see ``tpde.grid.Positions``) and sliced token clouds,
+  ``W_{p,nu}^p = sum_k nu_k W_p(a_k, b_k)^p``.
 * :func:`bures_wasserstein` -- closed-form ``W_2`` between Gaussians.
 * :func:`density_errors`, :func:`moment_errors` -- L1 / Linf and mean / covariance errors.
 
@@ -29,12 +33,14 @@ import numpy as np
 import ot
 from scipy.spatial.distance import cdist
 
-from tpde.grid import Grid, moments
+from tpde.grid import Grid, from_tokens, moments
 
 __all__ = [
     "CUTOFF",
     "Distance",
     "bures_wasserstein",
+    "conditional_wasserstein",
+    "conditional_wasserstein_tokens",
     "density_errors",
     "moment_errors",
     "wasserstein",
@@ -450,6 +456,166 @@ def wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
     k, ((xa, wa),) = _coarsen([prob], grid, int(max_cells))
     total = _transport(wa, w, _cost(xa, x, p), method, eps, num_iter_max, stop_thr)
     return _finish(total, p, method, eps, wa.size, w.size, k, _atom_bound(grid, k), 1)
+
+
+# ---- conditional (position-sliced) distances ----------------------------------------------------
+def _sliced(values, grid: Grid, name: str, count: int | None = None) -> np.ndarray:
+    """Float64 array of shape ``(S, *grid.shape)`` (S = count if given), finite, S >= 1."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"metrics.{name}: expected an array of shape (S, *{grid.shape})") \
+            from None
+    want = (count if count is not None else "S",) + grid.shape
+    if arr.ndim != grid.ndim + 1 or arr.shape[1:] != grid.shape or arr.shape[0] < 1 \
+            or (count is not None and arr.shape[0] != count):
+        raise ValueError(f"metrics.{name}: expected a sliced density of shape "
+                         f"({', '.join(map(str, want))}), got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"metrics.{name}: contains NaN or Inf")
+    return arr
+
+
+def _slice_masses(arr: np.ndarray, grid: Grid) -> np.ndarray:
+    """Mass of each slice ``sum_c max(rho_kc, 0) |cell|``, shape ``(S,)``."""
+    return np.clip(arr, 0.0, None).reshape(arr.shape[0], -1).sum(axis=1) * grid.cell_volume
+
+
+def _nu(slice_weights, masses: np.ndarray) -> np.ndarray:
+    """Slice weights ``nu`` (S,) summing to 1: ``slice_weights`` normalised, else ``masses``."""
+    count = masses.size
+    if slice_weights is None:
+        if not masses.sum() > 0:
+            raise ValueError("metrics.density: every slice has zero mass")
+        return masses / masses.sum()
+    try:
+        nu = np.asarray(slice_weights, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"metrics.slice_weights: expected {count} numbers") from None
+    if nu.shape != (count,) or not np.all(np.isfinite(nu)) or np.any(nu < 0) \
+            or not nu.sum() > 0:
+        raise ValueError(f"metrics.slice_weights: expected {count} finite weights >= 0 with "
+                         f"a positive sum, got shape {nu.shape}")
+    return nu / nu.sum()
+
+
+def _combine(nu: np.ndarray, distances: dict[int, float], p: int) -> float:
+    """``(sum_k nu_k W_k^p)^(1/p)`` over the slices that were compared."""
+    total = sum(nu[k] * w ** p for k, w in distances.items())
+    return float(max(total, 0.0) ** (1.0 / p))
+
+
+def _compared(mass_a: float, mass_b: float, k: int, names: tuple[str, str]) -> bool:
+    """Whether slice k is compared: both masses > 0 (True), both 0 (False), else ValueError
+    naming the side with zero mass."""
+    if (mass_a > 0) != (mass_b > 0):
+        empty = names[0] if mass_b > 0 else names[1]
+        raise ValueError(f"metrics.{empty}: slice {k} has zero mass on this side only "
+                         f"({mass_a:.3e} vs {mass_b:.3e}); the conditional distance is "
+                         f"undefined")
+    return bool(mass_a > 0)
+
+
+def conditional_wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid,
+                            slice_weights: np.ndarray | None = None, p: int = 2,
+                            **kwargs) -> float:
+    """Conditional ``W_{p,nu}`` (p = 1, 2) between two position-sliced densities.
+
+    MATH.md 1.3 notes: for mu = sum_k nu_k delta_{s_k} (x) mu_k,
+
+        W_{p,nu}(a, b)^p = sum_k nu_k W_p(a_k, b_k)^p,
+
+    with ``a_k, b_k`` slice k of ``density_a, density_b`` (shape ``(S, *grid.shape)``, cell
+    averages) normalised to probability measures and ``nu = slice_weights`` (S,) normalised to
+    sum 1 (default: the slice masses of ``density_a``, normalised). Per slice: 1-D the exact
+    :func:`wasserstein_1d` (``wasserstein`` with ``method="exact"`` delegates to it), 2-D/3-D
+    :func:`wasserstein` (POT); ``**kwargs`` (method, reg, max_cells, ...) go to
+    :func:`wasserstein`. Slices with zero mass in both densities are skipped; zero mass in one
+    only raises ``ValueError``. Returns ``W_{p,nu}`` (not its p-th power).
+    """
+    grid = _check_grid(grid)
+    p = _check_p(p)
+    a = _sliced(density_a, grid, "density_a")
+    b = _sliced(density_b, grid, "density_b", a.shape[0])
+    mass_a, mass_b = _slice_masses(a, grid), _slice_masses(b, grid)
+    nu = _nu(slice_weights, mass_a)
+    distances = {k: wasserstein(a[k], b[k], grid, p=p, **kwargs).value
+                 for k in range(a.shape[0])
+                 if _compared(mass_a[k], mass_b[k], k, ("density_a", "density_b"))}
+    return _combine(nu, distances, p)
+
+
+def _assign(token_positions, slice_positions, n: int) -> np.ndarray:
+    """Slice index (n,) of each token: the slice whose position is ``np.isclose`` to its own."""
+    try:
+        s = np.asarray(token_positions, dtype=np.float64).reshape(-1)
+        levels = np.asarray(slice_positions, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError("metrics.token_positions: expected arrays of numbers") from None
+    if s.shape != (n,) or not np.all(np.isfinite(s)):
+        raise ValueError(f"metrics.token_positions: expected {n} finite positions (one per "
+                         f"token), got shape {np.shape(token_positions)}")
+    match = np.isclose(s[:, None], levels[None, :])
+    if not np.all(match.any(axis=1)):
+        bad = s[~match.any(axis=1)][0]
+        raise ValueError(f"metrics.token_positions: a token at s = {bad:g} matches no slice "
+                         f"position")
+    return np.argmax(match, axis=1)
+
+
+def _slice_token_distance(density: np.ndarray, grid: Grid, tokens: np.ndarray,
+                          weights: np.ndarray, p: int, kwargs: dict) -> float:
+    """``W_p`` between one slice (``grid.shape``) and its tokens (m, d) with weights (m,).
+
+    1-D: :func:`wasserstein_tokens`, which for ``method="exact"`` (the default) is the exact
+    :func:`wasserstein_1d_tokens`. 2-D/3-D: the tokens binned on the grid (``from_tokens``,
+    ``"ngp"``) against the slice with :func:`wasserstein`: comparing grid to grid avoids the
+    ``~|h| / 3`` floor of the semi-discrete distance to cell centres.
+    """
+    if grid.ndim == 1:
+        return wasserstein_tokens(density, grid, tokens, weights, p=p, **kwargs).value
+    binned = from_tokens(grid, tokens, weights=weights, method="ngp")
+    return wasserstein(density, binned, grid, p=p, **kwargs).value
+
+
+def conditional_wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
+                                   token_positions: np.ndarray, slice_positions: np.ndarray,
+                                   token_weights: np.ndarray | None = None,
+                                   slice_weights: np.ndarray | None = None, p: int = 2,
+                                   **kwargs) -> float:
+    """Conditional ``W_{p,nu}`` (p = 1, 2) between a sliced density and sliced tokens.
+
+    ``density``: shape ``(S, *grid.shape)``, slice k at position ``slice_positions[k]``;
+    ``tokens``: ``(n, d)`` (``(n,)`` in 1-D) at ``token_positions`` (n,), weights
+    ``token_weights`` (n,) (uniform if ``None``). Token i belongs to the slice k with
+    ``np.isclose(token_positions[i], slice_positions[k])`` (``ValueError`` if none). Then
+
+        W_{p,nu}^p = sum_k nu_k W_p(rho_k, sum_{i in k} w_i delta_{x_i})^p,
+
+    both measures of slice k normalised to probability, ``nu = slice_weights`` normalised
+    (default: the slice masses of ``density``, normalised). Per slice: 1-D the exact
+    :func:`wasserstein_1d_tokens`; 2-D/3-D the slice's tokens binned on the grid
+    (``tpde.grid.from_tokens``, nearest cell) and compared grid to grid with
+    :func:`wasserstein` (``**kwargs`` passed on). A slice with no mass and no tokens is skipped;
+    one without the other raises ``ValueError``. Returns ``W_{p,nu}``.
+    """
+    grid = _check_grid(grid)
+    p = _check_p(p)
+    rho = _sliced(density, grid, "density")
+    x, w = _tokens(tokens, token_weights, grid.ndim)
+    if np.size(slice_positions) != rho.shape[0]:
+        raise ValueError(f"metrics.slice_positions: expected {rho.shape[0]} positions (one per "
+                         f"slice), got {np.size(slice_positions)}")
+    owner = _assign(token_positions, slice_positions, x.shape[0])
+    masses = _slice_masses(rho, grid)
+    nu = _nu(slice_weights, masses)
+    token_mass = np.bincount(owner, weights=w, minlength=rho.shape[0])
+    distances = {}
+    for k in range(rho.shape[0]):
+        if _compared(masses[k], token_mass[k], k, ("density", "tokens")):
+            mine = owner == k
+            distances[k] = _slice_token_distance(rho[k], grid, x[mine], w[mine], p, kwargs)
+    return _combine(nu, distances, p)
 
 
 # ---- Gaussians ---------------------------------------------------------------------------------

@@ -14,6 +14,16 @@ the tokens, blocked over targets so that memory stays at ``block x n`` (n = 10^5
 moment; sigmoid: the dense sigmoid sums; Sinkhorn: log-domain Sinkhorn iterations on the
 tokens (Sinkformers, MATH.md 1.3 notes), warm-started from the previous evaluation.
 
+Masked (causal) attention (MATH.md 1.3, masked row and notes): tokens are pairs (s_i, x_i)
+with positions s_i in [0, 1] fixed in time (``TokenSystem.positions``; the finite model has
+s_i = i / n, ``causal_positions``). Token i attends to the tokens j with s_j <= s_i:
+
+    x_i' = Gamma_{mu^n_{<= s_i}}(x_i),   mu^n_{<= s} = sum_{j: s_j <= s} w_j delta_{x_j},
+
+normalised over those sources for softmax / multi-head / l2, the unnormalised sums for
+sigmoid / linear. Sinkhorn has no causal form. ``sample_sliced_tokens`` samples tokens from
+a position-sliced grid density (``tpde.grid.Positions``).
+
 Time stepping: classical RK4 (default) or SSP-RK3 with a fixed step, landing exactly on the
 requested output times. Initial tokens: ``sample_tokens`` (seeded, exact sampling of a
 piecewise-constant grid density), ``gauss_hermite_tokens`` (tensor nodes and weights of a
@@ -28,18 +38,21 @@ from typing import Any
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
+from scipy.special import expit
 
-from tpde.grid import Grid
+from tpde.grid import Grid, Positions
 from tpde.variants.direct import log_partition, tilted_means
 from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHead, params_at
 from tpde.variants.sigmoid import sigmoid_sums
 from tpde.variants.sinkhorn import sinkhorn_iterations
 
-__all__ = ["TOKEN_VARIANTS", "TokenSolution", "TokenSystem", "gauss_hermite_tokens",
-           "load_tokens", "sample_tokens", "simulate", "token_moments"]
+__all__ = ["TOKEN_VARIANTS", "TokenSolution", "TokenSystem", "causal_positions",
+           "gauss_hermite_tokens", "load_tokens", "sample_sliced_tokens", "sample_tokens",
+           "simulate", "token_moments"]
 
 TOKEN_VARIANTS = ("softmax", "multihead", "linear", "l2", "sinkhorn", "sigmoid")
 BLOCK_BYTES = 80 * 2**20   # per block of targets x sources
+SIGMOID_DENSE_ROWS = 16    # fewer sigmoid targets than this: dense numpy sum, not numba
 
 
 # ---- initial tokens -------------------------------------------------------------------------
@@ -56,6 +69,43 @@ def sample_tokens(density: np.ndarray, grid: Grid, n: int, seed: int = 0) -> np.
     index = np.stack(np.unravel_index(cells, grid.shape), axis=1)
     lower = np.array([grid.edges(a)[0] for a in range(grid.ndim)])
     return lower + (index + rng.random((n, grid.ndim))) * np.asarray(grid.spacing)
+
+
+def causal_positions(n: int) -> np.ndarray:
+    """Positions (n,) of the finite causal model: s_i = i / n, i = 1 .. n."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError(f"tokens.n: expected an integer >= 1, got {n!r}")
+    return np.arange(1, n + 1) / n
+
+
+def sample_sliced_tokens(density: np.ndarray, grid: Grid, positions: Positions,
+                         per_slice: int, seed: int = 0
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``per_slice`` i.i.d. tokens from every slice of a sliced density.
+
+    density: (positions.count, *grid.shape), slice k the cell averages of the joint density
+    at s_k = positions.s[k]. Slice k gives ``per_slice`` tokens drawn from density[k]
+    (``sample_tokens``, seed k of ``SeedSequence(seed)``) at position s_k, each with weight
+    m_k / per_slice, m_k = sum(density[k]) * cell_volume (the actual slice mass, so that a
+    density that lost mass through the boundary is sampled as it is); the weights are then
+    normalised to sum 1. Returns tokens (count * per_slice, d), their positions
+    (count * per_slice,) and weights (count * per_slice,), slice by slice.
+    """
+    density = positions.check_density(density, grid)
+    if isinstance(per_slice, bool) or not isinstance(per_slice, int | np.integer) \
+            or per_slice < 1:
+        raise ValueError(f"tokens.per_slice: expected an integer >= 1, got {per_slice!r}")
+    masses = positions.marginal(density, grid)
+    if not np.all(masses > 0):
+        k = int(np.argmin(masses > 0))
+        raise ValueError(f"tokens: slice {k} (s = {positions.s[k]:g}) has no mass to sample "
+                         f"from")
+    seeds = np.random.SeedSequence(seed).generate_state(positions.count)
+    tokens = [sample_tokens(density[k], grid, int(per_slice), int(seeds[k]))
+              for k in range(positions.count)]
+    weights = np.repeat(masses / per_slice, per_slice)
+    return (np.concatenate(tokens), np.repeat(positions.s, per_slice),
+            weights / weights.sum())
 
 
 def gauss_hermite_tokens(mean: Any, cov: Any, nodes: int = 30) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +159,66 @@ def _weights(tokens: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
 
 
 # ---- the velocity of the token system -------------------------------------------------------
+def _field(variant: str, targets: np.ndarray, sources: np.ndarray, weights: np.ndarray,
+           params: Any, block: int) -> np.ndarray:
+    """Gamma_mu(x) at the targets x (P, d) for mu = sum_j w_j delta_{y_j}: sources y (S, d),
+    weights w (S,) (used as given; the normalised variants normalise over the sources).
+
+    softmax / multi-head: sum_h C_h m_h(A_h x), m_h the tilted mean of mu at A_h x; linear:
+    sum_h C_h (sum_j w_j y_j y_j^T) A_h x; l2: C m(2 K^T scale Q x) of w_j e^{-|K y_j|^2};
+    sigmoid: C sum_j w_j sigma(<A x, y_j> + bias) y_j. Sinkhorn is ``TokenSystem._sinkhorn``.
+    Returns (P, d).
+    """
+    if variant in ("softmax", "multihead", "linear"):
+        heads = [params] if hasattr(params, "A") else list(params)
+        out = np.zeros_like(targets)
+        if variant == "linear":
+            second = (sources * weights[:, None]).T @ sources
+            for head in heads:
+                out += targets @ (head.C @ second @ head.A).T
+            return out
+        for head in heads:
+            out += tilted_means(targets @ head.A.T, sources, weights, block) @ head.C.T
+        return out
+    if variant == "l2":
+        if not isinstance(params, L2Head):
+            raise ValueError("tokens: the l2 variant needs an L2Head (Q, K, V)")
+        reweighted = weights * np.exp(-np.sum((sources @ params.K.T) ** 2, axis=1))
+        if not reweighted.sum() > 0:
+            raise ValueError("tokens: the l2 weights e^{-|K y|^2} underflow for every token")
+        coupling = 2.0 * params.K.T @ (params.scale * params.Q)
+        return tilted_means(targets @ coupling.T, sources, reweighted, block) @ params.C.T
+    if not isinstance(params, SigmoidHead):
+        raise ValueError("tokens: the sigmoid variant needs a SigmoidHead (A, V, bias)")
+    return _sigmoid_sums(targets @ params.A.T, params.bias, sources, weights) @ params.C.T
+
+
+def _sigmoid_sums(c: np.ndarray, bias: float, sources: np.ndarray,
+                  weights: np.ndarray) -> np.ndarray:
+    """sum_j w_j sigma(<c_i, y_j> + bias) y_j for every row of c (P, d) -> (P, d).
+
+    The parallel numba kernel (``tpde.variants.sigmoid``) pays a thread launch per call (about
+    1 ms), too much for the one-token levels of the causal model: fewer targets than
+    ``SIGMOID_DENSE_ROWS`` and than sources (never the unmasked case, where P = S) use a dense
+    (P, S) numpy sum with ``scipy.special.expit`` instead (equal up to round-off).
+    """
+    if c.shape[0] < min(SIGMOID_DENSE_ROWS, sources.shape[0]):
+        return (expit(c @ sources.T + bias) * weights) @ sources
+    sums = np.zeros_like(c)
+    sigmoid_sums(np.ascontiguousarray(c), bias, np.ascontiguousarray(sources),
+                 np.ascontiguousarray(weights), sums)
+    return sums
+
+
+def _check_positions(positions: Any) -> np.ndarray:
+    """Token positions as a float (n,) array, finite and in [0, 1], else ValueError."""
+    s = np.asarray(positions, dtype=float)
+    if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any((s < 0) | (s > 1)):
+        raise ValueError(f"tokens.positions: expected a 1-D array of finite positions in "
+                         f"[0, 1], got shape {s.shape}")
+    return s
+
+
 @dataclass
 class TokenSystem:
     """Velocity of the token system for one variant (``TOKEN_VARIANTS``).
@@ -116,6 +226,9 @@ class TokenSystem:
     params: the same parameter specification as the grid variant (a head, heads, Layers or a
     callable of t). Sinkhorn: ``tol`` on the marginal error, ``max_iter``; the potentials of
     the last evaluation warm-start the next one, ``iterations`` records the counts.
+    positions: None (unmasked), or the token positions (n,) in [0, 1] of masked (causal)
+    attention: token i attends to the tokens j with positions[j] <= positions[i]. Sinkhorn
+    has no causal form.
     """
 
     variant: str
@@ -124,46 +237,50 @@ class TokenSystem:
     max_iter: int = 2000
     iterations: list[int] = field(default_factory=list)
     _potentials: tuple | None = field(default=None, repr=False)
+    positions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in TOKEN_VARIANTS:
             raise ValueError(f"tokens.variant: unknown {self.variant!r}; choose one of "
                              f"{', '.join(TOKEN_VARIANTS)}")
+        if self.positions is not None:
+            if self.variant == "sinkhorn":
+                raise ValueError("tokens.positions: Sinkhorn attention has no causal form (its "
+                                 "plan couples every pair of tokens); drop the positions")
+            self.positions = _check_positions(self.positions)
 
     def block(self, n: int) -> int:
         return int(max(16, min(4096, BLOCK_BYTES // (8 * max(n, 1)))))
 
     def velocity(self, tokens: np.ndarray, weights: np.ndarray, t: float) -> np.ndarray:
-        """Gamma_{mu^n}(x_i) for every token: (n, d)."""
+        """Gamma_{mu^n}(x_i) for every token (masked: Gamma_{mu^n_{<= s_i}}(x_i)): (n, d)."""
         params = params_at(self.params, t)
         block = self.block(tokens.shape[0])
-        if self.variant in ("softmax", "multihead", "linear"):
-            heads = [params] if hasattr(params, "A") else list(params)
-            out = np.zeros_like(tokens)
-            if self.variant == "linear":
-                second = (tokens * weights[:, None]).T @ tokens
-                for head in heads:
-                    out += tokens @ (head.C @ second @ head.A).T
-                return out
-            for head in heads:
-                out += tilted_means(tokens @ head.A.T, tokens, weights, block) @ head.C.T
-            return out
-        if self.variant == "l2":
-            if not isinstance(params, L2Head):
-                raise ValueError("tokens: the l2 variant needs an L2Head (Q, K, V)")
-            reweighted = weights * np.exp(-np.sum((tokens @ params.K.T) ** 2, axis=1))
-            if not reweighted.sum() > 0:
-                raise ValueError("tokens: the l2 weights e^{-|K y|^2} underflow for every token")
-            coupling = 2.0 * params.K.T @ (params.scale * params.Q)
-            return tilted_means(tokens @ coupling.T, tokens, reweighted, block) @ params.C.T
-        if self.variant == "sigmoid":
-            if not isinstance(params, SigmoidHead):
-                raise ValueError("tokens: the sigmoid variant needs a SigmoidHead (A, V, bias)")
-            sums = np.zeros_like(tokens)
-            sigmoid_sums(np.ascontiguousarray(tokens @ params.A.T), params.bias,
-                         np.ascontiguousarray(tokens), weights, sums)
-            return sums @ params.C.T
-        return self._sinkhorn(tokens, weights, params, t, block)
+        if self.variant == "sinkhorn":
+            return self._sinkhorn(tokens, weights, params, t, block)
+        if self.positions is None:
+            return _field(self.variant, tokens, tokens, weights, params, block)
+        return self._masked(tokens, weights, params, block)
+
+    def _masked(self, tokens: np.ndarray, weights: np.ndarray, params: Any,
+                block: int) -> np.ndarray:
+        """Causal velocity (n, d): the tokens of each position level L (np.unique) are the
+        targets, the tokens with position <= L (a prefix of the stably position-sorted
+        tokens) the sources. Sum over levels of targets x sources <= n^2 kernel terms; the
+        velocity of a level reads only the tokens at positions <= L (bit-for-bit causal)."""
+        n = tokens.shape[0]
+        if self.positions.shape != (n,):
+            raise ValueError(f"tokens.positions: expected shape ({n},) (one per token), got "
+                             f"{self.positions.shape}")
+        order = np.argsort(self.positions, kind="stable")
+        sources, source_weights = tokens[order], weights[order]
+        _, starts = np.unique(self.positions[order], return_index=True)
+        ends = np.append(starts[1:], n)
+        out = np.empty_like(tokens)
+        for lo, hi in zip(starts, ends, strict=True):
+            out[order[lo:hi]] = _field(self.variant, sources[lo:hi], sources[:hi],
+                                       source_weights[:hi], params, block)
+        return out
 
     def _sinkhorn(self, tokens, weights, params, t, block) -> np.ndarray:
         if not isinstance(params, SinkhornHead):
