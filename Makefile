@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-slow validate bench lint clean
+.PHONY: demo test test-slow validate bench paper lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ test-slow: $(TSTAMP)
 
 validate: $(STAMP)
 	$(VENV)/bin/tpde validate --suite quick -o out/validation
+
+paper: $(STAMP)
+	$(PY) examples/paper/run_paper.py -o out/paper
 
 bench: $(STAMP)
 	bash benchmarks/setup_peers.sh

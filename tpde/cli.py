@@ -6,10 +6,13 @@
     tpde info OUT.nc
     tpde plot OUT.nc [-o DIR] [--animate]
     tpde validate [--suite quick|full] [-o DIR]
+    tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [-o DIR] [--quiet]
 
 Exit codes (DESIGN.md 4): 0 success (a detected blow-up or mass leaving the box is a result,
 stored in the file's ``status``), 2 bad input (one line on stderr naming the key and the
-fix; existing output is never touched), 1 internal or numerical failure.
+fix; existing output is never touched), 1 internal or numerical failure. ``tpde sweep`` exits 0
+when every run is accounted for (failed runs are results, listed in the summary), 2 for a bad
+sweep file, 1 when the sweep itself cannot go on (e.g. no scheduler at ADDRESS).
 """
 
 from __future__ import annotations
@@ -54,10 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--animate", action="store_true", help="also write an animation")
     validate = sub.add_parser("validate", help="run the validation suite and write a report")
     validate.add_argument("--suite", choices=("quick", "full"), default="quick",
-                          help="quick: about a minute on 2 cores; full: about 15 minutes")
+                          help="quick: about a minute on 2 cores; full: 15-20 minutes")
     validate.add_argument("-o", "--output", default="validation-report", type=Path,
                           help="report directory (report.md and figures; default "
                                "./validation-report)")
+    sweep = sub.add_parser("sweep", help="run a parameter grid of configurations on dask")
+    sweep.add_argument("sweep", type=Path, help="sweep TOML (see docs/user-guide.md, "
+                       "Parameter sweeps)")
+    sweep.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="an existing dask.distributed scheduler (tcp://host:8786); "
+                            "default: a local cluster")
+    sweep.add_argument("--workers", type=int, default=None,
+                       help="worker processes of the local cluster (default: every core)")
+    sweep.add_argument("-o", "--output", type=Path, default=None,
+                       help="output directory (default: output of the sweep file)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
 
@@ -187,8 +201,34 @@ def cmd_validate(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_sweep(args) -> int:
+    from collections import Counter
+
+    from tpde.config import ConfigError
+    from tpde.sweep import run_sweep
+
+    try:
+        ds = run_sweep(args.sweep, scheduler=args.scheduler, workers=args.workers,
+                       progress=not args.quiet, output=args.output)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except (OSError, TimeoutError) as exc:      # no scheduler at --scheduler ADDRESS, ...
+        print(f"tpde: sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    a = ds.attrs
+    ranks = Counter(int(r) for r, o in zip(ds["rank"].values, ds["outcome"].values,
+                                           strict=True) if o == "converged")
+    by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(ranks.items()))
+    print(f"{a['runs']} runs: {a['converged']} converged" + (f" ({by_rank})" if ranks else "")
+          + f", {a['blowup']} blowup, {a['mass_left']} mass_left, {a['failed']} failed; "
+          f"{a['skipped']} skipped (done before)")
+    out = Path(a["output"])
+    print(f"runs: {out / 'runs'}\nsummary: {out / 'summary.nc'}\nfigure: {out / 'phase.png'}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "info": cmd_info, "plot": cmd_plot, "validate": cmd_validate,
-            "gaussian": cmd_reference, "particles": cmd_reference}
+            "gaussian": cmd_reference, "particles": cmd_reference, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,14 @@ Masked (causal) attention adds the position coordinate s (``positions=`` a
 
 Files without positions have none of these (:func:`positions_from_dataset` gives None).
 
+Energies (``energies=`` a callable ``(density, t) -> {name: value}``, :mod:`tpde.energies`;
+tpde.run passes :func:`tpde.energies.run_energies`)::
+
+    variables  : energy_<name>(time)  one per energy, created at the first snapshot, with the
+                 attributes long_name, formula, units and monotone ("increasing",
+                 "decreasing" or "none": what the theory says along the run)
+    attributes : energies (str), the comma-separated names (empty when none applies)
+
 Durability. :class:`SnapshotWriter` keeps the file *closed* between snapshots: each
 :meth:`SnapshotWriter.write` opens it in append mode, writes one record and closes it (a few
 milliseconds). An HDF5 file that is open for writing can be left unreadable by a kill, a closed
@@ -48,7 +56,7 @@ import datetime as _dt
 import math
 import os
 import time as _time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import netCDF4
@@ -74,6 +82,8 @@ __all__ = [
 ]
 
 CONVENTIONS = "CF-1.10"
+#: the values of an energy record's ``monotone`` attribute (tpde.energies.MONOTONE)
+ENERGY_MONOTONE = ("increasing", "decreasing", "none")
 AXES = ("x", "y", "z")
 LOCK_TIMEOUT = 60.0
 _TIME_CHUNK = 256
@@ -94,6 +104,10 @@ _LONG_NAMES = {
     "slice_mean": "mean of each position slice (normalised by its mass)",
     "slice_covariance": "covariance of each position slice (normalised by its mass)",
 }
+
+
+#: ``(density, t) -> {name: float or tpde.energies.Energy}``, evaluated at every snapshot
+EnergyCallable = Callable[[np.ndarray, float], Mapping[str, Any]]
 
 
 class SnapshotLike(Protocol):
@@ -348,6 +362,15 @@ def _file_attributes(nc: netCDF4.Dataset) -> dict:
     return {k: nc.getncattr(k) for k in nc.ncattrs()}
 
 
+def _energy_names(attrs: dict) -> tuple[str, ...] | None:
+    """The energy names of a file (its ``energies`` attribute), None before the first
+    snapshot of a run with energies (or for a file without them)."""
+    if "energies" not in attrs:
+        return None
+    text = str(attrs["energies"]).strip()
+    return tuple(name.strip() for name in text.split(",")) if text else ()
+
+
 # ---- the writer -----------------------------------------------------------------------------
 class SnapshotWriter:
     """Append run snapshots to a NetCDF file, one durable record per :meth:`write`.
@@ -365,6 +388,12 @@ class SnapshotWriter:
     positions : :class:`tpde.grid.Positions` of masked (causal) attention, or None. Densities
         then have shape ``positions.shape(grid) = (S, *grid.shape)`` and the file gets the
         ``s`` dimension and the slice records (module docstring).
+    energies : a callable ``(density, t) -> Mapping[str, float | Energy]`` evaluated at
+        every snapshot written (:func:`tpde.energies.run_energies`), or None. Each name gets
+        the record ``energy_<name>(time)``, created at the first snapshot with the
+        attributes of a :class:`tpde.energies.Energy` value (monotone, long_name, formula;
+        a plain float gets monotone "none"); the names are stored in the global attribute
+        ``energies`` and stay fixed for the run (a name missing later is written as NaN).
 
     Raises ValueError (one line, starting ``run.output``) when the file exists and
     ``overwrite`` is false, or when the directory is missing or not writable; nothing is
@@ -379,7 +408,8 @@ class SnapshotWriter:
 
     def __init__(self, path: str | os.PathLike, grid: Grid, config_text: str = "",
                  title: str = "tpde run", overwrite: bool = False, history: str = "",
-                 lock_timeout: float = LOCK_TIMEOUT, positions: Positions | None = None):
+                 lock_timeout: float = LOCK_TIMEOUT, positions: Positions | None = None,
+                 energies: EnergyCallable | None = None):
         path = os.fspath(path)
         if not isinstance(grid, Grid):
             raise ValueError(f"run.output: expected a tpde.grid.Grid, got {type(grid).__name__}")
@@ -396,27 +426,35 @@ class SnapshotWriter:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
             raise ValueError(f"run.output: cannot write {path}: {exc}") from None
-        self._setup(path, grid, 0, None, lock_timeout, positions)
+        self._setup(path, grid, 0, None, lock_timeout, positions, energies)
 
     def _setup(self, path: str, grid: Grid, count: int, last_time: float | None,
-               lock_timeout: float, positions: Positions | None = None) -> None:
+               lock_timeout: float, positions: Positions | None = None,
+               energies: EnergyCallable | None = None,
+               energy_names: tuple[str, ...] | None = None) -> None:
+        if energies is not None and not callable(energies):
+            raise ValueError(f"run.output: energies must be a callable (density, t) -> dict, "
+                             f"got {type(energies).__name__}")
         self.path = path
         self.grid = grid
         self.positions = positions
         self.lock_timeout = float(lock_timeout)
+        self.energies = energies
+        self._energy_names = energy_names   # None until the records exist
         self._count = count
         self._last_time = last_time
         self._closed = False
 
     @classmethod
-    def resume(cls, path: str | os.PathLike,
-               lock_timeout: float = LOCK_TIMEOUT) -> SnapshotWriter:
+    def resume(cls, path: str | os.PathLike, lock_timeout: float = LOCK_TIMEOUT,
+               energies: EnergyCallable | None = None) -> SnapshotWriter:
         """Reopen an existing output file for appending after its last complete snapshot.
 
         Existing records are kept as they are; a trailing incomplete record (a kill inside a
         write) is overwritten by the next :meth:`write`. The status becomes ``running`` and
         ``history`` gets a ``resumed`` line. The grid and the positions (None for a file
-        without them) are those of the file.
+        without them) are those of the file. ``energies``: the same callable as the original
+        run (the energy names stored in the file stay fixed; their records are continued).
         """
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -428,13 +466,14 @@ class SnapshotWriter:
             positions = _positions_from_attributes(attrs, path)
             count = _complete_in_file(nc)
             last = float(nc["time"][count - 1]) if count else None
+            names = _energy_names(attrs)
             nc.setncatts({
                 "status": "running", "status_time": math.nan,
                 "status_message": f"resumed after {count} snapshots",
                 "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
             })
         writer = cls.__new__(cls)
-        writer._setup(path, grid, count, last, lock_timeout, positions)
+        writer._setup(path, grid, count, last, lock_timeout, positions, energies, names)
         return writer
 
     @property
@@ -483,8 +522,11 @@ class SnapshotWriter:
             return False
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
+        energies = None if self.energies is None else dict(self.energies(density, t))
         i = self._count
         with _opened(self.path, "a", self.lock_timeout) as nc:
+            if energies is not None:
+                self._write_energies(nc, i, energies)
             nc["density"][i, ...] = density
             nc["mass"][i] = mass
             nc["mean"][i, :] = mean
@@ -507,6 +549,35 @@ class SnapshotWriter:
         nc["slice_mass"][i, :] = mass
         nc["slice_mean"][i, :, :] = mean
         nc["slice_covariance"][i, :, :, :] = cov
+
+    def _write_energies(self, nc: netCDF4.Dataset, i: int, energies: dict) -> None:
+        """Record i of every ``energy_<name>``; the records (and the ``energies`` attribute)
+        are created at the first snapshot, and the names stay those of the file."""
+        if self._energy_names is None:
+            names = tuple(str(name) for name in energies)
+            for name in names:
+                if not name.isidentifier():
+                    raise ValueError(f"run.output: energy name {name!r} is not an identifier")
+                value = energies[name]
+                var = nc.createVariable(f"energy_{name}", "f8", ("time",),
+                                        fill_value=np.nan, chunksizes=(_TIME_CHUNK,))
+                monotone = str(getattr(value, "monotone", "none"))
+                if monotone not in ENERGY_MONOTONE:
+                    raise ValueError(f"run.output: energy {name!r} has monotone = "
+                                     f"{monotone!r}; expected one of "
+                                     f"{', '.join(ENERGY_MONOTONE)}")
+                var.setncatts({"long_name": str(getattr(value, "long_name", "") or name),
+                               "formula": str(getattr(value, "formula", "")),
+                               "units": "1", "monotone": monotone})
+            nc.setncattr("energies", ",".join(names))
+            self._energy_names = names
+        extra = set(energies) - set(self._energy_names)
+        if extra:
+            raise ValueError(f"run.output: energy {sorted(extra)[0]!r} is not among the "
+                             f"energies of this file ({', '.join(self._energy_names)})")
+        for name in self._energy_names:
+            value = energies.get(name, math.nan)
+            nc[f"energy_{name}"][i] = float(getattr(value, "value", value))
 
     def close(self, status: str = "completed", status_time: float = math.nan,
               status_message: str = "") -> None:
@@ -555,7 +626,9 @@ def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
     incomplete record is dropped. A run with positions has ``density (time, s, x[, y[, z]])``,
     the coordinate ``s (s)``, ``position_weight (s)``, ``slice_mass (time, s)``,
     ``slice_mean (time, s, dim)`` and ``slice_covariance (time, s, dim, dim2)`` as well
-    (:func:`positions_from_dataset` rebuilds its Positions).
+    (:func:`positions_from_dataset` rebuilds its Positions). A run with energies has
+    ``energy_<name> (time)`` for each name of the ``energies`` attribute (attributes
+    long_name, formula, monotone).
     """
     path = os.fspath(path)
     ds = _retry_open(path, lambda: _load(path), False, lock_timeout)

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import io
 from .config import Config, ConfigError, build
+from .energies import run_energies
 from .solver import SimulationError, Snapshot, Solver
 
 __all__ = ["Progress", "run_config", "simulate"]
@@ -61,10 +62,12 @@ def run_config(config: Config, output: str | Path, overwrite: bool = False,
     """Run ``config`` writing every snapshot to ``output`` (NetCDF); returns the path.
 
     resume: continue the interrupted file ``output`` (its stored config must equal this one).
-    The status (completed, mass_left_domain, error) is stored in the file.
+    The status (completed, mass_left_domain, error) is stored in the file, and the energies
+    of :func:`tpde.energies.run_energies` at every snapshot (``energy_<name>`` records).
     """
     output = Path(output)
     problem = config.problem
+    energies = run_energies(config)   # the same energies on new and resumed runs
     skip_first = False
     if resume:
         state = _resume_state(output)
@@ -78,12 +81,13 @@ def run_config(config: Config, output: str | Path, overwrite: bool = False,
         problem = replace(problem, density=state["density"], t_start=state["time"],
                           snapshots=[state["time"]] + remaining,
                           initial_outflow=state["outflow"])
-        writer = _writer(lambda: io.SnapshotWriter.resume(output))
+        writer = _writer(lambda: io.SnapshotWriter.resume(output, energies=energies))
         skip_first = True
     else:
         writer = _writer(lambda: io.SnapshotWriter(output, problem.grid, config_text=config.text,
                                                    overwrite=overwrite, history=history,
-                                                   positions=problem.positions))
+                                                   positions=problem.positions,
+                                                   energies=energies))
     progress = Progress(problem.t_end, quiet=quiet)
 
     def on_snapshot(snap: Snapshot) -> None:

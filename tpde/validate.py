@@ -6,9 +6,10 @@ Three independent descriptions of the same dynamics are compared (tpde.studies):
 the grid solution, the interacting tokens (MATH.md 1.2) and, for Gaussian data, the
 mean/covariance ODEs (MATH.md 3). The quick suite (about a minute on 2 cores) covers every
 variant on 1-D and 2-D, Gaussian and non-Gaussian data; the full suite adds the 2-D
-refinement of all five closed-form variants to 128^2 and the 2-D mean-field study with n up
-to 3 x 10^4 tokens (about 15 minutes). The report is ``DIR/report.md`` with its figures
-(``covariance.png``, ``mean_field.png``); the exit code is 1 if any check fails.
+refinement of all five closed-form variants to 128^2, the 2-D mean-field study with n up
+to 3 x 10^4 tokens and the 2-D masked check (about 15-20 minutes). The report is
+``DIR/report.md`` with its figures (``covariance.png``, ``mean_field.png``); the exit code
+is 1 if any check fails.
 """
 
 from __future__ import annotations

@@ -1,0 +1,351 @@
+"""The paper's numerical experiments (MATH.md 5) with the grid solver: E1-E6 and the rank
+histograms.
+
+The authors integrate only the covariance ODE of Gaussian initial data (``2d_plots.py``,
+``histograms.py``; MATH.md 5.1, 5.2 give the matrices, re-derived from their seeds). Here each
+experiment evolves a set of initial covariances twice: by the Gaussian ODE (tpde.validation.
+gaussian, DOP853) and by the grid solver from the Gaussian density N(0, Sigma_0) (WENO5-Z,
+SSP-RK3, on the box fitted to the ODE solution, tpde.studies.fitted_box), and draws both in the
+authors' coordinates: (x, y, z) = (a - b, 2c, a + b) for Sigma = [[a, c], [c, b]], where the PSD
+cone is z >= sqrt(x^2 + y^2) and its boundary the rank-1 matrices, and the trace-normalised
+(a - b, 2c) / tr Sigma in the unit disc (the unit circle: rank 1). Blow-up (tr Sigma > 1e3, the
+authors' rule, or the ODE's blow-up event) is marked where it is detected; grid runs of
+blowing-up data stop at half the blow-up time (every discretisation departs near it,
+MATH.md 9.5).
+
+The rank histograms integrate the d = 3, 4, 5 covariance ODEs of MATH.md 5.2 (the authors'
+draws: Q = randn(d // 2, d) for every d in one stream from seed 40, Sigma_0 = G G^T with the
+seed reset to 41 per dimension, K = -Q, A = -Q^T Q / sqrt(d)) to a long horizon and count the
+eigenvalues of the limit above 0.1; for softmax with V = I the exact limit
+Sigma_inf = P (P^T Sigma_0^{-1} P)^{-1} P^T (P: a basis of ker Q, MATH.md 3.6(a)) is counted
+beside them, and the paper's (reproduced) counts are quoted from MATH.md 5.2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tpde.grid import Grid, gaussian, moments
+from tpde.validation.gaussian import solve
+from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
+
+from .solver import Problem, Scheme, Solver
+from .studies import fitted_box
+
+SQ2 = np.sqrt(2.0)
+#: the authors' explosion rule (tr Sigma above this: blow-up)
+TRACE_BLOWUP = 1e3
+
+# MATH.md 5.1, matrices re-derived from the authors' seeds
+Q_E1 = np.array([[0.45805, 0.30835], [0.23149, 0.27742]])
+V_E1 = np.array([[2.66938, -0.69153], [-0.69153, 2.68745]])
+Q_E2 = np.array([[0.40632, 0.91373]])
+Q_E4 = np.array([[0.67641, 1.5211], [-0.51188, 1.15019]])
+K_E4 = np.array([[-0.59072, -0.76877], [-0.33501, 0.093]])
+V_E4 = np.array([[-0.34889, 0.9837], [0.58092, 0.07028]])
+Q_E5 = np.array([[-0.09678, 0.4222], [-0.22546, -0.63794]])
+K_E5 = np.array([[-0.01629, 1.04422], [-1.08488, -2.20592]])
+V_E6 = np.array([[1.83175, -0.37689], [0.34811, -0.11628]])
+I2 = np.eye(2)
+
+
+def _softmax(Q, K, V):
+    """A = K^T Q / sqrt(2) (the authors' single-head scaling, d = 2)."""
+    return Head(K.T @ Q / SQ2, V)
+
+
+def _l2(Q, K, V):
+    return L2Head(Q, K, V, scale=1.0 / SQ2)
+
+
+def _multihead_e3():
+    """H = 2, k = 1, W = I, only head 1 active (MATH.md 3.6(d)): A_1 = -q^T q (scale
+    1/sqrt(k) = 1), C_1 = e_1 e_1^T."""
+    q = Q_E2
+    return [Head(-q.T @ q, [[1.0, 0.0]], [[1.0], [0.0]])]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment of MATH.md 5.1: parameters per variant, the authors' initial-data
+    limits (u, w ranges of init_grid) and the horizon of the grid runs."""
+
+    name: str
+    title: str
+    params: dict[str, Any]
+    limits: tuple[float, float, float, float] = (-0.5, 0.5, -0.5, 0.5)
+    t_end: float = 20.0
+
+
+EXPERIMENTS = {
+    "E1": Experiment("E1", "convergence to zero", {
+        "softmax": _softmax(Q_E1, -Q_E1, V_E1), "l2": _l2(Q_E1, -Q_E1, V_E1),
+        "sinkhorn": SinkhornHead(-Q_E1.T @ Q_E1, V_E1, eps=1.0)}),
+    "E2": Experiment("E2", "convergence to a line", {
+        "softmax": _softmax(Q_E2, -Q_E2, I2), "l2": _l2(Q_E2, -Q_E2, I2)}),
+    "E3": Experiment("E3", "convergence to a plane", {"multihead": _multihead_e3()}),
+    "E4": Experiment("E4", "convergence to two lines", {
+        "softmax": _softmax(Q_E4, K_E4, V_E4), "l2": _l2(Q_E4, K_E4, V_E4)},
+        limits=(-1.0, 1.0, -1.0, 1.0), t_end=10.0),
+    "E5": Experiment("E5", "blow-up or divergence", {
+        "softmax": _softmax(Q_E5, K_E5, I2), "l2": _l2(Q_E5, K_E5, I2)},
+        limits=(-1.0, 1.0, -1.0, 1.0), t_end=2.0),
+    "E6": Experiment("E6", "convergence and blow-up depending on initial data", {
+        "softmax": _softmax(Q_E4, K_E4, V_E6), "l2": _l2(Q_E4, K_E4, V_E6)},
+        limits=(-1.0, 1.0, -1.0, 1.0), t_end=10.0),
+}
+
+
+def initial_covariances(limits: Sequence[float], n_u: int, n_w: int) -> list[np.ndarray]:
+    """The authors' init_grid with trace 1: Sigma_0 = [[(1 + u)/2, w/2], [w/2, (1 - u)/2]],
+    u on n_u points of [limits[0], limits[1]], w on n_w points of [limits[2], limits[3]],
+    strictly positive definite ones only (1 - u^2 > w^2)."""
+    out = []
+    for u in np.linspace(limits[0], limits[1], n_u):
+        for w in np.linspace(limits[2], limits[3], n_w):
+            if 1.0 - u * u - w * w > 1e-3:
+                out.append(np.array([[(1.0 + u) / 2, w / 2], [w / 2, (1.0 - u) / 2]]))
+    return out
+
+
+def authors_coordinates(cov: np.ndarray) -> np.ndarray:
+    """(a - b, 2c, a + b) of Sigma = [[a, c], [c, b]]; cov (..., 2, 2) -> (..., 3)."""
+    a, b, c = cov[..., 0, 0], cov[..., 1, 1], cov[..., 0, 1]
+    return np.stack([a - b, 2 * c, a + b], axis=-1)
+
+
+@dataclass
+class Trajectory:
+    """One initial covariance evolved by the ODE (and the grid): covariances at ``times``."""
+
+    variant: str
+    cov0: np.ndarray
+    times: np.ndarray
+    ode: np.ndarray                     # (m, 2, 2)
+    ode_status: str = "completed"
+    ode_event: float = float("nan")     # blow-up time (tr Sigma > 1e3 or the ODE's event)
+    grid_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))
+    cells: int = 0
+    grid_failure: str = ""
+
+    def normalised_gap(self) -> float:
+        """max over the grid snapshots of |Sigma/tr - Sigma_ode/tr| (entries)."""
+        if not len(self.grid_times):
+            return float("nan")
+        ode = solve_covariance(self.variant, self.params, self.cov0, self.grid_times[-1],
+                               self.grid_times)[1]
+        return float(max(np.abs(g / np.trace(g) - o / np.trace(o)).max()
+                         for g, o in zip(self.grid, ode, strict=True)))
+
+    params: Any = None
+
+
+def solve_covariance(variant: str, params: Any, cov0: np.ndarray, t_end: float,
+                     times: Sequence[float]) -> tuple[np.ndarray, np.ndarray, str, float]:
+    """The Gaussian ODE from N(0, cov0): (times, covariances, status, blow-up time). Blow-up
+    when tr Sigma exceeds TRACE_BLOWUP (the authors' rule) or the ODE's own event."""
+    sol = solve(variant, np.zeros(2), cov0, params, t_end, times=list(times),
+                rtol=1e-10, atol=1e-13,
+                blowup_threshold=TRACE_BLOWUP / np.linalg.eigvalsh(cov0)[-1])
+    kept = np.asarray(times)[np.asarray(times) <= sol.status_time]
+    covs = sol.at(kept)[1] if kept.size else np.zeros((0, 2, 2))
+    event = sol.status_time if sol.status != "completed" else float("nan")
+    return kept, covs, sol.status, event
+
+
+def grid_covariances(variant: str, params: Any, cov0: np.ndarray, t_end: float,
+                     times: Sequence[float], cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """The grid run from N(0, cov0) on the box fitted to the ODE solution (7 sigma for
+    softmax and multi-head, 6 otherwise): covariances at ``times``."""
+    solution = solve(variant, np.zeros(2), cov0, params, t_end)
+    sigmas = 7.0 if variant in ("softmax", "multihead") else 6.0
+    lower, upper = fitted_box(solution, t_end, sigmas)
+    grid = Grid(lower, upper, [cells, cells])
+    result = Solver(Problem(grid, gaussian(grid, np.zeros(2), cov0),
+                            ATTENTION[variant](params), t_end, scheme=Scheme(),
+                            snapshots=list(times), max_outflow=1e-4)).run()
+    if result.status != "completed":
+        raise RuntimeError(f"paper: the {variant} grid run ended with {result.status} at "
+                           f"t = {result.status_time:.4g}: {result.status_message}")
+    return result.times, np.array([moments(s.density, grid)[2] for s in result.snapshots])
+
+
+def run_experiment(name: str, variant: str, count: int = 6, cells: int = 64,
+                   snapshots: int = 21, grid: bool = True) -> list[Trajectory]:
+    """``count`` initial covariances of the experiment (spread over the authors' grid),
+    each by the ODE to t_end (or its blow-up) and, if ``grid``, by the grid solver to
+    t_end, or to half the blow-up time."""
+    experiment = EXPERIMENTS[name]
+    params = experiment.params[variant]
+    covs = initial_covariances(experiment.limits, 10, 10)
+    picks = np.linspace(0, len(covs) - 1, count).round().astype(int)
+    out = []
+    for cov0 in (covs[i] for i in picks):
+        times = np.linspace(0.0, experiment.t_end, snapshots)
+        kept, ode, status, event = solve_covariance(variant, params, cov0, experiment.t_end,
+                                                    times)
+        traj = Trajectory(variant, cov0, kept, ode, status, event, params=params)
+        if grid:
+            horizon = experiment.t_end if np.isnan(event) else 0.5 * event
+            grid_times = np.linspace(0.0, horizon, snapshots)
+            try:
+                traj.grid_times, traj.grid = grid_covariances(variant, params, cov0, horizon,
+                                                              grid_times, cells)
+            except RuntimeError as exc:   # recorded, drawn without grid markers
+                traj.grid_failure = str(exc)
+            traj.cells = cells
+        out.append(traj)
+    return out
+
+
+def trajectory_figures(trajectories: list[Trajectory], title: str, path_3d, path_2d) -> None:
+    """The authors' two pictures: 3-D (a - b, 2c, a + b) with the PSD cone, and the
+    trace-normalised disc; ODE lines, grid markers, blow-up crosses."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.cm.viridis(np.linspace(0, 1, max(len(trajectories), 2)))
+    fig = plt.figure(figsize=(6.4, 5.6))
+    ax = fig.add_subplot(projection="3d")
+    top = max(float(authors_coordinates(t.ode)[:, 2].max()) for t in trajectories)
+    top = min(max(top, 1.0), 3.0)
+    r, phi = np.meshgrid(np.linspace(0, top, 12), np.linspace(0, 2 * np.pi, 40))
+    ax.plot_surface(r * np.cos(phi), r * np.sin(phi), r, alpha=0.12, color="grey")
+    for k, t in enumerate(trajectories):
+        xyz = authors_coordinates(t.ode)
+        inside = xyz[:, 2] <= top
+        ax.plot(*xyz[inside].T, color=colours[k], lw=1.2)
+        if len(t.grid_times):
+            g = authors_coordinates(t.grid)
+            keep = g[:, 2] <= top
+            ax.plot(*g[keep].T, "o", ms=2.5, mfc="none", color=colours[k])
+        if not np.isnan(t.ode_event):
+            ax.plot(*xyz[inside][-1], "x", color="red", ms=7)
+        else:
+            ax.plot(*xyz[-1], "o", color=colours[k], ms=4)
+    ax.set_xlabel("a - b")
+    ax.set_ylabel("2c")
+    ax.set_zlabel("a + b")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path_3d, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.2, 5.2))
+    circle = np.linspace(0, 2 * np.pi, 200)
+    ax.plot(np.cos(circle), np.sin(circle), "k-", lw=0.8, label="rank 1 (unit circle)")
+    for k, t in enumerate(trajectories):
+        xyz = authors_coordinates(t.ode)
+        ax.plot(xyz[:, 0] / xyz[:, 2], xyz[:, 1] / xyz[:, 2], "-", color=colours[k], lw=1.2,
+                label="Gaussian ODE" if k == 0 else None)
+        if len(t.grid_times):
+            g = authors_coordinates(t.grid)
+            ax.plot(g[:, 0] / g[:, 2], g[:, 1] / g[:, 2], "o", ms=3, mfc="none",
+                    color=colours[k], label=f"grid {t.cells}^2" if k == 0 else None)
+        if not np.isnan(t.ode_event):
+            ax.plot(xyz[-1, 0] / xyz[-1, 2], xyz[-1, 1] / xyz[-1, 2], "x", color="red", ms=8,
+                    label="blow-up detected" if k == 0 else None)
+    ax.set_aspect("equal")
+    ax.set_xlim(-1.1, 1.1)
+    ax.set_ylim(-1.1, 1.1)
+    ax.set_xlabel("(a - b) / tr")
+    ax.set_ylabel("2c / tr")
+    ax.set_title(f"{title} (trace-normalised)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path_2d, dpi=120)
+    plt.close(fig)
+
+
+# ---- rank histograms (MATH.md 5.2) ------------------------------------------------------------
+#: MATH.md 5.2, "Reproduced counts": the authors' projected-Euler ranks, {d: {rank: count}}
+PAPER_COUNTS = {
+    ("softmax", "identity"): {3: {0: 3, 1: 48, 2: 49}, 4: {0: 11, 1: 47, 2: 42},
+                              5: {1: 5, 2: 54, 3: 41}},
+    ("l2", "identity"): {3: {1: 32, 2: 68}, 4: {1: 31, 2: 69}, 5: {2: 46, 3: 54}},
+}
+
+
+def histogram_draws(d: int, runs: int = 100) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The authors' Q (d // 2 x d) and Sigma_0 = G G^T for dimension d (module docstring)."""
+    stream = np.random.RandomState(40)
+    qs = {dim: [stream.randn(dim // 2, dim) for _ in range(runs)] for dim in (3, 4, 5)}
+    start = np.random.RandomState(41)
+    covs = []
+    for _ in range(runs):
+        g = start.randn(d, d)
+        covs.append(g @ g.T)
+    return qs[d], covs
+
+
+def exact_limit_rank(Q: np.ndarray, cov0: np.ndarray, threshold: float = 0.1) -> int:
+    """Softmax, V = I: rank of Sigma_inf = P (P^T Sigma_0^{-1} P)^{-1} P^T (P spans ker Q)."""
+    _, s, vt = np.linalg.svd(Q)
+    P = vt[int(np.sum(s > 1e-12)):].T
+    limit = P @ np.linalg.inv(P.T @ np.linalg.inv(cov0) @ P) @ P.T
+    return int(np.sum(np.linalg.eigvalsh(limit) > threshold))
+
+
+def ode_limit_rank(variant: str, Q: np.ndarray, cov0: np.ndarray, V: np.ndarray,
+                   horizon: float = 5000.0, threshold: float = 0.1) -> int:
+    """Rank (eigenvalues above ``threshold``) of the covariance ODE at a long horizon (the
+    decay to the limit is O(1/t))."""
+    d = cov0.shape[0]
+    params = (Head(-Q.T @ Q / np.sqrt(d), V) if variant == "softmax"
+              else L2Head(Q, -Q, V, scale=1.0 / np.sqrt(d)))
+    sol = solve(variant, np.zeros(d), cov0, params, horizon, times=[horizon], rtol=1e-9,
+                atol=1e-12)
+    return int(np.sum(np.linalg.eigvalsh(sol.at(horizon)[1]) > threshold))
+
+
+def rank_counts(variant: str, d: int, runs: int = 100, horizon: float = 5000.0) -> dict:
+    """{"ode": {rank: count}, "exact": {rank: count} (softmax only)} for V = I."""
+    qs, covs = histogram_draws(d, runs)
+    ode = [ode_limit_rank(variant, Q, c, np.eye(d), horizon) for Q, c in zip(qs, covs,
+                                                                           strict=True)]
+    out = {"ode": dict(zip(*np.unique(ode, return_counts=True), strict=True))}
+    if variant == "softmax":
+        exact = [exact_limit_rank(Q, c) for Q, c in zip(qs, covs, strict=True)]
+        out["exact"] = dict(zip(*np.unique(exact, return_counts=True), strict=True))
+    return {k: {int(r): int(n) for r, n in v.items()} for k, v in out.items()}
+
+
+def rank_histogram_figure(counts: dict, path) -> None:
+    """Bars per dimension: ODE limit ranks, exact limit ranks (softmax), the paper's counts."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = sorted({v for v, _ in counts})
+    dims = sorted({d for _, d in counts})
+    fig, axes = plt.subplots(len(variants), len(dims), figsize=(3.2 * len(dims),
+                                                               2.8 * len(variants)),
+                             squeeze=False)
+    for i, variant in enumerate(variants):
+        for j, d in enumerate(dims):
+            ax = axes[i, j]
+            ranks = np.arange(d + 1)
+            series = [("ODE limit", counts[(variant, d)]["ode"])]
+            if "exact" in counts[(variant, d)]:
+                series.append(("exact limit", counts[(variant, d)]["exact"]))
+            series.append(("paper (Euler)", PAPER_COUNTS[(variant, "identity")][d]))
+            width = 0.8 / len(series)
+            for k, (label, c) in enumerate(series):
+                ax.bar(ranks + (k - (len(series) - 1) / 2) * width,
+                       [c.get(int(r), 0) for r in ranks], width, label=label)
+            ax.set_title(f"{variant}, V = I, d = {d}", fontsize=9)
+            ax.set_xticks(ranks)
+            ax.set_xlabel("rank of the limit")
+            if j == 0:
+                ax.set_ylabel("runs of 100")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

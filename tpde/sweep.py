@@ -1,0 +1,765 @@
+"""Parameter sweeps: a grid of run configurations mapped onto dask (``tpde sweep``).
+
+A sweep file names a base run configuration and lists values for any of its keys; every
+combination (the cartesian product, in table order) is one run, one task on a
+``dask.distributed`` cluster (a local one on every core by default, or an existing scheduler),
+written to ``<output>/runs/<run_id>.nc``. The outcome of every run goes into
+``<output>/summary.nc`` (an ``xarray`` dataset along ``run``) and ``<output>/phase.png``.
+
+```toml
+base = "softmax.toml"               # a run config, relative to this file (or an inline [base])
+output = "out/sweep_softmax"        # directory, relative to the working directory
+[parameters]                        # dotted config keys, [i] indexes into lists
+"attention.scale" = [0.5, 1.0, 1.5, 2.0]
+"attention.A[0][1]" = [-0.5, 0.0, 0.5, 1.0]
+"grid.cells" = [[32, 32], [48, 48]]
+[rank]
+tolerance = 0.05                    # see classify()
+[phase]                             # the two parameters on the figure's axes
+x = "attention.scale"
+y = "attention.A[0][1]"
+```
+
+Outcomes (:func:`classify`): ``converged`` (with the rank of the limit), ``blowup`` (with
+its time), ``mass_left`` (with the time the outflow passed ``run.max_outflow``) or
+``failed`` (with the message). A failed run is recorded, never fatal. A rerun skips the runs
+whose file holds a terminal status (completed, blowup, mass_left_domain) for the same
+configuration and redoes the others; the run id hashes the whole resolved configuration, so
+editing the base config reruns everything it touches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time as _time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load
+from .threads import THREADS_VARIABLE
+
+__all__ = ["Run", "Sweep", "SweepProgress", "classify", "load_sweep", "plot_phase",
+           "read_outcome", "run_one", "run_sweep", "summary_dataset"]
+
+TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
+TERMINAL = ("completed", "blowup", "mass_left_domain")   # statuses a rerun skips
+OUTCOMES = ("converged", "blowup", "mass_left", "failed")
+DEFAULT_TOLERANCE = 0.05
+BLOWUP_GROWTH = 1e3      # a completed run whose trace grew by more than this is a blow-up
+BLOWUP_MESSAGE = re.compile(r"non-finite|not finite|overflow", re.IGNORECASE)
+_AT_TIME = re.compile(r"\bat t = ([-+0-9.eE]+)")
+_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
+
+
+# ---- the sweep file -------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One point of the grid: its id, swept values and resolved run configuration."""
+
+    run_id: str
+    values: dict[str, Any]
+    raw: dict
+    text: str            # tpde.config.dumps(raw): the config stored in the run's NetCDF
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file: the runs (cartesian product, table order) and the settings."""
+
+    base: dict
+    output: Path
+    parameters: dict[str, list]
+    tolerance: float
+    phase: tuple[str, str | None]
+    text: str
+    runs: list[Run]
+
+
+def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -> Sweep:
+    """Parse and check a sweep (a TOML path or a mapping); errors are one-line
+    :class:`~tpde.config.ConfigError` naming the key. ``output`` overrides the file's
+    ``output``. A generated config that fails validation is not an error here: that run is
+    recorded as failed when it runs."""
+    if isinstance(source, Mapping):
+        raw, folder, text = dict(source), Path.cwd(), json.dumps(source, default=str)
+        stem = None
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"sweep: cannot read {path}: {exc.strerror}; check the "
+                              "path") from None
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"sweep: malformed TOML in {path}: {exc}") from None
+        folder, stem = path.parent, path.stem
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(f"{key}: unknown key in the sweep file; expected one of "
+                              f"{', '.join(TOP_KEYS)}")
+    base = _base(raw.get("base"), folder)
+    if output is None:
+        output = raw.get("output", None if stem is None else f"out/{stem}")
+        if not isinstance(output, str) or not output:
+            raise ConfigError(f"output: expected a directory name, got {output!r}")
+    parameters = _parameters(raw.get("parameters"), base)
+    tolerance = _rank(raw.get("rank", {}))
+    phase = _phase(raw.get("phase", {}), list(parameters))
+    runs = _runs(base, parameters)
+    return Sweep(base, Path(output), parameters, tolerance, phase, text, runs)
+
+
+def _base(value: Any, folder: Path) -> dict:
+    if value is None:
+        raise ConfigError("base: missing; give a run config file (base = \"run.toml\", "
+                          "relative to the sweep file) or an inline [base] table")
+    if isinstance(value, str):
+        path = Path(value)
+        path = path if path.is_absolute() else folder / path
+        if not path.is_file():
+            raise ConfigError(f"base: cannot read {path}; give a run config file relative "
+                              "to the sweep file")
+        raw = load(path)
+    elif isinstance(value, Mapping):
+        raw = load(value)
+    else:
+        raise ConfigError(f"base: expected a file name or a table, got {value!r}")
+    return copy.deepcopy(raw)
+
+
+def _parameters(table: Any, base: dict) -> dict[str, list]:
+    if not isinstance(table, Mapping) or not table:
+        raise ConfigError("parameters: missing or empty; give [parameters] with "
+                          "\"section.key\" = [value, ...] entries")
+    out: dict[str, list] = {}
+    for key, values in _flatten(table).items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"parameters.\"{key}\": expected a non-empty list of values, "
+                              f"got {values!r}")
+        seen = set()
+        for v in values:
+            canon = _canonical(v)
+            if canon in seen:
+                raise ConfigError(f"parameters.\"{key}\": value {v!r} appears twice")
+            seen.add(canon)
+        _check_path(base, key, _steps(key))
+        out[key] = list(values)
+    return out
+
+
+def _flatten(table: Mapping, prefix: str = "") -> dict:
+    """Unquoted dotted keys (attention.scale = [...]) parse as nested tables: join them."""
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _rank(table: Any) -> float:
+    if not isinstance(table, Mapping):
+        raise ConfigError("rank: expected a table [rank] with tolerance = ...")
+    for key in table:
+        if key != "tolerance":
+            raise ConfigError(f"rank.{key}: unknown key; expected tolerance")
+    tol = table.get("tolerance", DEFAULT_TOLERANCE)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
+        raise ConfigError(f"rank.tolerance: expected a number in (0, 1), got {tol!r}")
+    return float(tol)
+
+
+def _phase(table: Any, keys: list[str]) -> tuple[str, str | None]:
+    if not isinstance(table, Mapping):
+        raise ConfigError("phase: expected a table [phase] with x = ... and y = ...")
+    for key in table:
+        if key not in ("x", "y"):
+            raise ConfigError(f"phase.{key}: unknown key; expected x or y")
+    axes = []
+    for i, axis in enumerate(("x", "y")):
+        default = keys[i] if i < len(keys) else None
+        name = table.get(axis, default)
+        if name is not None and name not in keys:
+            raise ConfigError(f"phase.{axis}: {name!r} is not a swept parameter; choose one "
+                              f"of {', '.join(keys)}")
+        axes.append(name)
+    if axes[0] is None or axes[0] == axes[1]:
+        raise ConfigError(f"phase.y: must differ from phase.x = {axes[0]!r}")
+    return axes[0], axes[1]
+
+
+def _steps(key: str) -> list[str | int]:
+    steps: list[str | int] = []
+    for part in key.split("."):
+        match = _SEGMENT.fullmatch(part)
+        if match is None:
+            raise ConfigError(f"parameters.\"{key}\": not a config key; write section.key "
+                              "with [i] indices into lists, e.g. \"attention.A[0][1]\"")
+        steps.append(match.group(1))
+        steps += [int(i) for i in re.findall(r"\d+", match.group(2))]
+    return steps
+
+
+def _render(steps: list) -> str:
+    out = ""
+    for s in steps:
+        out += f"[{s}]" if isinstance(s, int) else (f".{s}" if out else s)
+    return out
+
+
+def _known_keys(prefix: list) -> set[str]:
+    """Config keys that may be set at ``prefix`` even when the base config omits them."""
+    if not prefix:
+        return set(SECTIONS)
+    if len(prefix) == 1:
+        return SECTIONS.get(prefix[0], set())
+    if prefix[0] == "attention" and len(prefix) == 3 and prefix[1] in ("heads", "layers"):
+        return HEAD_KEYS | ({"t_start", "heads"} if prefix[1] == "layers" else set())
+    if prefix[0] == "attention" and len(prefix) == 5 and prefix[3] == "heads":
+        return set(HEAD_KEYS)
+    return set()
+
+
+def _check_path(base: dict, key: str, steps: list) -> None:
+    """The key must exist in the base config, up to a missing last key (or missing section
+    plus key) that the configuration format knows (e.g. attention.scale, scheme.cfl)."""
+    node: Any = base
+    for depth, step in enumerate(steps):
+        where = _render(steps[:depth]) or "the base config"
+        if isinstance(step, int):
+            if not isinstance(node, list) or step >= len(node):
+                size = f"{len(node)} entries" if isinstance(node, list) else "not a list"
+                raise ConfigError(f"parameters.\"{key}\": no entry [{step}] in {where} of "
+                                  f"the base config ({size})")
+            node = node[step]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"parameters.\"{key}\": {where} is not a table in the base "
+                              "config")
+        if step in node:
+            node = node[step]
+            continue
+        rest = steps[depth + 1:]
+        known = step in _known_keys(steps[:depth])
+        if known and (not rest or (depth == 0 and len(rest) == 1 and isinstance(rest[0], str)
+                                   and rest[0] in SECTIONS.get(step, ()))):
+            return
+        raise ConfigError(f"parameters.\"{key}\": {_render(steps[:depth + 1])} is not in the "
+                          "base config (and not a key to add); check the spelling against "
+                          "the base")
+
+
+def _assign(raw: dict, steps: list, value: Any) -> None:
+    node: Any = raw
+    for step in steps[:-1]:
+        if isinstance(node, dict) and step not in node:
+            node[step] = {}
+        node = node[step]
+    node[steps[-1]] = copy.deepcopy(value)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _slug(key: str, value: Any) -> str:
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return f"{v:g}"
+        if isinstance(v, str):
+            return re.sub(r"[^A-Za-z0-9.+-]", "", v)
+        if isinstance(v, list):
+            return "x".join(text(x) for x in v)
+        return ""
+    name = re.sub(r"[^A-Za-z0-9]", "", key.rsplit(".", 1)[-1])
+    return (name + text(value))[:16]
+
+
+def run_id(values: Mapping[str, Any], raw: Mapping) -> str:
+    """``<readable prefix>_<12 hex>``: the swept values, then the sha1 of the canonical JSON
+    of the whole resolved run config (so the id is stable across sweeps of the same runs)."""
+    digest = hashlib.sha1(_canonical(raw).encode()).hexdigest()[:12]
+    prefix = "_".join(_slug(k, v) for k, v in values.items())[:40].strip("_")
+    return f"{prefix}_{digest}" if prefix else digest
+
+
+def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
+    base = copy.deepcopy(base)
+    base.get("run", {}).pop("output", None)   # the sweep chooses the file
+    keys = list(parameters)
+    steps = [_steps(k) for k in keys]
+    runs, ids = [], {}
+    for combo in itertools.product(*(parameters[k] for k in keys)):
+        raw = copy.deepcopy(base)
+        for s, v in zip(steps, combo, strict=True):
+            _assign(raw, s, v)
+        values = dict(zip(keys, combo, strict=True))
+        rid = run_id(values, raw)
+        if rid in ids:
+            raise ConfigError(f"parameters: {values} and {ids[rid]} give the same "
+                              "configuration; sweep each config key once")
+        ids[rid] = values
+        runs.append(Run(rid, values, raw, dumps(raw)))
+    return runs
+
+
+# ---- outcomes -------------------------------------------------------------------------------
+def classify(status: str | None, status_time: float, message: str, time: np.ndarray,
+             covariance: np.ndarray, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """The outcome of one run from its status and covariance record ``(time, d, d)``.
+
+    - ``completed`` -> ``converged`` with ``rank``: 0 when tr(Sigma) at the last snapshot is
+      at most ``tolerance`` times its initial value (collapse to a point), otherwise the
+      number of eigenvalues of Sigma / tr(Sigma) at the last snapshot above ``tolerance``.
+      A completed run whose trace grew by more than ``BLOWUP_GROWTH`` (1e3) or whose last
+      covariance is not finite is a ``blowup`` instead, at the first such snapshot.
+    - ``blowup`` -> ``blowup`` at ``status_time``; ``error`` whose message mentions a
+      non-finite value (the solver's SimulationError) -> ``blowup`` at the time the message
+      names (else the last finite snapshot).
+    - ``mass_left_domain`` -> ``mass_left`` at ``status_time``.
+    - anything else -> ``failed`` with the message.
+    """
+    time = np.asarray(time, dtype=float)
+    cov = np.asarray(covariance, dtype=float)
+    d = int(round(math.sqrt(cov.size / len(time)))) if cov.size else 0
+    cov = cov.reshape(len(time), d, d)
+    finite = np.isfinite(cov).all(axis=(1, 2)) if d else np.zeros(len(time), bool)
+    traces = np.where(finite, np.trace(np.nan_to_num(cov), axis1=1, axis2=2), np.nan)
+    last = int(np.nonzero(finite)[0][-1]) if finite.any() else None
+    tr0 = float(traces[0]) if len(traces) else math.nan
+    out = {"status": str(status), "status_time": float(status_time), "message": message,
+           "outcome": "failed", "rank": -1, "event_time": math.nan,
+           "trace_initial": tr0, "trace_final": math.nan, "eigenvalues": [],
+           "covariance": []}
+    if last is not None:
+        sigma = 0.5 * (cov[last] + cov[last].T)
+        trace = float(np.trace(sigma))
+        eig = np.sort(np.linalg.eigvalsh(sigma))[::-1] / trace if trace > 0 else \
+            np.full(d, math.nan)
+        out.update(trace_final=trace, eigenvalues=eig.tolist(), covariance=sigma.tolist())
+    last_time = float(time[last]) if last is not None else math.nan
+    if status == "completed":
+        grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else []
+        if len(time) and not finite[-1]:
+            out.update(outcome="blowup", event_time=last_time,
+                       message=message or "non-finite covariance")
+        elif len(grown):
+            out.update(outcome="blowup", event_time=float(time[grown[0]]),
+                       message=message or f"tr(Sigma) grew by more than {BLOWUP_GROWTH:g}")
+        elif last is None:
+            out.update(message=message or "no finite snapshot in the output")
+        else:
+            eig = np.asarray(out["eigenvalues"])
+            collapsed = tr0 > 0 and out["trace_final"] <= tolerance * tr0
+            out.update(outcome="converged", rank=0 if collapsed else
+                       int(np.sum(eig > tolerance)))
+    elif status == "blowup":
+        t = status_time if math.isfinite(status_time) else last_time
+        out.update(outcome="blowup", event_time=float(t))
+    elif status == "mass_left_domain":
+        out.update(outcome="mass_left", event_time=float(status_time))
+    elif status == "error" and BLOWUP_MESSAGE.search(message or ""):
+        at = _AT_TIME.search(message)
+        out.update(outcome="blowup", event_time=float(at.group(1)) if at else last_time)
+    else:
+        out["message"] = message or f"run ended with status {status!r}"
+    return out
+
+
+def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """:func:`classify` of a run's NetCDF output (only the attributes, ``time`` and
+    ``covariance`` are read; a trailing incomplete record is ignored)."""
+    import xarray as xr
+    with xr.open_dataset(path, engine="netcdf4", decode_times=False, cache=False) as ds:
+        attrs = dict(ds.attrs)
+        time = np.asarray(ds["time"].values, dtype=float)
+        cov = np.asarray(ds["covariance"].values, dtype=float)
+    ok = np.isfinite(time)
+    n = int(ok.size if ok.all() else np.argmin(ok))
+    status_time = attrs.get("status_time", math.nan)
+    try:
+        status_time = float(status_time)
+    except (TypeError, ValueError):
+        status_time = math.nan
+    record = classify(attrs.get("status"), status_time, str(attrs.get("status_message", "")),
+                      time[:n], cov[:n], tolerance)
+    record["config"] = str(attrs.get("config", ""))
+    return record
+
+
+def _failed(run_id_: str, message: str, wall: float = math.nan) -> dict:
+    return {"run_id": run_id_, "status": "failed", "status_time": math.nan,
+            "message": message, "outcome": "failed", "rank": -1, "event_time": math.nan,
+            "trace_initial": math.nan, "trace_final": math.nan, "eigenvalues": [],
+            "covariance": [], "wall_s": wall, "skipped": False}
+
+
+def run_one(task: Mapping) -> dict:
+    """One sweep task (runs on a dask worker): build the config, run it to ``task["path"]``
+    and classify the result. Never raises: a failure is a record with outcome ``failed``.
+
+    ``task``: ``run_id``, ``raw`` (the run config mapping), ``path``, ``tolerance``.
+    Without ``TPDE_NUM_THREADS`` in the worker's environment the run uses one thread (the
+    cluster runs one task per core).
+    """
+    start = _time.perf_counter()
+    rid, path = str(task["run_id"]), Path(task["path"])
+    started = False
+    try:
+        if not os.environ.get(THREADS_VARIABLE, "").strip():
+            os.environ[THREADS_VARIABLE] = "1"
+        from .config import build
+        from .run import run_config
+        from .threads import set_num_threads
+        set_num_threads()
+        config = build(task["raw"])
+        started = True
+        run_config(config, path, overwrite=True, quiet=True)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - every failure is a result of the sweep
+        error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    record = None
+    if started and path.exists():
+        try:
+            record = read_outcome(path, float(task.get("tolerance", DEFAULT_TOLERANCE)))
+            record.pop("config", None)
+            if error and record["outcome"] == "failed":
+                record["message"] = record["message"] or error
+        except Exception as exc:  # noqa: BLE001
+            error = f"{error + '; ' if error else ''}cannot read {path.name}: {exc}"
+            record = None
+    wall = _time.perf_counter() - start
+    if record is None:
+        return _failed(rid, error or "the run wrote no output", wall)
+    record.update(run_id=rid, wall_s=wall, skipped=False)
+    return record
+
+
+def _reusable(path: Path, run: Run, tolerance: float) -> dict | None:
+    """The record of an earlier run of the same config with a terminal status, or None."""
+    if not path.is_file():
+        return None
+    try:
+        record = read_outcome(path, tolerance)
+    except Exception:  # noqa: BLE001 - unreadable (killed mid-write): run it again
+        return None
+    if record["status"] not in TERMINAL or record.pop("config").strip() != run.text.strip():
+        return None
+    record.update(run_id=run.run_id, skipped=True)
+    return record
+
+
+# ---- progress -------------------------------------------------------------------------------
+class SweepProgress:
+    """``runs 37/64 done, 2 failed, 5 skipped`` on stderr: redrawn in place on a terminal,
+    one line per update otherwise, nothing when disabled."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = _time.perf_counter()
+        self.done = self.failed = self.skipped = 0
+
+    def update(self, record: dict | None = None) -> None:
+        if record is not None:
+            self.done += 1
+            self.failed += record["outcome"] == "failed"
+            self.skipped += bool(record.get("skipped"))
+        if not self.enabled:
+            return
+        line = (f"runs {self.done}/{self.total} done, {self.failed} failed, {self.skipped} "
+                f"skipped  {_time.perf_counter() - self.start:.1f} s")
+        self.stream.write(f"\r{line}" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- execution ------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _client(scheduler: Any, workers: int | None, tasks: int) -> Iterator[Any]:
+    from dask.distributed import Client, LocalCluster
+    if isinstance(scheduler, Client):
+        yield scheduler
+    elif scheduler is not None:
+        with Client(scheduler, timeout="30s") as client:
+            yield client
+    else:
+        from dask.system import CPU_COUNT
+        n = max(1, min(workers or CPU_COUNT, tasks))
+        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                          dashboard_address=None, silence_logs=logging.ERROR,
+                          env={THREADS_VARIABLE: os.environ.get(THREADS_VARIABLE) or "1"}
+                          ) as cluster, Client(cluster) as client:
+            yield client
+
+
+def run_sweep(sweep: str | Path | Mapping | Sweep, scheduler: Any = None,
+              workers: int | None = None, progress: bool = True,
+              output: str | Path | None = None,
+              on_result: Callable[[dict], None] | None = None):
+    """Run every point of a sweep and return the summary (``xarray.Dataset``, also written
+    to ``<output>/summary.nc``, with the figure ``<output>/phase.png``).
+
+    scheduler: None for a local cluster (``workers`` processes, default every core, one
+    thread each), a ``dask.distributed`` scheduler address (``tcp://host:8786``) or a
+    ``Client``. Runs whose NetCDF already holds a terminal status for the same config are
+    skipped (counted in ``attrs["skipped"]``). on_result: called in this process with each
+    run's record as it arrives (skipped runs first). Per-run failures, including tasks lost
+    with their workers more often than the scheduler allows, are recorded as ``failed``.
+    """
+    spec = sweep if isinstance(sweep, Sweep) else load_sweep(sweep, output)
+    if output is not None and isinstance(sweep, Sweep):
+        spec = Sweep(**{**spec.__dict__, "output": Path(output)})
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")
+        if scheduler is not None:
+            raise ConfigError("workers: sets the size of the local cluster; the cluster at "
+                              "--scheduler has its own workers")
+    runs_dir = spec.output / "runs"
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output: cannot create {runs_dir}: {exc.strerror}") from None
+    walls = _previous_walls(spec.output / "summary.nc")
+    display = SweepProgress(len(spec.runs), enabled=progress)
+    records: dict[str, dict] = {}
+    pending: list[Run] = []
+    for run in spec.runs:
+        record = _reusable(runs_dir / f"{run.run_id}.nc", run, spec.tolerance)
+        if record is None:
+            pending.append(run)
+            continue
+        record["wall_s"] = walls.get(run.run_id, math.nan)
+        records[run.run_id] = record
+        display.done += 1
+        display.skipped += 1
+        if on_result is not None:
+            on_result(record)
+    display.update()
+    try:
+        if pending:
+            with _client(scheduler, workers, len(pending)) as client:
+                _gather(client, pending, runs_dir, spec.tolerance, records, display, on_result)
+    finally:
+        display.close()
+    summary = summary_dataset(spec, records)
+    path = spec.output / "summary.nc"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    summary.to_netcdf(tmp, engine="netcdf4")
+    os.replace(tmp, path)
+    plot_phase(summary, spec.output / "phase.png")
+    return summary
+
+
+def _gather(client, pending: list[Run], runs_dir: Path, tolerance: float, records: dict,
+            display: SweepProgress, on_result) -> None:
+    from dask.distributed import as_completed
+    futures = {}
+    for run in pending:
+        task = {"run_id": run.run_id, "raw": run.raw, "tolerance": tolerance,
+                "path": str((runs_dir / f"{run.run_id}.nc").resolve())}
+        future = client.submit(run_one, task, key=f"tpde-sweep-{run.run_id}", retries=1)
+        futures[future] = run
+    try:
+        for future in as_completed(list(futures)):
+            run = futures[future]
+            try:
+                record = future.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. KilledWorker: a failed run
+                record = _failed(run.run_id, f"{type(exc).__name__}: {exc}")
+            future.release()
+            records[run.run_id] = record
+            display.update(record)
+            if on_result is not None:
+                on_result(record)
+    except BaseException:
+        client.cancel(list(futures))
+        raise
+
+
+def _previous_walls(path: Path) -> dict[str, float]:
+    if not path.is_file():
+        return {}
+    try:
+        import xarray as xr
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            return dict(zip(ds["run_id"].values.tolist(),
+                            ds["wall_s"].values.astype(float).tolist(), strict=True))
+    except Exception:  # noqa: BLE001 - a stale or foreign file: no wall times
+        return {}
+
+
+# ---- summary --------------------------------------------------------------------------------
+def _column(values: list) -> np.ndarray:
+    """A parameter's values along ``run``: float for numbers, str otherwise (lists and
+    tables as JSON)."""
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return np.array(values, dtype=float)
+    if all(isinstance(v, str) for v in values):
+        return np.array(values, dtype=str)
+    return np.array([json.dumps(v) for v in values], dtype=str)
+
+
+def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
+    """The summary ``xarray.Dataset`` along ``run`` (sweep order): one coordinate per swept
+    parameter; ``run_id``, ``outcome``, ``rank`` (-1 unless converged), ``event_time`` (NaN
+    unless blowup / mass_left), ``trace_initial``, ``trace_final``, ``eigenvalues(run,
+    eigen)`` (of Sigma / tr Sigma at the last finite snapshot, descending), ``status``,
+    ``message``, ``wall_s``, ``skipped``; attributes: the sweep text and the counts."""
+    import xarray as xr
+    runs = spec.runs
+    rows = [records.get(r.run_id) or _failed(r.run_id, "no result") for r in runs]
+    width = max([len(r["eigenvalues"]) for r in rows] + [1])
+    eig = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        eig[i, :len(r["eigenvalues"])] = r["eigenvalues"]
+
+    def col(name, dtype):
+        return ("run", np.array([r[name] for r in rows], dtype=dtype))
+    coords = {"run": np.arange(len(rows))}
+    for key in spec.parameters:
+        coords[key] = ("run", _column([r.values[key] for r in runs]))
+    counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
+    ds = xr.Dataset(
+        {"run_id": col("run_id", str), "outcome": col("outcome", str),
+         "rank": col("rank", np.int64), "event_time": col("event_time", float),
+         "trace_initial": col("trace_initial", float),
+         "trace_final": col("trace_final", float),
+         "eigenvalues": (("run", "eigen"), eig), "status": col("status", str),
+         "message": ("run", np.array([str(r["message"]) for r in rows], dtype=str)),
+         "wall_s": col("wall_s", float), "skipped": col("skipped", np.int8)},
+        coords=coords,
+        attrs={"title": "tpde sweep summary", "sweep": spec.text,
+               "output": str(spec.output), "parameters": json.dumps(list(spec.parameters)),
+               "phase_x": spec.phase[0], "phase_y": spec.phase[1] or "",
+               "rank_tolerance": spec.tolerance, "runs": len(rows),
+               "skipped": int(sum(bool(r.get("skipped")) for r in rows)), **counts})
+    ds["outcome"].attrs["long_name"] = "converged | blowup | mass_left | failed"
+    ds["rank"].attrs["long_name"] = (f"eigenvalues of Sigma/tr(Sigma) above {spec.tolerance:g}"
+                                     " at the last snapshot (0: collapse to a point)")
+    ds["event_time"].attrs["long_name"] = "time of the blow-up or of the mass leaving the box"
+    return ds
+
+
+# ---- the phase diagram ----------------------------------------------------------------------
+_RANK_COLOURS = ("black", "tab:blue", "tab:green", "tab:purple", "tab:cyan")
+_STYLES = {"blowup": ("X", "tab:red"), "mass_left": ("^", "tab:orange"),
+           "failed": ("s", "0.55")}
+
+
+def _category(outcome: str, rank: int) -> tuple[str, str, str]:
+    if outcome == "converged":
+        return (f"converged, rank {rank}", "o", _RANK_COLOURS[min(rank, 4)])
+    marker, colour = _STYLES.get(outcome, _STYLES["failed"])
+    return (outcome.replace("_", " "), marker, colour)
+
+
+def _axis(values: np.ndarray) -> tuple[np.ndarray, list | None, float]:
+    """Positions on an axis, tick labels for a categorical one, and the grid spacing."""
+    if values.dtype.kind == "f" and np.all(np.isfinite(values)):
+        unique = np.unique(values)
+        step = float(np.min(np.diff(unique))) if unique.size > 1 else 1.0
+        return values, None, step
+    labels = list(dict.fromkeys(values.tolist()))
+    return np.array([labels.index(v) for v in values.tolist()], float), labels, 1.0
+
+
+def plot_phase(summary, path: str | Path, x: str | None = None,
+               y: str | None = None) -> Path:
+    """The phase diagram of a sweep summary: outcome per run over the parameters ``x`` and
+    ``y`` (default: ``[phase]`` of the sweep file). Non-numeric parameters get categorical
+    axes; the other parameters get one panel per combination of values (up to 6), or are
+    overlaid with a small offset per combination."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    keys = json.loads(summary.attrs["parameters"])
+    x = x or summary.attrs.get("phase_x") or keys[0]
+    y = y if y is not None else (summary.attrs.get("phase_y") or None)
+    others = [k for k in keys if k not in (x, y)]
+    n = summary.sizes["run"]
+    xs, xlabels, xstep = _axis(summary[x].values)
+    ys, ylabels, ystep = (_axis(summary[y].values) if y else
+                          (np.zeros(n), None, 1.0))
+    combos = [tuple(str(summary[k].values[i]) for k in others) for i in range(n)]
+    groups = list(dict.fromkeys(combos))
+    panels = groups if len(groups) <= 6 else [None]
+    dx, dy = np.zeros(n), np.zeros(n)
+    if panels == [None]:          # overlay: offset each combination on a small circle
+        for i, c in enumerate(combos):
+            angle = 2 * math.pi * groups.index(c) / len(groups)
+            dx[i], dy[i] = 0.25 * xstep * math.cos(angle), 0.25 * ystep * math.sin(angle)
+    cats = [_category(str(o), int(r)) for o, r in
+            zip(summary["outcome"].values, summary["rank"].values, strict=True)]
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(4.2 * ncols + 2.2, 3.6 * nrows + 0.4), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for p, ax in enumerate(axes.flat):
+        if p >= len(panels):
+            ax.set_visible(False)
+            continue
+        members = [i for i in range(n) if panels[p] is None or combos[i] == panels[p]]
+        for label in dict.fromkeys(cats[i][0] for i in members):
+            idx = [i for i in members if cats[i][0] == label]
+            _, marker, colour = cats[idx[0]]
+            filled = label != "failed"
+            ax.scatter(xs[idx] + dx[idx], ys[idx] + dy[idx], marker=marker, s=46,
+                       c=colour if filled else "none", edgecolors=colour, linewidths=1.2)
+        if xlabels is not None:
+            ax.set_xticks(range(len(xlabels)), xlabels, rotation=30, fontsize=7)
+            ax.set_xlim(-0.5, len(xlabels) - 0.5)
+        if y is None:
+            ax.set_yticks([])
+        elif ylabels is not None:
+            ax.set_yticks(range(len(ylabels)), ylabels, fontsize=7)
+            ax.set_ylim(-0.5, len(ylabels) - 0.5)
+        ax.set_xlabel(x)
+        if y:
+            ax.set_ylabel(y)
+        if panels[p] is not None and others:
+            ax.set_title(", ".join(f"{k} = {v}" for k, v in zip(others, panels[p],
+                                                                 strict=True)), fontsize=8)
+        elif others:
+            ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)
+        ax.grid(alpha=0.3)
+    rank = ["converged", "blowup", "mass left", "failed"]
+    order = sorted(dict.fromkeys(cats), key=lambda c: (rank.index(c[0].split(",")[0]), c[0]))
+    counts = {c[0]: sum(k[0] == c[0] for k in cats) for c in order}
+    handles = [Line2D([], [], marker=m, linestyle="", markersize=7,
+                      markerfacecolor=col if label != "failed" else "none",
+                      markeredgecolor=col, label=f"{label} ({counts[label]})")
+               for label, m, col in order]
+    fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
+    fig.suptitle(f"tpde sweep: {n} runs", fontsize=10)
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
