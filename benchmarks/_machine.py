@@ -24,3 +24,14 @@ def loadavg() -> float | None:
         return os.getloadavg()[0]
     except OSError:
         return None
+
+
+def host() -> dict:
+    """The machine facts every benchmark's JSON line carries under "host"."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
+            "loadavg_end": loadavg()}
+
+
+#: the c1 matrices of MATH.md 6 (2-D, non-symmetric A and V), shared by the benchmarks
+A1 = [[-0.6, 0.8], [-0.2, -0.3]]
+V1 = [[1.0, 0.5], [-0.3, 0.8]]

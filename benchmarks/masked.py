@@ -14,20 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import cpu_model, loadavg  # noqa: E402
+from _machine import A1, V1, host, loadavg  # noqa: E402
 
 from tpde.grid import Grid, Positions, gaussian_mixture  # noqa: E402
 from tpde.variants import CausalAttention, Head, SoftmaxAttention  # noqa: E402
-
-A1 = [[-0.6, 0.8], [-0.2, -0.3]]
-V1 = [[1.0, 0.5], [-0.3, 0.8]]
 
 
 def main() -> int:
@@ -62,8 +58,7 @@ def main() -> int:
     print(f"# time ~ slices^{exponent:.2f}", file=sys.stderr)
     out = {"benchmark": "masked", "case": "causal softmax c1, face velocities of one stage",
            "n": args.n, "cost_exponent_in_slices": exponent, "rows": rows,
-           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_end": loadavg()},
+           "host": host(),
            "wall_s": round(time.perf_counter() - start, 1)}
     print(json.dumps(out), flush=True)
     return 0

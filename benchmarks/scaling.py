@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -32,10 +31,7 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import cpu_model, loadavg  # noqa: E402
-
-A1 = [[-0.6, 0.8], [-0.2, -0.3]]
-V1 = [[1.0, 0.5], [-0.3, 0.8]]
+from _machine import A1, V1, host, loadavg  # noqa: E402
 
 
 def peak_rss_bytes() -> int:
@@ -113,8 +109,7 @@ def main() -> int:
            "largest": f"{largest['cells_per_axis']}^2",
            "traced_doubles_per_cell_largest": largest["traced_doubles_per_cell"],
            "rss_doubles_per_cell_largest": largest["rss_doubles_per_cell"], "rows": rows,
-           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_end": loadavg()},
+           "host": host(),
            "wall_s": round(time.perf_counter() - start, 1)}
     print(f"# cost ~ N^{exponent:.2f}", file=sys.stderr)
     print(json.dumps(out), flush=True)

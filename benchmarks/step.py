@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -35,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyfftw  # noqa: E402
-from _machine import cpu_model, loadavg  # noqa: E402
+from _machine import A1, V1, host, loadavg  # noqa: E402
 
 import tpde  # noqa: E402
 from tpde.grid import Grid, gaussian  # noqa: E402
@@ -45,8 +44,6 @@ from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
 from tpde.variants.sinkhorn import SinkhornAttention  # noqa: E402
 from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
 
-A1 = [[-0.6, 0.8], [-0.2, -0.3]]
-V1 = [[1.0, 0.5], [-0.3, 0.8]]
 L2_HEAD = L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.4, 0.7], [-0.6, 0.2]], V1)
 
 
@@ -166,8 +163,7 @@ def main() -> int:
                   file=sys.stderr, flush=True)
     out = {"benchmark": "step", "n": args.n, "scheme": "WENO5-Z, SSP-RK3, positivity limiter",
            "rows": rows,
-           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_end": loadavg()},
+           "host": host(),
            "wall_s": round(time.perf_counter() - start, 1)}
     print(json.dumps(out), flush=True)
     return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -32,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from _machine import cpu_model, loadavg  # noqa: E402
+from _machine import A1, V1, host  # noqa: E402
 
 from tpde.grid import Grid, gaussian, moments  # noqa: E402
 from tpde.studies import fitted_box, grid_run, relative_errors  # noqa: E402
@@ -45,8 +44,6 @@ from tpde.validation.particles import (  # noqa: E402
 )
 from tpde.variants import Head  # noqa: E402
 
-A1 = [[-0.6, 0.8], [-0.2, -0.3]]
-V1 = [[1.0, 0.5], [-0.3, 0.8]]
 MEAN0 = np.array([0.5, -0.3])
 COV0 = np.array([[1.0, 0.4], [0.4, 0.6]])
 T_END = 1.0
@@ -127,8 +124,7 @@ def main() -> int:
            "tokens_error_at_budget": best["tokens"] and best["tokens"]["cov_error"],
            "token_over_grid_error": ratio, "threads": numba.get_num_threads(),
            "rows": rows,
-           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_end": loadavg()},
+           "host": host(),
            "wall_s": round(time.perf_counter() - start, 1)}
     print(json.dumps(out), flush=True)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 
@@ -27,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from _machine import cpu_model, loadavg  # noqa: E402
+from _machine import A1, V1, host  # noqa: E402
 
 from tpde.grid import Grid, gaussian  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
@@ -40,9 +39,6 @@ from tpde.variants.direct import (  # noqa: E402
 from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
 from tpde.variants.sinkhorn import SinkhornAttention, quadrature_weights  # noqa: E402
 from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
-
-A1 = [[-0.6, 0.8], [-0.2, -0.3]]
-V1 = [[1.0, 0.5], [-0.3, 0.8]]
 
 
 def best_of(func, repeat: int = 3) -> float:
@@ -174,8 +170,7 @@ def main() -> int:
               f"{r['fast_s'] * 1e3:.1f} ms{floor}, dense ~{r['dense_s_extrapolated']:.1f} s, "
               f"speed-up {r['speedup']:.0f}x{extra}", file=sys.stderr)
     out = {"benchmark": "velocity", "rows": rows, "threads": numba.get_num_threads(),
-           "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                    "loadavg_end": loadavg()},
+           "host": host(),
            "wall_s": round(time.perf_counter() - start, 1)}
     print(json.dumps(out), flush=True)
     return 0
