@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import time
 
 
 def cpu_model() -> str:
@@ -29,7 +31,16 @@ def loadavg() -> float | None:
 def host() -> dict:
     """The machine facts every benchmark's JSON line carries under "host"."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-            "loadavg_end": loadavg()}
+            "python": platform.python_version(), "loadavg_end": loadavg()}
+
+
+def emit(benchmark: str, start: float, **figures) -> dict:
+    """Print a benchmark's one JSON line on stdout: its figures, the host and the wall time
+    since ``start`` (a ``time.perf_counter()`` value); returns the dict."""
+    out = {"benchmark": benchmark, **figures, "host": host(),
+           "wall_s": round(time.perf_counter() - start, 1)}
+    print(json.dumps(out), flush=True)
+    return out
 
 
 #: the c1 matrices of MATH.md 6 (2-D, non-symmetric A and V), shared by the benchmarks

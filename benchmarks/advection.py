@@ -36,14 +36,13 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model, loadavg
+from _machine import cpu_model, host, loadavg
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -270,8 +269,7 @@ def main() -> int:
         out["tpde_source_changed_during_run"] = True
         log("advection: WARNING: tpde's sources changed during the run")
     out["date"] = _dt.datetime.now().isoformat(timespec="seconds")
-    out["host"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-                   "python": platform.python_version(), "loadavg_end": loadavg()}
+    out["host"] = host()
     out["wall_s"] = round(time.perf_counter() - start, 1)
 
     if out["l1_sharpclaw"] is not None:

@@ -12,7 +12,6 @@ sum along s promises; a pairwise mask would be 2). Default threads. Prints one J
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import A1, V1, host, loadavg  # noqa: E402
+from _machine import A1, V1, emit, loadavg  # noqa: E402
 
 from tpde.grid import Grid, Positions, gaussian_mixture  # noqa: E402
 from tpde.variants import CausalAttention, Head, SoftmaxAttention  # noqa: E402
@@ -56,11 +55,8 @@ def main() -> int:
     seconds = np.array([r["velocity_s"] for r in rows])
     exponent = float(np.polyfit(np.log(counts), np.log(seconds), 1)[0])
     print(f"# time ~ slices^{exponent:.2f}", file=sys.stderr)
-    out = {"benchmark": "masked", "case": "causal softmax c1, face velocities of one stage",
-           "n": args.n, "cost_exponent_in_slices": exponent, "rows": rows,
-           "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
-    print(json.dumps(out), flush=True)
+    emit("masked", start, case="causal softmax c1, face velocities of one stage",
+         n=args.n, cost_exponent_in_slices=exponent, rows=rows)
     return 0
 
 

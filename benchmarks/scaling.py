@@ -31,7 +31,7 @@ import tracemalloc
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import A1, V1, host, loadavg  # noqa: E402
+from _machine import A1, V1, emit, loadavg  # noqa: E402
 
 
 def peak_rss_bytes() -> int:
@@ -104,15 +104,11 @@ def main() -> int:
     seconds = np.array([r["step_s"] for r in rows])
     exponent = float(np.polyfit(np.log(cells), np.log(seconds), 1)[0])
     largest = rows[-1]
-    out = {"benchmark": "scaling", "case": "softmax c1 step, WENO5-Z, SSP-RK3",
-           "cost_exponent": exponent,
-           "largest": f"{largest['cells_per_axis']}^2",
-           "traced_doubles_per_cell_largest": largest["traced_doubles_per_cell"],
-           "rss_doubles_per_cell_largest": largest["rss_doubles_per_cell"], "rows": rows,
-           "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
     print(f"# cost ~ N^{exponent:.2f}", file=sys.stderr)
-    print(json.dumps(out), flush=True)
+    emit("scaling", start, case="softmax c1 step, WENO5-Z, SSP-RK3", cost_exponent=exponent,
+         largest=f"{largest['cells_per_axis']}^2",
+         traced_doubles_per_cell_largest=largest["traced_doubles_per_cell"],
+         rss_doubles_per_cell_largest=largest["rss_doubles_per_cell"], rows=rows)
     return 0
 
 

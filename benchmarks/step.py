@@ -25,7 +25,6 @@ products (one table per stage). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyfftw  # noqa: E402
-from _machine import A1, V1, host, loadavg  # noqa: E402
+from _machine import A1, V1, emit, loadavg  # noqa: E402
 
 import tpde  # noqa: E402
 from tpde.grid import Grid, gaussian  # noqa: E402
@@ -161,11 +160,7 @@ def main() -> int:
                             f"{row['step_over_fft_floor']:.2f}x" if "fft_floor_s" in row
                             else f", {row['iterations_per_stage']:.1f} iterations per stage"),
                   file=sys.stderr, flush=True)
-    out = {"benchmark": "step", "n": args.n, "scheme": "WENO5-Z, SSP-RK3, positivity limiter",
-           "rows": rows,
-           "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
-    print(json.dumps(out), flush=True)
+    emit("step", start, n=args.n, scheme="WENO5-Z, SSP-RK3, positivity limiter", rows=rows)
     return 0
 
 

@@ -22,7 +22,6 @@ method" for general densities, but shown for completeness. Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from _machine import A1, V1, host  # noqa: E402
+from _machine import A1, V1, emit  # noqa: E402
 
 from tpde.grid import Grid, gaussian, moments  # noqa: E402
 from tpde.studies import fitted_box, grid_run, relative_errors  # noqa: E402
@@ -116,17 +115,12 @@ def main() -> int:
     print(f"# within {args.budget:g} s: grid {best['grid'] and best['grid']['label']}, tokens "
           f"{best['tokens'] and best['tokens']['label']}: token error / grid error = "
           f"{ratio if ratio is None else f'{ratio:.3g}'}", file=sys.stderr)
-    out = {"benchmark": "time_to_accuracy", "case": "2-D Gaussian softmax c1, t = 1",
-           "budget_s": args.budget,
-           "grid_at_budget": best["grid"] and best["grid"]["label"],
-           "grid_error_at_budget": best["grid"] and best["grid"]["cov_error"],
-           "tokens_at_budget": best["tokens"] and best["tokens"]["label"],
-           "tokens_error_at_budget": best["tokens"] and best["tokens"]["cov_error"],
-           "token_over_grid_error": ratio, "threads": numba.get_num_threads(),
-           "rows": rows,
-           "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
-    print(json.dumps(out), flush=True)
+    emit("time_to_accuracy", start, case="2-D Gaussian softmax c1, t = 1",
+         budget_s=args.budget, grid_at_budget=best["grid"] and best["grid"]["label"],
+         grid_error_at_budget=best["grid"] and best["grid"]["cov_error"],
+         tokens_at_budget=best["tokens"] and best["tokens"]["label"],
+         tokens_error_at_budget=best["tokens"] and best["tokens"]["cov_error"],
+         token_over_grid_error=ratio, threads=numba.get_num_threads(), rows=rows)
     return 0
 
 

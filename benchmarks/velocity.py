@@ -17,7 +17,6 @@ bookkeeping add. Threads: tpde's default (1, TPDE_NUM_THREADS). Prints one JSON 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from _machine import A1, V1, host  # noqa: E402
+from _machine import A1, V1, emit  # noqa: E402
 
 from tpde.grid import Grid, gaussian  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
@@ -169,10 +168,7 @@ def main() -> int:
         print(f"# {r['case']} {r['ndim']}-D {r['cells']}^{r['ndim']}: fast "
               f"{r['fast_s'] * 1e3:.1f} ms{floor}, dense ~{r['dense_s_extrapolated']:.1f} s, "
               f"speed-up {r['speedup']:.0f}x{extra}", file=sys.stderr)
-    out = {"benchmark": "velocity", "rows": rows, "threads": numba.get_num_threads(),
-           "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
-    print(json.dumps(out), flush=True)
+    emit("velocity", start, rows=rows, threads=numba.get_num_threads())
     return 0
 
 
