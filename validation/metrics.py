@@ -167,6 +167,15 @@ def _tokens(tokens, weights, d: int) -> tuple[np.ndarray, np.ndarray]:
     return x, w / total
 
 
+def _check_transport(grid, p, method, reg, max_cells) -> tuple[Grid, int, float | None]:
+    """The arguments every POT distance takes: (grid, p, eps) checked, or ValueError."""
+    checked = _check_grid(grid), _check_p(p), _check_method(method, reg)
+    if isinstance(max_cells, bool) or not isinstance(max_cells, int | np.integer) \
+            or max_cells < 1:
+        raise ValueError(f"metrics.max_cells: expected an integer >= 1, got {max_cells!r}")
+    return checked
+
+
 def _check_method(method, reg) -> float | None:
     if method not in _METHODS:
         raise ValueError(f"metrics.method: unknown method {method!r}; "
@@ -407,12 +416,7 @@ def wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid, p: int
         ``value`` (``W_p``), ``p``, ``method``, ``reg`` (eps used), ``support_a``, ``support_b``,
         ``coarsening`` (k), ``bound``.
     """
-    grid = _check_grid(grid)
-    p = _check_p(p)
-    eps = _check_method(method, reg)
-    if isinstance(max_cells, bool) or not isinstance(max_cells, int | np.integer) \
-            or max_cells < 1:
-        raise ValueError(f"metrics.max_cells: expected an integer >= 1, got {max_cells!r}")
+    grid, p, eps = _check_transport(grid, p, method, reg, max_cells)
     pa = _probability(density_a, grid, "density_a")
     pb = _probability(density_b, grid, "density_b")
     if grid.ndim == 1 and method == "exact":
@@ -440,12 +444,7 @@ def wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
     :func:`wasserstein_1d_tokens` (exact, ``bound = 0``). ``Distance.bound`` (exact) is
     ``|h| / sqrt(12) + (k - 1) |h| / 2``: one grid measure is approximated.
     """
-    grid = _check_grid(grid)
-    p = _check_p(p)
-    eps = _check_method(method, reg)
-    if isinstance(max_cells, bool) or not isinstance(max_cells, int | np.integer) \
-            or max_cells < 1:
-        raise ValueError(f"metrics.max_cells: expected an integer >= 1, got {max_cells!r}")
+    grid, p, eps = _check_transport(grid, p, method, reg, max_cells)
     prob = _probability(density, grid, "density")
     x, w = _tokens(tokens, weights, grid.ndim)
     if grid.ndim == 1 and method == "exact":
