@@ -122,15 +122,25 @@ def load(source: str | Path | Mapping) -> dict:
     text = str(source)
     path = Path(text)
     if "\n" not in text and (path.suffix == ".toml" or path.exists()):
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"config: cannot read {path}: {exc.strerror}; check the "
-                              "path") from None
+        text = read_text(path, "config")
+    return parse_toml(text, "config")
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of a file, or a ConfigError naming ``what`` (config, sweep) and the path."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}; check the "
+                          "path") from None
+
+
+def parse_toml(text: str, what: str, where: str = "") -> dict:
+    """TOML text -> tables, or a ConfigError ``"<what>: malformed TOML<where>: ..."``."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config: malformed TOML: {exc}") from None
+        raise ConfigError(f"{what}: malformed TOML{where}: {exc}") from None
 
 
 def _number(key: str, value: Any, positive: bool = False, integer: bool = False) -> float:
