@@ -21,6 +21,31 @@ from .solver import SimulationError, Snapshot, Solver
 __all__ = ["Progress", "run_config", "simulate"]
 
 
+class StatusLine:
+    """One status line on ``stream`` (stderr): redrawn in place on a terminal, one log line
+    per update otherwise, nothing when disabled. Shared by runs and sweeps."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = _time.perf_counter()
+
+    def elapsed(self) -> float:
+        return _time.perf_counter() - self.start
+
+    def show(self, line: str) -> None:
+        if self.enabled:
+            self.stream.write(f"\r{line}" if self.tty else line + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """End a redrawn line (terminal only)."""
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
 class Progress:
     """One status line per snapshot: t, dt, CFL-limited speed, min density, mass, outflow.
 
@@ -30,31 +55,22 @@ class Progress:
 
     def __init__(self, t_end: float, quiet: bool = False, stream=None):
         self.t_end = t_end
-        self.quiet = quiet
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = _time.perf_counter()
+        self.status = StatusLine(not quiet, stream)
 
     def __call__(self, snap: Snapshot) -> None:
-        if self.quiet:
+        if not self.status.enabled:
             return
         fraction = snap.time / self.t_end if self.t_end else 1.0
         bar = "#" * int(20 * fraction) + "." * (20 - int(20 * fraction))
-        line = (f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  dt {snap.dt:.2e}  "
-                f"max|u| {snap.max_speed:.3g}  min rho {float(snap.density.min()):.1e}  "
-                f"mass {snap.mass:.9f}  outflow {snap.outflow:.1e}  "
-                f"{_time.perf_counter() - self.start:.1f} s")
-        if self.tty:
-            self.stream.write("\r" + line)
-            if fraction >= 1.0:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self.status.show(f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  dt {snap.dt:.2e}  "
+                         f"max|u| {snap.max_speed:.3g}  min rho "
+                         f"{float(snap.density.min()):.1e}  mass {snap.mass:.9f}  outflow "
+                         f"{snap.outflow:.1e}  {self.status.elapsed():.1f} s")
+        if fraction >= 1.0:
+            self.status.close()
 
     def done(self) -> None:
-        if self.tty and not self.quiet:
-            self.stream.write("\n")
+        self.status.close()
 
 
 def run_config(config: Config, output: str | Path, overwrite: bool = False,

@@ -39,9 +39,7 @@ import logging
 import math
 import os
 import re
-import sys
 import time as _time
-import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load
+from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load, parse_toml, read_text
+from .run import StatusLine
 from .threads import THREADS_VARIABLE
 
 __all__ = ["Run", "Sweep", "SweepProgress", "classify", "load_sweep", "plot_phase",
@@ -99,15 +98,8 @@ def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -
         stem = None
     else:
         path = Path(source)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"sweep: cannot read {path}: {exc.strerror}; check the "
-                              "path") from None
-        try:
-            raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"sweep: malformed TOML in {path}: {exc}") from None
+        text = read_text(path, "sweep")
+        raw = parse_toml(text, "sweep", f" in {path}")
         folder, stem = path.parent, path.stem
     for key in raw:
         if key not in TOP_KEYS:
@@ -470,15 +462,12 @@ def _reusable(path: Path, run: Run, tolerance: float) -> dict | None:
 
 # ---- progress -------------------------------------------------------------------------------
 class SweepProgress:
-    """``runs 37/64 done, 2 failed, 5 skipped`` on stderr: redrawn in place on a terminal,
-    one line per update otherwise, nothing when disabled."""
+    """``runs 37/64 done, 2 failed, 5 skipped`` on stderr (a :class:`tpde.run.StatusLine`:
+    redrawn in place on a terminal, one line per update otherwise, nothing when disabled)."""
 
     def __init__(self, total: int, enabled: bool = True, stream=None):
         self.total = total
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = _time.perf_counter()
+        self.status = StatusLine(enabled, stream)
         self.done = self.failed = self.skipped = 0
 
     def update(self, record: dict | None = None) -> None:
@@ -486,17 +475,11 @@ class SweepProgress:
             self.done += 1
             self.failed += record["outcome"] == "failed"
             self.skipped += bool(record.get("skipped"))
-        if not self.enabled:
-            return
-        line = (f"runs {self.done}/{self.total} done, {self.failed} failed, {self.skipped} "
-                f"skipped  {_time.perf_counter() - self.start:.1f} s")
-        self.stream.write(f"\r{line}" if self.tty else line + "\n")
-        self.stream.flush()
+        self.status.show(f"runs {self.done}/{self.total} done, {self.failed} failed, "
+                         f"{self.skipped} skipped  {self.status.elapsed():.1f} s")
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        self.status.close()
 
 
 # ---- execution ------------------------------------------------------------------------------
