@@ -31,10 +31,9 @@ import numpy as np
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.validation.gaussian import solve
-from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
+from tpde.variants import Head, L2Head, SinkhornHead
 
-from .solver import Problem, Scheme, Solver
-from .studies import fitted_box
+from .studies import fitted_box, grid_run
 
 SQ2 = np.sqrt(2.0)
 #: the authors' explosion rule (tr Sigma above this: blow-up)
@@ -134,48 +133,35 @@ class Trajectory:
     ode_event: float = float("nan")     # blow-up time (tr Sigma > 1e3 or the ODE's event)
     grid_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
     grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))
+    grid_ode: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))  # the ODE there
     cells: int = 0
     grid_failure: str = ""
+    params: Any = None                  # the experiment's parameters of ``variant``
 
     def normalised_gap(self) -> float:
         """max over the grid snapshots of |Sigma/tr - Sigma_ode/tr| (entries)."""
         if not len(self.grid_times):
             return float("nan")
-        ode = solve_covariance(self.variant, self.params, self.cov0, self.grid_times[-1],
-                               self.grid_times)[1]
         return float(max(np.abs(g / np.trace(g) - o / np.trace(o)).max()
-                         for g, o in zip(self.grid, ode, strict=True)))
-
-    params: Any = None
+                         for g, o in zip(self.grid, self.grid_ode, strict=True)))
 
 
-def solve_covariance(variant: str, params: Any, cov0: np.ndarray, t_end: float,
-                     times: Sequence[float]) -> tuple[np.ndarray, np.ndarray, str, float]:
-    """The Gaussian ODE from N(0, cov0): (times, covariances, status, blow-up time). Blow-up
-    when tr Sigma exceeds TRACE_BLOWUP (the authors' rule) or the ODE's own event."""
-    sol = solve(variant, np.zeros(2), cov0, params, t_end, times=list(times),
-                rtol=1e-10, atol=1e-13,
-                blowup_threshold=TRACE_BLOWUP / np.linalg.eigvalsh(cov0)[-1])
-    kept = np.asarray(times)[np.asarray(times) <= sol.status_time]
-    covs = sol.at(kept)[1] if kept.size else np.zeros((0, 2, 2))
-    event = sol.status_time if sol.status != "completed" else float("nan")
-    return kept, covs, sol.status, event
+def solve_covariance(variant: str, params: Any, cov0: np.ndarray, t_end: float):
+    """The Gaussian ODE from N(0, cov0) (a GaussianSolution with dense output), stopped at
+    blow-up: tr Sigma above TRACE_BLOWUP (the authors' rule) or the ODE's own event."""
+    return solve(variant, np.zeros(2), cov0, params, t_end, rtol=1e-10, atol=1e-13,
+                 blowup_threshold=TRACE_BLOWUP / np.linalg.eigvalsh(cov0)[-1])
 
 
-def grid_covariances(variant: str, params: Any, cov0: np.ndarray, t_end: float,
+def grid_covariances(variant: str, params: Any, cov0: np.ndarray, solution, t_end: float,
                      times: Sequence[float], cells: int) -> tuple[np.ndarray, np.ndarray]:
-    """The grid run from N(0, cov0) on the box fitted to the ODE solution (7 sigma for
-    softmax and multi-head, 6 otherwise): covariances at ``times``."""
-    solution = solve(variant, np.zeros(2), cov0, params, t_end)
+    """The grid run from N(0, cov0) on the box fitted to the ODE ``solution`` up to t_end
+    (7 sigma for softmax and multi-head, 6 otherwise): covariances at ``times``."""
     sigmas = 7.0 if variant in ("softmax", "multihead") else 6.0
     lower, upper = fitted_box(solution, t_end, sigmas)
     grid = Grid(lower, upper, [cells, cells])
-    result = Solver(Problem(grid, gaussian(grid, np.zeros(2), cov0),
-                            ATTENTION[variant](params), t_end, scheme=Scheme(),
-                            snapshots=list(times), max_outflow=1e-4)).run()
-    if result.status != "completed":
-        raise RuntimeError(f"paper: the {variant} grid run ended with {result.status} at "
-                           f"t = {result.status_time:.4g}: {result.status_message}")
+    result = grid_run(variant, params, grid, gaussian(grid, np.zeros(2), cov0), t_end,
+                      snapshots=list(times), max_outflow=1e-4)
     return result.times, np.array([moments(s.density, grid)[2] for s in result.snapshots])
 
 
@@ -190,16 +176,19 @@ def run_experiment(name: str, variant: str, count: int = 6, cells: int = 64,
     picks = np.linspace(0, len(covs) - 1, count).round().astype(int)
     out = []
     for cov0 in (covs[i] for i in picks):
+        solution = solve_covariance(variant, params, cov0, experiment.t_end)
         times = np.linspace(0.0, experiment.t_end, snapshots)
-        kept, ode, status, event = solve_covariance(variant, params, cov0, experiment.t_end,
-                                                    times)
-        traj = Trajectory(variant, cov0, kept, ode, status, event, params=params)
+        kept = times[times <= solution.status_time]
+        event = solution.status_time if solution.status != "completed" else float("nan")
+        traj = Trajectory(variant, cov0, kept, solution.at(kept)[1], solution.status, event,
+                          params=params)
         if grid:
             horizon = experiment.t_end if np.isnan(event) else 0.5 * event
             grid_times = np.linspace(0.0, horizon, snapshots)
+            traj.grid_ode = solution.at(grid_times)[1]
             try:
-                traj.grid_times, traj.grid = grid_covariances(variant, params, cov0, horizon,
-                                                              grid_times, cells)
+                traj.grid_times, traj.grid = grid_covariances(variant, params, cov0, solution,
+                                                              horizon, grid_times, cells)
             except RuntimeError as exc:   # recorded, drawn without grid markers
                 traj.grid_failure = str(exc)
             traj.cells = cells

@@ -75,14 +75,20 @@ def fitted_box(solution, t_end: float, sigmas: float = 6.0) -> tuple[np.ndarray,
 
 
 def grid_run(variant: str, params: Any, grid: Grid, density: np.ndarray, t_end: float,
-             snapshots: int = 2, max_outflow: float = 1e-5, scheme: Scheme | None = None):
-    """One grid run of an attention variant (WENO5-Z + SSP-RK3 unless ``scheme``)."""
+             snapshots: int | list = 2, max_outflow: float = 1e-5,
+             scheme: Scheme | None = None, positions: Positions | None = None):
+    """One grid run of an attention variant (WENO5-Z + SSP-RK3 unless ``scheme``); masked
+    (causal) over ``positions`` when given. Raises RuntimeError unless it completes."""
     field_ = ATTENTION[variant](params)
+    if positions is not None:
+        field_ = CausalAttention(field_)
     result = Solver(Problem(grid, density, field_, t_end, scheme=scheme or Scheme(),
-                            snapshots=snapshots, max_outflow=max_outflow)).run()
+                            snapshots=snapshots, max_outflow=max_outflow,
+                            positions=positions)).run()
     if result.status != "completed":
-        raise RuntimeError(f"validation: the {variant} run ended with {result.status} at "
-                           f"t = {result.status_time:.4g}: {result.status_message}")
+        masked = "masked " if positions is not None else ""
+        raise RuntimeError(f"validation: the {masked}{variant} run ended with {result.status} "
+                           f"at t = {result.status_time:.4g}: {result.status_message}")
     return result
 
 
@@ -203,12 +209,7 @@ def masked_grid_vs_tokens(variant: str, params: Any, grid: Grid, positions: Posi
     start = distance(density, tokens)
     system = TokenSystem(variant, params, positions=token_s)
     solution = simulate(system, tokens, t_end, dt, weights=weights, method="ssprk3")
-    field_ = CausalAttention(ATTENTION[variant](params))
-    result = Solver(Problem(grid, density, field_, t_end, max_outflow=1e-5,
-                            positions=positions)).run()
-    if result.status != "completed":
-        raise RuntimeError(f"validation: the masked {variant} run ended with {result.status} "
-                           f"at t = {result.status_time:.4g}: {result.status_message}")
+    result = grid_run(variant, params, grid, density, t_end, positions=positions)
     end = distance(result.final, solution.tokens[-1])
     return {"tokens": tokens.shape[0], "distance_start": start, "distance_end": end,
             "final": result.final, "token_final": solution.tokens[-1],
