@@ -33,6 +33,8 @@ import numpy as np
 
 from tpde.grid import Grid
 
+from .direct import grad_log_box_factor
+
 JIT = {"cache": True, "error_model": "numpy"}
 #: interpolation points per axis (a compile-time constant of the kernels)
 ORDER = 12
@@ -307,8 +309,6 @@ class SeparableSums(TiltTable):
         point-value weights (l2, Sinkhorn). The correction depends on c_a alone along axis
         a, so it is applied on the nodes of each axis.
         """
-        from .direct import grad_log_box_factor
-
         means = self.values if self.fields == "means" else self.values[1:]
         d = means.shape[0]
         tilts = self.nodes()
@@ -317,10 +317,9 @@ class SeparableSums(TiltTable):
             shape = [1] * d
             shape[b] = -1
             shift = 0.0
-            if spacing is not None:
-                column = np.zeros((len(tilts[b]), d))
-                column[:, b] = tilts[b]
-                shift = grad_log_box_factor(column, spacing)[:, b].reshape(shape)
+            if spacing is not None:   # d/dc_b log S depends on c_b alone
+                shift = grad_log_box_factor(tilts[b][:, None],
+                                            [spacing[b]])[:, 0].reshape(shape)
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])
         return TiltTable(np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
                          self.start, self.step)
