@@ -76,14 +76,16 @@ class SigmoidAttention(VelocityField):
         head = head_at(self.spec, t, SigmoidHead, "sigmoid", grid.ndim)
         values = np.maximum(point_values(density, grid), 0.0)
         lattices, points = self.lattice_points(grid, offsets)
-        if np.any(values > 0):   # unnormalised: no mass gives the zero field, not an error
+        has_mass = bool(np.any(values > 0))   # unnormalised: no mass gives the zero field
+        if has_mass:
             sources, weights = density_sources(values * grid.cell_volume, grid)
+            sources = np.ascontiguousarray(sources)
         out = []
         for coords, x in zip(lattices, points, strict=True):
             sums = np.zeros_like(x)
-            if np.any(values > 0):
-                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias,
-                             np.ascontiguousarray(sources), weights, sums)
+            if has_mass:
+                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias, sources, weights,
+                             sums)
             velocity = sums @ head.C.T
             out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out

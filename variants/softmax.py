@@ -59,6 +59,14 @@ def _heads(params) -> list[Head]:
     return heads
 
 
+def component_bounds(C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Range of each component of C m over the means m in ``box`` (lower, upper): the clip of
+    one tabulated or convolved velocity component (MATH.md 9.4)."""
+    return (np.minimum(C * box[0], C * box[1]).sum(axis=1),
+            np.maximum(C * box[0], C * box[1]).sum(axis=1))
+
+
 class TiltedMeanField(VelocityField):
     """Shared machinery of the normalised kernels: tilted means m(c) of a weight field.
 
@@ -127,8 +135,7 @@ class TiltedMeanField(VelocityField):
         C = np.asarray(C, float)
         if isinstance(sums, SeparableSums):
             table = sums.velocity_table(C, box, spacing)
-            low = np.minimum(C * box[0], C * box[1]).sum(axis=1)
-            high = np.maximum(C * box[0], C * box[1]).sum(axis=1)
+            low, high = component_bounds(C, box)
             out = []
             for coords, comp in zip(lattices, components, strict=True):
                 values = table.on_lattice(coords, matrix, comp)
@@ -208,8 +215,7 @@ class SoftmaxAttention(TiltedMeanField):
                   + [w * sum(C[a, b] * y[b] for b in range(d)) for a in range(d)])
         requests = [(offset, [0] + (list(range(1, d + 1)) if comp is None else [1 + d + comp]))
                     for offset, comp in zip(offsets, components, strict=True)]
-        low = np.minimum(C * box[0], C * box[1]).sum(axis=1)
-        high = np.maximum(C * box[0], C * box[1]).sum(axis=1)
+        low, high = component_bounds(C, box)
         out = []
         for convolved, offset, comp in zip(sums.convolve(fields, grid, requests), offsets,
                                            components, strict=True):
