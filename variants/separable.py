@@ -32,12 +32,12 @@ import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
+from tpde.threads import row_split_tensordot
 
 from .direct import grad_log_box_factor
+from .lagrange import HIGH, JIT, LOW, ORDER, barycentric, stencil
+from .sheared import extra_nodes, sheared_on_lattice
 
-JIT = {"cache": True, "error_model": "numpy"}
-#: interpolation points per axis (a compile-time constant of the kernels)
-ORDER = 12
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
 #: the support along axis a (c . y changes by at most this between neighbouring nodes),
 #: within [MIN_NODES, MAX_NODES[d]] (the cap bounds the table memory: 160^3 x 3 fields
@@ -94,7 +94,7 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
             key = key + (a == moment_axis,)
             if key not in partial:
                 mat = moment_factors[a] if a == moment_axis else factors[a]
-                partial[key] = np.moveaxis(np.tensordot(mat, out, axes=([1], [a])), 0, a)
+                partial[key] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
             out = partial[key]
         return out
 
@@ -113,47 +113,14 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     return table
 
 
-@nb.njit(**JIT)
-def _barycentric():
-    """1 / prod_{k != j} (j - k) for j < ORDER."""
-    out = np.empty(ORDER)
-    for j in range(ORDER):
-        value = 1.0
-        for k in range(ORDER):
-            if k != j:
-                value *= j - k
-        out[j] = 1.0 / value
-    return out
-
-
-@nb.njit(inline="always", **JIT)
-def _stencil(x, barycentric, weights):
-    """First node and Lagrange weights (into ``weights``) of the ORDER integer nodes around
-    x: w_j = prod_{k != j} (s - k) barycentric_j, s = x - first (prefix and suffix products,
-    no division)."""
-    first = np.int64(np.floor(x)) - (ORDER // 2 - 1)
-    s = x - first
-    prefix = 1.0
-    for j in range(ORDER):
-        weights[j] = prefix * barycentric[j]
-        prefix *= s - j
-    suffix = 1.0
-    for j in range(ORDER - 1, -1, -1):
-        weights[j] *= suffix
-        suffix *= s - j
-    return first
-
-
-# ORDER is a compile-time constant of the kernels below: fixed trip counts let LLVM unroll
-# and vectorise the stencil loops (about 3x faster than a runtime order).
 @nb.njit(parallel=True, **JIT)
 def _interpolate_1d(table, x0, out):
     chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = _barycentric()
+    bary = barycentric()
     for chunk in nb.prange(chunks):
         w0 = np.empty(ORDER)
         for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = _stencil(x0[i], bary, w0)
+            f0 = stencil(x0[i], bary, w0)
             for b in range(table.shape[0]):
                 acc = 0.0
                 for j in range(ORDER):
@@ -164,14 +131,14 @@ def _interpolate_1d(table, x0, out):
 @nb.njit(parallel=True, **JIT)
 def _interpolate_2d(table, x0, x1, out):
     chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = _barycentric()
+    bary = barycentric()
     for chunk in nb.prange(chunks):
         w0 = np.empty(ORDER)
         w1 = np.empty(ORDER)
         rows = np.empty(ORDER)   # sum_j w0_j table[b, f0 + j, f1 + k]
         for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = _stencil(x0[i], bary, w0)
-            f1 = _stencil(x1[i], bary, w1)
+            f0 = stencil(x0[i], bary, w0)
+            f1 = stencil(x1[i], bary, w1)
             for b in range(table.shape[0]):
                 rows[:] = 0.0
                 for j in range(ORDER):
@@ -188,16 +155,16 @@ def _interpolate_2d(table, x0, x1, out):
 @nb.njit(parallel=True, **JIT)
 def _interpolate_3d(table, x0, x1, x2, out):
     chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = _barycentric()
+    bary = barycentric()
     for chunk in nb.prange(chunks):
         w0 = np.empty(ORDER)
         w1 = np.empty(ORDER)
         w2 = np.empty(ORDER)
         rows = np.empty(ORDER)   # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
         for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = _stencil(x0[i], bary, w0)
-            f1 = _stencil(x1[i], bary, w1)
-            f2 = _stencil(x2[i], bary, w2)
+            f0 = stencil(x0[i], bary, w0)
+            f1 = stencil(x1[i], bary, w1)
+            f2 = stencil(x2[i], bary, w2)
             for b in range(table.shape[0]):
                 rows[:] = 0.0
                 for j in range(ORDER):
@@ -238,7 +205,15 @@ class TiltTable:
     def on_lattice(self, coords: Sequence[np.ndarray], matrix: np.ndarray,
                    field: int | None = None) -> np.ndarray:
         """The fields at c = matrix x for the points x of the tensor lattice ``coords`` (one
-        1-D array per axis, points in C order), without forming the (P, d) points."""
+        1-D array per axis, points in C order), without forming the (P, d) points: in 2-D by
+        two 1-D passes along sheared lines (:mod:`tpde.variants.sheared`, ORDER instead of
+        ORDER^2 multiply-adds per target), else (or where the shear would leave the table)
+        by the pointwise stencils."""
+        table = self.values if field is None else self.values[field:field + 1]
+        sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
+        if sheared is not None:
+            flat = sheared.reshape(table.shape[0], -1)
+            return flat[0] if field is not None else flat.T
         mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
         shape = tuple(len(x) for x in coords)
         units = []
@@ -250,9 +225,8 @@ class TiltTable:
         return self._at_units(units, field)
 
     def _at_units(self, units: list[np.ndarray], field: int | None) -> np.ndarray:
-        low = ORDER // 2 - 1
         for u, count in zip(units, self.count, strict=True):
-            if u.size and (u.min() < low or u.max() >= count - ORDER // 2):
+            if u.size and (u.min() < LOW or u.max() >= count - HIGH):
                 raise ValueError("separable engine: a target c lies outside the table")
         table = self.values if field is None else self.values[field:field + 1]
         out = np.empty((units[0].size, table.shape[0]))
@@ -268,20 +242,22 @@ class SeparableSums(TiltTable):
     nodes per axis (int or (d,); the interpolation uses ORDER = 12 points per axis, see
     :func:`table_nodes` for the automatic choice); fields: what the table holds, "means"
     (velocities), "log" (Sinkhorn potentials: one contraction instead of d) or "both"
-    (see :func:`mgf_table`).
+    (see :func:`mgf_table`); matrix: the c = matrix x of :meth:`on_lattice`, if known: the
+    table is padded for its sheared passes (:func:`tpde.variants.sheared.extra_nodes`).
     """
 
     def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
-                 nodes: int | Sequence[int], fields: str = "means"):
+                 nodes: int | Sequence[int], fields: str = "means",
+                 matrix: np.ndarray | None = None):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
         width = np.maximum(upper - lower, 1e-12)
         inner = np.maximum(np.broadcast_to(np.asarray(nodes, int), lower.shape), ORDER)
         step = width / (inner - 1)
-        pad = ORDER // 2 + 1
+        pad = ORDER // 2 + 1 + extra_nodes(matrix, step)
         start = lower - pad * step
-        tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad) for a in range(grid.ndim)]
+        tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad[a]) for a in range(grid.ndim)]
         self.fields = fields
         super().__init__(mgf_table(weights, grid, tilts, fields), start, step)
 

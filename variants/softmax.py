@@ -115,7 +115,7 @@ class TiltedMeanField(VelocityField):
             nodes = table_nodes(bounds, high - low)
         else:
             nodes = self.nodes
-        return SeparableSums(weights, grid, bounds, nodes, fields)
+        return SeparableSums(weights, grid, bounds, nodes, fields, matrix)
 
 
     def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
