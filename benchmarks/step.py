@@ -46,6 +46,10 @@ from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
 L2_HEAD = L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.4, 0.7], [-0.6, 0.2]], V1)
 
 
+#: steps, then floor evaluations, timed back to back per round; the ratio of a round's
+#: medians pairs measurements taken under the same load (the first of each block absorbs
+#: the hand-over between numba's and FFTW's thread pools)
+BLOCK = 4
 SYMMETRIC_A = 0.3 * np.array([[1.0, 0.3], [0.3, 0.8]])   # the FFT engine's case
 
 
@@ -74,7 +78,11 @@ class TimedVelocity:
         return out
 
 
-def time_steps(case: str, n: int, steps: int) -> dict:
+def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
+    """Median step time of ``case``; for the kernel-sum cases rounds of BLOCK steps alternate
+    with BLOCK evaluations of the FFT floor (same thread count), and the ratio is the median
+    over rounds of step median / floor median: both sides of a round see the same load on a
+    shared machine."""
     grid = Grid([-7.0, -7.0], [7.0, 7.0], [n, n])
     rho = gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]])
     field = make_field(case)
@@ -84,17 +92,29 @@ def time_steps(case: str, n: int, steps: int) -> dict:
     dt = 0.4 * solver.stable_dt(velocity)
     for _ in range(2):   # compile, warm the Sinkhorn potentials
         solver.step(dt, solver.face_velocity(solver.density, solver.t))
-    totals, velocities = [], []
-    for _ in range(steps):
-        timer.seconds = 0.0
-        start = time.perf_counter()
-        solver.step(dt, solver.face_velocity(solver.density, solver.t))
-        totals.append(time.perf_counter() - start)
-        velocities.append(timer.seconds)
+    lattices = 1 if not solver.interpolate_faces else grid.ndim
+    floor = None if case == "sinkhorn" else FFTFloor(n, grid.ndim, lattices, threads)
+    totals, velocities, floors, ratios = [], [], [], []
+    for _round in range(max(1, steps // BLOCK)):
+        block = []
+        for _ in range(BLOCK):
+            timer.seconds = 0.0
+            start = time.perf_counter()
+            solver.step(dt, solver.face_velocity(solver.density, solver.t))
+            block.append(time.perf_counter() - start)
+            velocities.append(timer.seconds)
+        totals += block
+        if floor is not None:
+            floor_block = [floor.seconds() for _ in range(BLOCK)]
+            floors += floor_block
+            ratios.append(np.median(block) / np.median(floor_block))
     step_s, velocity_s = float(np.median(totals)), float(np.median(velocities))
     row = {"case": case, "cells": n, "step_s": step_s, "steps_per_s": 1.0 / step_s,
            "velocity_s": velocity_s, "rest_s": step_s - velocity_s,
-           "lattices_per_stage": 1 if not solver.interpolate_faces else grid.ndim}
+           "lattices_per_stage": lattices}
+    if floor is not None:
+        row["fft_floor_s"] = float(np.median(floors))
+        row["step_over_fft_floor"] = float(np.median(ratios))
     if case == "sinkhorn":
         row["iterations_per_stage"] = float(np.mean(field.iterations[-3 * steps:]))
     elif case != "softmax-fft":
@@ -111,29 +131,29 @@ def time_steps(case: str, n: int, steps: int) -> dict:
     return row
 
 
-def fft_floor(n: int, ndim: int, lattices: int, threads: int, repeat: int = 7) -> float:
-    """Seconds of the planned transforms of one SSP-RK3 step (module docstring)."""
-    shape = (2 * n,) * ndim
-    real = pyfftw.empty_aligned(shape, dtype="float64")
-    real[...] = np.random.default_rng(0).random(shape)
-    forward = pyfftw.builders.rfftn(real, threads=threads, planner_effort="FFTW_MEASURE")
-    spectrum = pyfftw.empty_aligned(forward.output_array.shape, dtype="complex128")
-    inverse = pyfftw.builders.irfftn(spectrum, s=shape, threads=threads,
-                                     planner_effort="FFTW_MEASURE")
-    def one_step():
-        for _stage in range(3):
-            for _ in range(ndim + 1):
-                forward()
-            for _ in range(2 * lattices):
-                inverse()
+class FFTFloor:
+    """The planned transforms of one SSP-RK3 step (module docstring)."""
 
-    one_step()
-    times = []
-    for _ in range(repeat):
+    def __init__(self, n: int, ndim: int, lattices: int, threads: int):
+        shape = (2 * n,) * ndim
+        real = pyfftw.empty_aligned(shape, dtype="float64")
+        real[...] = np.random.default_rng(0).random(shape)
+        self.forward = pyfftw.builders.rfftn(real, threads=threads,
+                                             planner_effort="FFTW_MEASURE")
+        spectrum = pyfftw.empty_aligned(self.forward.output_array.shape, dtype="complex128")
+        self.inverse = pyfftw.builders.irfftn(spectrum, s=shape, threads=threads,
+                                              planner_effort="FFTW_MEASURE")
+        self.counts = (ndim + 1, 2 * lattices)
+        self.seconds()
+
+    def seconds(self) -> float:
         start = time.perf_counter()
-        one_step()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for _stage in range(3):
+            for _ in range(self.counts[0]):
+                self.forward()
+            for _ in range(self.counts[1]):
+                self.inverse()
+        return time.perf_counter() - start
 
 
 def main() -> int:
@@ -146,12 +166,8 @@ def main() -> int:
     for threads in (1, 2):
         used = tpde.set_num_threads(threads)
         for case in ("softmax", "softmax-fft", "l2", "sinkhorn"):
-            row = time_steps(case, args.n, args.steps if case != "sinkhorn" else 5)
+            row = time_steps(case, args.n, args.steps if case != "sinkhorn" else 5, used)
             row["threads"] = used
-            if case != "sinkhorn":
-                floor = fft_floor(args.n, 2, row["lattices_per_stage"], used)
-                row["fft_floor_s"] = floor
-                row["step_over_fft_floor"] = row["step_s"] / floor
             row["loadavg"] = loadavg()
             rows.append(row)
             print(f"# {case} {args.n}^2, {used} thread(s): {row['step_s'] * 1e3:.1f} ms/step "
