@@ -443,35 +443,46 @@ def gauss_flux(velocity, left, right, weights, flux):
                 out[i] += w * (max(u[i], 0.0) * left_g[i] + min(u[i], 0.0) * right_g[i])
 
 
+#: points of the Lagrange stencils of :func:`interpolate_points` (a compile-time constant:
+#: fixed trip counts make the kernel 2-3x faster than a runtime order)
+POINT_ORDER = 8
+
+
 @nb.njit(parallel=PARALLEL, **JIT)
 def interpolate_points(values, first, weights, out):
     """Point values at shifted positions along the middle axis (Lagrange, one-sided at ends).
 
     values: (O, n, I); first: (q, n) first stencil point of target (g, j); weights:
-    (q, n, order); out: (q, O, n, I), out[g, o, j, i] = sum_k weights[g, j, k]
+    (q, n, POINT_ORDER); out: (q, O, n, I), out[g, o, j, i] = sum_k weights[g, j, k]
     values[o, first[g, j] + k, i].
     """
+    if weights.shape[2] != POINT_ORDER:
+        raise ValueError("interpolate_points: weights must have POINT_ORDER columns")
     q = first.shape[0]
     n_out, n, n_in = values.shape
-    order = weights.shape[2]
     for idx in nb.prange(q * n_out):
         g = idx // n_out
         o = idx - g * n_out
-        for j in range(n):
-            f = first[g, j]
-            if n_in == 1:
+        w = weights[g]
+        f = first[g]
+        if n_in == 1:
+            line = values[o, :, 0]
+            target = out[g, o, :, 0]
+            for j in range(n):
                 acc = 0.0
-                for k in range(order):
-                    acc += weights[g, j, k] * values[o, f + k, 0]
-                out[g, o, j, 0] = acc
-                continue
+                for k in range(POINT_ORDER):
+                    acc += w[j, k] * line[f[j] + k]
+                target[j] = acc
+            continue
+        for j in range(n):
             target = out[g, o, j]
-            target[:] = 0.0
-            for k in range(order):
-                w = weights[g, j, k]
-                source = values[o, f + k]
-                for i in range(n_in):
-                    target[i] += w * source[i]
+            wj = w[j]
+            fj = f[j]
+            for i in range(n_in):
+                acc = 0.0
+                for k in range(POINT_ORDER):
+                    acc += wj[k] * values[o, fj + k, i]
+                target[i] = acc
 
 
 @nb.njit(parallel=PARALLEL, **JIT)

@@ -52,7 +52,7 @@ GAUSS3_WEIGHTS = np.array([5.0, 8.0, 5.0]) / 18.0
 FACE_QUADRATURES = ("auto", "midpoint", "gauss")
 FACE_VELOCITIES = ("auto", "exact", "interpolated")
 #: points of the Lagrange interpolation of face velocities along the transverse axes
-POINT_ORDER = 8
+POINT_ORDER = kernels.POINT_ORDER
 
 
 def point_interpolation(n: int, shifts: np.ndarray, order: int = POINT_ORDER
