@@ -160,12 +160,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cases", default="softmax,softmax-fft,l2,sinkhorn",
+                        help="comma-separated subset of the cases")
     args = parser.parse_args()
     start = time.perf_counter()
     rows = []
     for threads in (1, 2):
         used = tpde.set_num_threads(threads)
-        for case in ("softmax", "softmax-fft", "l2", "sinkhorn"):
+        for case in args.cases.split(","):
             row = time_steps(case, args.n, args.steps if case != "sinkhorn" else 5, used)
             row["threads"] = used
             row["loadavg"] = loadavg()
