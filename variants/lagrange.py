@@ -1,7 +1,10 @@
 """Local Lagrange interpolation on uniform nodes: the stencil shared by the table kernels.
 
 ORDER points per axis (a compile-time constant of the numba kernels: fixed trip counts let
-LLVM unroll and vectorise the stencil loops, about 3x faster than a runtime order). A point
+LLVM unroll and vectorise the stencil loops, about 3x faster than a runtime order). Every
+kernel that uses the stencil lives in this module: numba's on-disk cache is keyed to the
+source file of each kernel, so a kernel elsewhere would keep a stale ORDER or stencil after
+an edit here. A point
 at unit coordinate ``u`` (node index space) is interpolated from the nodes
 ``floor(u) - (ORDER/2 - 1) .. floor(u) + ORDER/2`` with the barycentric weights
 
@@ -52,3 +55,103 @@ def stencil(x, bary, weights):
         suffix *= s - j
     return first
 
+
+#: targets per parallel task of the pointwise kernels
+CHUNK = 512
+
+
+@nb.njit(parallel=True, **JIT)
+def interpolate_1d(table, x0, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = stencil(x0[i], bary, w0)
+            for b in range(table.shape[0]):
+                acc = 0.0
+                for j in range(ORDER):
+                    acc += w0[j] * table[b, f0 + j]
+                out[i, b] = acc
+
+
+@nb.njit(parallel=True, **JIT)
+def interpolate_2d(table, x0, x1, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        w1 = np.empty(ORDER)
+        rows = np.empty(ORDER)   # sum_j w0_j table[b, f0 + j, f1 + k]
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = stencil(x0[i], bary, w0)
+            f1 = stencil(x1[i], bary, w1)
+            for b in range(table.shape[0]):
+                rows[:] = 0.0
+                for j in range(ORDER):
+                    w = w0[j]
+                    row = table[b, f0 + j]
+                    for k in range(ORDER):
+                        rows[k] += w * row[f1 + k]
+                acc = 0.0
+                for k in range(ORDER):
+                    acc += w1[k] * rows[k]
+                out[i, b] = acc
+
+
+@nb.njit(parallel=True, **JIT)
+def interpolate_3d(table, x0, x1, x2, out):
+    chunks = (x0.size + CHUNK - 1) // CHUNK
+    bary = barycentric()
+    for chunk in nb.prange(chunks):
+        w0 = np.empty(ORDER)
+        w1 = np.empty(ORDER)
+        w2 = np.empty(ORDER)
+        rows = np.empty(ORDER)   # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
+        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
+            f0 = stencil(x0[i], bary, w0)
+            f1 = stencil(x1[i], bary, w1)
+            f2 = stencil(x2[i], bary, w2)
+            for b in range(table.shape[0]):
+                rows[:] = 0.0
+                for j in range(ORDER):
+                    for k in range(ORDER):
+                        w = w0[j] * w1[k]
+                        row = table[b, f0 + j, f1 + k]
+                        for m in range(ORDER):
+                            rows[m] += w * row[f2 + m]
+                acc = 0.0
+                for m in range(ORDER):
+                    acc += w2[m] * rows[m]
+                out[i, b] = acc
+
+
+# One field per call: a loop over fields inside the kernels doubles their time (measured).
+@nb.njit(parallel=True, **JIT)
+def pass_one(table, a, b, first_node, length, out):
+    """out[i, k'] = T(a_i + b k) along the last axis of ``table`` (m_t2, m_t1), for
+    k = first_node[i] + k', k' < length[i]."""
+    bary = barycentric()
+    for i in nb.prange(a.size):
+        w = np.empty(ORDER)
+        for kk in range(length[i]):
+            k = first_node[i] + kk
+            first = stencil(a[i] + b * k, bary, w)
+            acc = 0.0
+            for j in range(ORDER):
+                acc += w[j] * table[k, first + j]
+            out[i, kk] = acc
+
+
+@nb.njit(parallel=True, **JIT)
+def pass_two(rows, p, q, first_node, out):
+    """out[i, j] = G(i, p_i + q_j), G(i, k) = rows[i, k - first_node[i]]."""
+    bary = barycentric()
+    for i in nb.prange(p.size):
+        w = np.empty(ORDER)
+        for j in range(q.size):
+            first = stencil(p[i] + q[j], bary, w) - first_node[i]
+            acc = 0.0
+            for m in range(ORDER):
+                acc += w[m] * rows[i, first + m]
+            out[i, j] = acc

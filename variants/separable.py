@@ -28,15 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
 from tpde.threads import row_split_tensordot
 
 from .direct import grad_log_box_factor
-from .lagrange import HIGH, JIT, LOW, ORDER, barycentric, stencil
-from .sheared import extra_nodes, sheared_on_lattice
+from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
+from .sheared import extra_nodes, resolution_factor, sheared_on_lattice
 
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
 #: the support along axis a (c . y changes by at most this between neighbouring nodes),
@@ -47,13 +46,18 @@ MIN_NODES = 64
 MAX_NODES = {1: 16384, 2: 2048, 3: 160}
 
 
-def table_nodes(bounds: np.ndarray, extent: np.ndarray) -> np.ndarray:
-    """Nodes per axis (d,) for tilts in ``bounds`` (d, 2) and a support of width ``extent``."""
+def table_nodes(bounds: np.ndarray, extent: np.ndarray,
+                matrix: np.ndarray | None = None) -> np.ndarray:
+    """Nodes per axis (d,) for tilts in ``bounds`` (d, 2) and a support of width ``extent``;
+    with the ``matrix`` of c = matrix x, refined where the sheared passes need it
+    (:func:`tpde.variants.sheared.resolution_factor`)."""
     d = len(extent)
+    extent = np.asarray(extent, float) * resolution_factor(matrix, np.asarray(extent, float))
     width = np.asarray(bounds, float)[:, 1] - np.asarray(bounds, float)[:, 0]
-    wanted = np.ceil(width * np.asarray(extent, float) / NODE_RESOLUTION) + 1
+    wanted = np.ceil(width * extent / NODE_RESOLUTION) + 1
     return np.clip(wanted, MIN_NODES, MAX_NODES[d]).astype(int)
-CHUNK = 512  # targets per parallel task of the interpolation kernels
+
+
 FIELDS = ("means", "log", "both")
 
 
@@ -115,72 +119,6 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     return table
 
 
-@nb.njit(parallel=True, **JIT)
-def _interpolate_1d(table, x0, out):
-    chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = barycentric()
-    for chunk in nb.prange(chunks):
-        w0 = np.empty(ORDER)
-        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = stencil(x0[i], bary, w0)
-            for b in range(table.shape[0]):
-                acc = 0.0
-                for j in range(ORDER):
-                    acc += w0[j] * table[b, f0 + j]
-                out[i, b] = acc
-
-
-@nb.njit(parallel=True, **JIT)
-def _interpolate_2d(table, x0, x1, out):
-    chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = barycentric()
-    for chunk in nb.prange(chunks):
-        w0 = np.empty(ORDER)
-        w1 = np.empty(ORDER)
-        rows = np.empty(ORDER)   # sum_j w0_j table[b, f0 + j, f1 + k]
-        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = stencil(x0[i], bary, w0)
-            f1 = stencil(x1[i], bary, w1)
-            for b in range(table.shape[0]):
-                rows[:] = 0.0
-                for j in range(ORDER):
-                    w = w0[j]
-                    row = table[b, f0 + j]
-                    for k in range(ORDER):
-                        rows[k] += w * row[f1 + k]
-                acc = 0.0
-                for k in range(ORDER):
-                    acc += w1[k] * rows[k]
-                out[i, b] = acc
-
-
-@nb.njit(parallel=True, **JIT)
-def _interpolate_3d(table, x0, x1, x2, out):
-    chunks = (x0.size + CHUNK - 1) // CHUNK
-    bary = barycentric()
-    for chunk in nb.prange(chunks):
-        w0 = np.empty(ORDER)
-        w1 = np.empty(ORDER)
-        w2 = np.empty(ORDER)
-        rows = np.empty(ORDER)   # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
-        for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
-            f0 = stencil(x0[i], bary, w0)
-            f1 = stencil(x1[i], bary, w1)
-            f2 = stencil(x2[i], bary, w2)
-            for b in range(table.shape[0]):
-                rows[:] = 0.0
-                for j in range(ORDER):
-                    for k in range(ORDER):
-                        w = w0[j] * w1[k]
-                        row = table[b, f0 + j, f1 + k]
-                        for m in range(ORDER):
-                            rows[m] += w * row[f2 + m]
-                acc = 0.0
-                for m in range(ORDER):
-                    acc += w2[m] * rows[m]
-                out[i, b] = acc
-
-
 class TiltTable:
     """Fields on a uniform tensor grid of tilts, interpolated with ORDER points per axis.
 
@@ -232,7 +170,7 @@ class TiltTable:
                 raise ValueError("separable engine: a target c lies outside the table")
         table = self.values if field is None else self.values[field:field + 1]
         out = np.empty((units[0].size, table.shape[0]))
-        kernel = (_interpolate_1d, _interpolate_2d, _interpolate_3d)[len(units) - 1]
+        kernel = (interpolate_1d, interpolate_2d, interpolate_3d)[len(units) - 1]
         kernel(table, *units, out)
         return out if field is None else out[:, 0]
 

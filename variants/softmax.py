@@ -99,10 +99,13 @@ class TiltedMeanField(VelocityField):
         return self.components(density, grid, t, offsets, [None] * len(offsets))
 
     def sums(self, weights: np.ndarray, grid: Grid, lattices: list,
-             matrix: np.ndarray, fields: str = "means") -> DirectSums | SeparableSums:
+             matrix: np.ndarray, fields: str = "means",
+             sheared: bool = False) -> DirectSums | SeparableSums:
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
         x on ``lattices`` (per-axis coordinates, as from :meth:`lattice_points`): an object
-        with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``)."""
+        with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
+        ``sheared``: the table will serve ``on_lattice`` (refined and padded for the sheared
+        passes, :mod:`tpde.variants.sheared`)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
@@ -112,10 +115,10 @@ class TiltedMeanField(VelocityField):
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         if self.nodes is None:
             low, high = support_box(weights, grid)
-            nodes = table_nodes(bounds, high - low)
+            nodes = table_nodes(bounds, high - low, matrix if sheared else None)
         else:
             nodes = self.nodes
-        return SeparableSums(weights, grid, bounds, nodes, fields, matrix)
+        return SeparableSums(weights, grid, bounds, nodes, fields, matrix if sheared else None)
 
 
     def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
@@ -131,7 +134,7 @@ class TiltedMeanField(VelocityField):
         field; the interpolated values are clipped to the range ``C box`` allows.
         """
         lattices = [grid.lattice(offset) for offset in offsets]
-        sums = self.sums(weights, grid, lattices, matrix)
+        sums = self.sums(weights, grid, lattices, matrix, sheared=True)
         C = np.asarray(C, float)
         if isinstance(sums, SeparableSums):
             table = sums.velocity_table(C, box, spacing)
