@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
@@ -35,7 +36,7 @@ from tpde.threads import row_split_tensordot
 
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
-from .sheared import extra_nodes, resolution_factor, sheared_on_lattice
+from .sheared import extra_nodes, nodes_read, resolution_factor, sheared_on_lattice
 
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
 #: the support along axis a (c . y changes by at most this between neighbouring nodes),
@@ -61,14 +62,58 @@ def table_nodes(bounds: np.ndarray, extent: np.ndarray,
 FIELDS = ("means", "log", "both")
 
 
+#: rows per block of the banded second-level products (mgf_table with a band), and the
+#: largest fraction of the table for which the blocks beat one product
+BAND_ROWS = 64
+BAND_MAX_FRACTION = 0.7
+
+
+def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
+                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per block of BAND_ROWS rows (nodes of ``rows_axis``) of a (shape) table, the column
+    range [first, end) that holds every node of ``band`` (sheared.nodes_read) in the block."""
+    t2, lo, hi = band
+    starts = np.arange(0, shape[0], BAND_ROWS)
+    first = np.zeros(starts.size, np.int64)
+    end = np.zeros(starts.size, np.int64)
+    valid = lo <= hi
+    k = np.arange(lo.size)
+    for b, r0 in enumerate(starts):
+        r1 = min(r0 + BAND_ROWS, shape[0])
+        if rows_axis == t2:     # rows are the band's nodes k: their t1 ranges
+            sel = valid[r0:r1]
+            if sel.any():
+                first[b], end[b] = lo[r0:r1][sel].min(), hi[r0:r1][sel].max() + 1
+        else:                   # rows are t1 nodes: the k whose range meets them
+            sel = k[valid & (lo <= r1 - 1) & (hi >= r0)]
+            if sel.size:
+                first[b], end[b] = sel[0], sel[-1] + 1
+    return first, end
+
+
+@nb.njit(parallel=True, cache=True)
+def _banded_dot(matrix, level1, out, first, end, block_rows):
+    """out[r0:r1, c0:c1] = matrix[r0:r1] @ level1[c0:c1].T per row block (first, end)."""
+    for block in nb.prange(first.size):
+        r0 = block * block_rows
+        r1 = min(r0 + block_rows, matrix.shape[0])
+        if end[block] > first[block]:
+            out[r0:r1, first[block]:end[block]] = np.dot(matrix[r0:r1],
+                                                         level1[first[block]:end[block]].T)
+
+
 def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
-              fields: str = "means") -> np.ndarray:
+              fields: str = "means",
+              band: tuple[int, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The tilted means m(c) and / or log M(c) on the tensor grid ``nodes``.
 
     weights: (*grid.shape) >= 0, not all zero; nodes: one 1-D array of tilts per axis;
-    fields: "means" (m_1..m_d), "log" (log M) or "both" (log M, then m_1..m_d).
-    Returns (fields, len(nodes_1), ..., len(nodes_d)), the layout the interpolation
-    kernels read.
+    fields: "means" (m_1..m_d), "log" (log M) or "both" (log M, then m_1..m_d); band (2-D):
+    the only nodes that will be read, as from :func:`tpde.variants.sheared.nodes_read` (the
+    sheared passes read a parallelogram): the second-level products are then formed in
+    blocks of BAND_ROWS rows over the columns the band needs, NaN elsewhere (a stray read
+    cannot pass unnoticed). Returns (fields, len(nodes_1), ..., len(nodes_d)), the layout
+    the interpolation kernels read.
     """
     if fields not in FIELDS:
         raise ValueError(f"mgf_table: fields must be one of {', '.join(FIELDS)}, got {fields!r}")
@@ -92,6 +137,14 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     # faster.)
     order = sorted(range(d), key=lambda a: len(nodes[a]) / grid.cells[a])
     partial: dict[tuple, np.ndarray] = {(): weights}
+    if band is not None:
+        if d != 2:
+            raise ValueError("mgf_table: a band applies to 2-D tables only")
+        shape = (len(nodes[order[1]]), len(nodes[order[0]]))
+        blocks = _band_blocks(band, order[1], shape)
+        rows = np.minimum(BAND_ROWS, shape[0] - np.arange(0, shape[0], BAND_ROWS))
+        if np.sum(rows * (blocks[1] - blocks[0])) > BAND_MAX_FRACTION * shape[0] * shape[1]:
+            band = None     # the band covers most of the table: one product is faster
 
     def contract(moment_axis: int | None) -> np.ndarray:
         key: tuple = ()
@@ -100,7 +153,13 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
             key = key + (a == moment_axis,)
             if key not in partial:
                 mat = moment_factors[a] if a == moment_axis else factors[a]
-                partial[key] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
+                if band is not None and len(key) == 2:   # 2-D second level, banded
+                    level1 = np.ascontiguousarray(out if order[0] == 0 else out.T)
+                    product = np.full((mat.shape[0], level1.shape[0]), np.nan)
+                    _banded_dot(mat, level1, product, *blocks, BAND_ROWS)
+                    partial[key] = np.moveaxis(product, 0, a)
+                else:
+                    partial[key] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
             out = partial[key]
         return out
 
@@ -183,12 +242,16 @@ class SeparableSums(TiltTable):
     :func:`table_nodes` for the automatic choice); fields: what the table holds, "means"
     (velocities), "log" (Sinkhorn potentials: one contraction instead of d) or "both"
     (see :func:`mgf_table`); matrix: the c = matrix x of :meth:`on_lattice`, if known: the
-    table is padded for its sheared passes (:func:`tpde.variants.sheared.extra_nodes`).
+    table is padded for its sheared passes (:func:`tpde.variants.sheared.extra_nodes`);
+    lattices: with ``matrix``, the only lattices the table will serve through
+    :meth:`on_lattice` (also after :meth:`velocity_table`): a 2-D table is then formed only
+    on the nodes their sheared passes read (NaN elsewhere).
     """
 
     def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
                  nodes: int | Sequence[int], fields: str = "means",
-                 matrix: np.ndarray | None = None):
+                 matrix: np.ndarray | None = None,
+                 lattices: Sequence[Sequence[np.ndarray]] | None = None):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
@@ -199,7 +262,10 @@ class SeparableSums(TiltTable):
         start = lower - pad * step
         tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad[a]) for a in range(grid.ndim)]
         self.fields = fields
-        super().__init__(mgf_table(weights, grid, tilts, fields), start, step)
+        band = None
+        if matrix is not None and lattices is not None and grid.ndim == 2:
+            band = nodes_read([len(t) for t in tilts], start, step, lattices, matrix)
+        super().__init__(mgf_table(weights, grid, tilts, fields, band), start, step)
 
     def means(self, c: np.ndarray) -> np.ndarray:
         """m(c), c: (P, d) -> (P, d)."""

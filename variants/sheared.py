@@ -96,37 +96,90 @@ def extra_nodes(matrix: np.ndarray | None, step: np.ndarray) -> np.ndarray:
     return np.zeros(len(step), int) if plan is None else plan.extra_nodes(step)
 
 
-def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                       coords: Sequence[np.ndarray], matrix: np.ndarray) -> np.ndarray | None:
-    """The table ``values`` (F, m_0, m_1) (nodes ``start + step * k`` per axis) at c = matrix x
-    on the lattice ``coords`` (two 1-D arrays): (F, n_0, n_1), or None where no plan applies
-    or a pass would read beyond the table."""
+@dataclass(frozen=True)
+class Passes:
+    """The two passes onto one lattice, in table units (module docstring)."""
+
+    plan: ShearPlan
+    p: np.ndarray            # (n_s1,) pass 2: target (i, j) at p_i + q_j along t2
+    q: np.ndarray            # (n_s2,)
+    first_node: np.ndarray   # (n_s1,) row i reads the t2 nodes first_node_i .. last_node_i
+    last_node: np.ndarray
+    a: np.ndarray            # (n_s1,) pass 1: (row i, t2 node k) at a_i + b k along t1
+    b: float
+
+
+def plan_passes(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
+                coords: Sequence[np.ndarray], matrix: np.ndarray) -> Passes | None:
+    """The passes of a table of ``counts`` nodes per axis onto the lattice ``coords``; None
+    where no plan applies or a pass would read beyond the table."""
     plan = shear_plan(matrix)
     if plan is None or len(coords) != 2:
         return None
     A = np.asarray(matrix, float)
     t1, t2, s1, s2 = plan.t1, plan.t2, plan.s1, plan.s2
     x, y = np.asarray(coords[s1], float), np.asarray(coords[s2], float)
-    # pass 2: unit coordinate along t2 of target (i, j) is p_i + q_j
     p = (A[t2, s1] * x - start[t2]) / step[t2]
     q = A[t2, s2] * y / step[t2]
     first_node = np.floor(p + q.min()).astype(np.int64) - LOW
     last_node = np.floor(p + q.max()).astype(np.int64) + HIGH
-    counts = values.shape[1:]
     if first_node.min() < 0 or last_node.max() > counts[t2] - 1:
         return None
-    # pass 1: unit coordinate along t1 at (x_i, node k of t2) is a_i + b k
     a = (plan.alpha * x + plan.beta * start[t2] - start[t1]) / step[t1]
     b = plan.beta * step[t2] / step[t1]
     ends = np.concatenate([a + b * first_node, a + b * last_node])
     if ends.min() < LOW or ends.max() >= counts[t1] - HIGH:
         return None
-    length = last_node - first_node + 1
-    rows = np.empty((x.size, int(length.max())))
-    out = np.empty((values.shape[0], x.size, y.size))
-    a, p, q = np.ascontiguousarray(a), np.ascontiguousarray(p), np.ascontiguousarray(q)
+    return Passes(plan, np.ascontiguousarray(p), np.ascontiguousarray(q), first_node,
+                  last_node, np.ascontiguousarray(a), b)
+
+
+def nodes_read(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
+               lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
+               ) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The table nodes :func:`sheared_on_lattice` reads for these lattices: ``(t2, lo, hi)``,
+    for each node k along t2 the t1 nodes lo_k .. hi_k (none where lo_k > hi_k); None where
+    a lattice has no passes. Exact: first_node, last_node and a are monotone along a lattice
+    row, so the rows that read node k are an interval and the extremes of a_i + b k lie at
+    its ends."""
+    band = None
+    for coords in lattices:
+        passes = plan_passes(counts, start, step, coords, matrix)
+        if passes is None:
+            return None
+        t2 = passes.plan.t2
+        first, last, a = passes.first_node, passes.last_node, passes.a
+        if first[-1] < first[0]:                # descending along the row: reverse
+            first, last, a = first[::-1], last[::-1], a[::-1]
+        k = np.arange(counts[t2])
+        lowest = np.searchsorted(last, k, side="left")           # first row with last >= k
+        highest = np.searchsorted(first, k, side="right") - 1    # last row with first <= k
+        valid = lowest <= highest
+        ends = np.stack([a[np.clip(lowest, 0, a.size - 1)], a[np.clip(highest, 0, a.size - 1)]])
+        lo = np.where(valid, np.floor(ends.min(axis=0) + passes.b * k) - LOW, counts[1 - t2])
+        hi = np.where(valid, np.floor(ends.max(axis=0) + passes.b * k) + HIGH, -1)
+        if band is None:
+            band = (t2, lo.astype(np.int64), hi.astype(np.int64))
+        else:
+            band = (t2, np.minimum(band[1], lo).astype(np.int64),
+                    np.maximum(band[2], hi).astype(np.int64))
+    return band
+
+
+def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
+                       coords: Sequence[np.ndarray], matrix: np.ndarray) -> np.ndarray | None:
+    """The table ``values`` (F, m_0, m_1) (nodes ``start + step * k`` per axis) at c = matrix x
+    on the lattice ``coords`` (two 1-D arrays): (F, n_0, n_1), or None where no plan applies
+    or a pass would read beyond the table."""
+    passes = plan_passes(values.shape[1:], start, step, coords, matrix)
+    if passes is None:
+        return None
+    plan = passes.plan
+    length = passes.last_node - passes.first_node + 1
+    rows = np.empty((passes.a.size, int(length.max())))
+    out = np.empty((values.shape[0], passes.p.size, passes.q.size))
     for f, table in enumerate(values):
-        table = table if t1 == 1 else np.ascontiguousarray(table.T)
-        kernels.pass_one(table, a, b, first_node, length, rows)
-        kernels.pass_two(rows, p, q, first_node, out[f])
-    return out if s1 == 0 else out.transpose(0, 2, 1)
+        table = table if plan.t1 == 1 else np.ascontiguousarray(table.T)
+        kernels.pass_one(table, passes.a, passes.b, passes.first_node, length, rows)
+        kernels.pass_two(rows, passes.p, passes.q, passes.first_node, out[f])
+    return out if plan.s1 == 0 else out.transpose(0, 2, 1)

@@ -104,8 +104,9 @@ class TiltedMeanField(VelocityField):
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
         x on ``lattices`` (per-axis coordinates, as from :meth:`lattice_points`): an object
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
-        ``sheared``: the table will serve ``on_lattice`` (refined and padded for the sheared
-        passes, :mod:`tpde.variants.sheared`)."""
+        ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
+        padded and, in 2-D, formed only where the sheared passes read:
+        :mod:`tpde.variants.sheared`)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
@@ -118,7 +119,9 @@ class TiltedMeanField(VelocityField):
             nodes = table_nodes(bounds, high - low, matrix if sheared else None)
         else:
             nodes = self.nodes
-        return SeparableSums(weights, grid, bounds, nodes, fields, matrix if sheared else None)
+        if not sheared:
+            return SeparableSums(weights, grid, bounds, nodes, fields)
+        return SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices)
 
 
     def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
