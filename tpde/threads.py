@@ -1,12 +1,13 @@
 """Thread policy of the compiled loops, the BLAS products and the FFTs, applied on import.
 
-One number sets numba's parallel loops (fluxes, limiter, table interpolation) and the
-pyfftw / scipy.fft transforms (planned with ``numba.get_num_threads()``). The BLAS behind
-the separable tables' matrix products is held at one thread (through threadpoolctl, which
-works whichever BLAS numpy links): OpenBLAS threads spin-wait after each product and take
-the cores from the parallel loops that follow. Measured on a 2-core machine, 2-D 256^2
-softmax step: 57 ms with numba 2 / BLAS 1 threads, 108 ms with numba 2 / BLAS 2, 75 ms on
-one thread (benchmarks/step.py times the policy).
+One number sets numba's parallel loops (fluxes, limiter, table interpolation), the row blocks
+of the separable tables' matrix products (:func:`row_split_tensordot`) and the pyfftw /
+scipy.fft transforms (planned with ``numba.get_num_threads()``). BLAS itself is held at one
+thread (through threadpoolctl, numpy's and scipy's BLAS): OpenBLAS threads spin-wait after
+each product and take the cores from the parallel loops that follow, and numba's workers,
+spinning after each loop, take them from any second pool. Measured on a 2-core machine,
+2-D 256^2 softmax step: 57 ms with numba 2 / BLAS 1 threads, 108 ms with numba 2 / BLAS 2
+(before the row blocks; benchmarks/step.py times 1 and 2 threads).
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ and exactly quadratic / linear for a Gaussian, so a local Lagrange interpolation
 ``ORDER - 1 = 11`` on the uniform ``c``-grid gives their values at ``A x`` at a controllable error
 (``tests/test_engines.py`` prints the convergence table against the dense engine).
 
-The interpolation weights are computed inside the numba kernels in O(ORDER) per axis
-(prefix / suffix products of the barycentric form), and ORDER is a compile-time constant,
-so the interpolation costs less than the table it reads (``benchmarks/velocity.py``
-measures the ratio). Accuracy is set by the table nodes (``nodes``).
+The interpolation kernels (:mod:`tpde.variants.lagrange`) compute their weights in O(ORDER)
+per axis; in 2-D a lattice of targets is reached by two sheared 1-D passes
+(:mod:`tpde.variants.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
+refined along the pass-2 axis to keep the accuracy, and its second-level products formed
+only on the nodes the passes read). Accuracy is set by the table nodes (``nodes``).
 """
 
 from __future__ import annotations
