@@ -67,6 +67,9 @@ FIELDS = ("means", "log", "both")
 #: largest fraction of the table for which the blocks beat one product
 BAND_ROWS = 64
 BAND_MAX_FRACTION = 0.7
+#: cells along the contracted axis below which the second-level products are too cheap for
+#: the band to pay (measured: 2-D 64^2 step slower with it)
+BAND_MIN_CELLS = 128
 
 
 def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
@@ -94,13 +97,17 @@ def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
 
 @nb.njit(parallel=True, cache=True)
 def _banded_dot(matrix, level1, out, first, end, block_rows):
-    """out[r0:r1, c0:c1] = matrix[r0:r1] @ level1[c0:c1].T per row block (first, end)."""
+    """out[r0:r1, c0:c1] = matrix[r0:r1] @ level1[c0:c1].T per row block (first, end), NaN
+    in the rest of the block's rows."""
     for block in nb.prange(first.size):
         r0 = block * block_rows
         r1 = min(r0 + block_rows, matrix.shape[0])
-        if end[block] > first[block]:
-            out[r0:r1, first[block]:end[block]] = np.dot(matrix[r0:r1],
-                                                         level1[first[block]:end[block]].T)
+        c0 = first[block]
+        c1 = max(end[block], c0)
+        out[r0:r1, :c0] = np.nan
+        out[r0:r1, c1:] = np.nan
+        if c1 > c0:
+            out[r0:r1, c0:c1] = np.dot(matrix[r0:r1], level1[c0:c1].T)
 
 
 def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
@@ -144,8 +151,10 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
         shape = (len(nodes[order[1]]), len(nodes[order[0]]))
         blocks = _band_blocks(band, order[1], shape)
         rows = np.minimum(BAND_ROWS, shape[0] - np.arange(0, shape[0], BAND_ROWS))
-        if np.sum(rows * (blocks[1] - blocks[0])) > BAND_MAX_FRACTION * shape[0] * shape[1]:
-            band = None     # the band covers most of the table: one product is faster
+        if (np.sum(rows * (blocks[1] - blocks[0])) > BAND_MAX_FRACTION * shape[0] * shape[1]
+                or grid.cells[order[1]] < BAND_MIN_CELLS):
+            band = None     # one product is faster: the band covers most of the table, or
+            #                 the products are short next to the table-sized work
 
     def contract(moment_axis: int | None) -> np.ndarray:
         key: tuple = ()
@@ -156,7 +165,7 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
                 mat = moment_factors[a] if a == moment_axis else factors[a]
                 if band is not None and len(key) == 2:   # 2-D second level, banded
                     level1 = np.ascontiguousarray(out if order[0] == 0 else out.T)
-                    product = np.full((mat.shape[0], level1.shape[0]), np.nan)
+                    product = np.empty((mat.shape[0], level1.shape[0]))
                     _banded_dot(mat, level1, product, *blocks, BAND_ROWS)
                     partial[key] = np.moveaxis(product, 0, a)
                 else:
