@@ -8,7 +8,10 @@ recomputed at every stage (the default scheme, face velocities interpolated alon
 2-D n^2 on [-7, 7]^2, Gaussian density; c1 matrices of MATH.md 6 (softmax, Sinkhorn eps = 1)
 and the l2 head of benchmarks/velocity.py. Each case is timed at 1 and 2 threads in the
 same run (median over ``--steps`` steps after two warm-up steps), split into the velocity
-(kernel sums, all stages) and the rest (fluxes, limiter, stage combinations).
+(kernel sums, all stages) and the rest (fluxes, limiter, stage combinations). The steps run
+in rounds of BLOCK, each followed by BLOCK evaluations of the FFT floor at the same thread
+count; ``step_over_fft_floor`` is the median over rounds of the two medians' ratio (a
+shared machine's load drifts by 1.5x within a minute; a round sees one load).
 
 The FFT floor of a step: the padded real transforms an FFT-convolution evaluation of the
 same velocities needs, timed as planned pyfftw transforms (FFTW_MEASURE) at the same thread
