@@ -155,3 +155,57 @@ def pass_two(rows, p, q, first_node, out):
             for m in range(ORDER):
                 acc += w[m] * rows[i, first + m]
             out[i, j] = acc
+
+
+# Three-dimensional sheared passes (tpde.variants.sheared3d), one field per call.
+@nb.njit(parallel=True, **JIT)
+def pass3_one(table, a, b2, b3, m_first, m_count, l_first, l_count, out):
+    """out[i, l', m'] = T(a_i + b2 m + b3 l) along the last axis of ``table`` (m_t2, m_t3,
+    m_t1), m = m_first[i] + m', l = l_first[i] + l'."""
+    bary = barycentric()
+    for i in nb.prange(a.size):
+        w = np.empty(ORDER)
+        for ll in range(l_count[i]):
+            l = l_first[i] + ll
+            for mm in range(m_count[i]):
+                m = m_first[i] + mm
+                first = stencil(a[i] + b2 * m + b3 * l, bary, w)
+                acc = 0.0
+                for j in range(ORDER):
+                    acc += w[j] * table[m, l, first + j]
+                out[i, ll, mm] = acc
+
+
+@nb.njit(parallel=True, **JIT)
+def pass3_two(rows, a, b, m_first, l_first, row_first, row_count, out):
+    """out[i, j, l'] = G(i, a_ij + b l, l) along m, l = row_first[i, j] + l', with
+    G(i, m, l) = rows[i, l - l_first[i], m - m_first[i]]."""
+    bary = barycentric()
+    n_i, n_j = a.shape
+    for i in nb.prange(n_i):
+        w = np.empty(ORDER)
+        for j in range(n_j):
+            for ll in range(row_count[i, j]):
+                l = row_first[i, j] + ll
+                first = stencil(a[i, j] + b * l, bary, w) - m_first[i]
+                line = rows[i, l - l_first[i]]
+                acc = 0.0
+                for s in range(ORDER):
+                    acc += w[s] * line[first + s]
+                out[i, j, ll] = acc
+
+
+@nb.njit(parallel=True, **JIT)
+def pass3_three(rows, p, q, row_first, out):
+    """out[i, j, k] = G(i, j, p_ij + q_k), G(i, j, l) = rows[i, j, l - row_first[i, j]]."""
+    bary = barycentric()
+    n_i, n_j = p.shape
+    for i in nb.prange(n_i):
+        w = np.empty(ORDER)
+        for j in range(n_j):
+            for k in range(q.size):
+                first = stencil(p[i, j] + q[k], bary, w) - row_first[i, j]
+                acc = 0.0
+                for s in range(ORDER):
+                    acc += w[s] * rows[i, j, first + s]
+                out[i, j, k] = acc

@@ -38,6 +38,8 @@ from tpde.threads import row_split_tensordot
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
 from .sheared import extra_nodes, nodes_read, resolution_factor, sheared_on_lattice
+from .sheared3d import padding, sheared_on_lattice3
+from .sheared3d import resolution_factor as resolution_factor3
 
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
 #: the support along axis a (c . y changes by at most this between neighbouring nodes),
@@ -48,16 +50,28 @@ MIN_NODES = 64
 MAX_NODES = {1: 16384, 2: 2048, 3: 160}
 
 
+def wanted_nodes(bounds: np.ndarray, extent: np.ndarray,
+                 matrix: np.ndarray | None = None) -> np.ndarray:
+    """Nodes per axis (d,) the resolution criterion asks for, tilts in ``bounds`` (d, 2), a
+    support of widths ``extent``; with the ``matrix`` of c = matrix x, refined where the
+    sheared passes need it (:func:`tpde.variants.sheared.resolution_factor`, 2-D;
+    :func:`tpde.variants.sheared3d.resolution_factor`, 3-D). Before the [MIN, MAX] clip."""
+    extent = np.asarray(extent, float)
+    d = len(extent)
+    factor = np.ones(d)
+    if matrix is not None and d == 2:
+        factor = resolution_factor(matrix, extent)
+    elif matrix is not None and d == 3:
+        factor = resolution_factor3(matrix, extent)
+    width = np.asarray(bounds, float)[:, 1] - np.asarray(bounds, float)[:, 0]
+    return np.ceil(width * extent * factor / NODE_RESOLUTION) + 1
+
+
 def table_nodes(bounds: np.ndarray, extent: np.ndarray,
                 matrix: np.ndarray | None = None) -> np.ndarray:
-    """Nodes per axis (d,) for tilts in ``bounds`` (d, 2) and a support of width ``extent``;
-    with the ``matrix`` of c = matrix x, refined where the sheared passes need it
-    (:func:`tpde.variants.sheared.resolution_factor`)."""
-    d = len(extent)
-    extent = np.asarray(extent, float) * resolution_factor(matrix, np.asarray(extent, float))
-    width = np.asarray(bounds, float)[:, 1] - np.asarray(bounds, float)[:, 0]
-    wanted = np.ceil(width * extent / NODE_RESOLUTION) + 1
-    return np.clip(wanted, MIN_NODES, MAX_NODES[d]).astype(int)
+    """:func:`wanted_nodes` within [MIN_NODES, MAX_NODES[d]], as integers."""
+    wanted = wanted_nodes(bounds, extent, matrix)
+    return np.clip(wanted, MIN_NODES, MAX_NODES[len(wanted)]).astype(int)
 
 
 FIELDS = ("means", "log", "both")
@@ -195,11 +209,14 @@ class TiltTable:
     spacing per axis (the nodes are ``start + step * arange(count)``).
     """
 
-    def __init__(self, values: np.ndarray, start: np.ndarray, step: np.ndarray):
+    def __init__(self, values: np.ndarray, start: np.ndarray, step: np.ndarray,
+                 sheared: bool = True, extent: np.ndarray | None = None):
         self.values = np.ascontiguousarray(values)
         self.start = np.asarray(start, float)
         self.step = np.asarray(step, float)
         self.count = np.array(self.values.shape[1:])
+        self.sheared = sheared      # on_lattice may use the sheared passes
+        self.extent = extent        # the support widths the 3-D pass plan was chosen for
 
     def nodes(self) -> list[np.ndarray]:
         """The tilts of the nodes, one 1-D array per axis."""
@@ -214,12 +231,17 @@ class TiltTable:
     def on_lattice(self, coords: Sequence[np.ndarray], matrix: np.ndarray,
                    field: int | None = None) -> np.ndarray:
         """The fields at c = matrix x for the points x of the tensor lattice ``coords`` (one
-        1-D array per axis, points in C order), without forming the (P, d) points: in 2-D by
-        two 1-D passes along sheared lines (:mod:`tpde.variants.sheared`, ORDER instead of
-        ORDER^2 multiply-adds per target), else (or where the shear would leave the table)
-        by the pointwise stencils."""
+        1-D array per axis, points in C order), without forming the (P, d) points: in 2-D and
+        3-D by 1-D passes along sheared lines (:mod:`tpde.variants.sheared`,
+        :mod:`tpde.variants.sheared3d`: ORDER instead of ORDER^d multiply-adds per target),
+        else (``sheared`` off, or a pass would leave the table) by the pointwise stencils."""
         table = self.values if field is None else self.values[field:field + 1]
-        sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
+        sheared = None
+        if self.sheared and len(coords) == 2:
+            sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
+        elif self.sheared and len(coords) == 3:
+            sheared = sheared_on_lattice3(table, self.start, self.step, coords, matrix,
+                                          self.extent)
         if sheared is not None:
             flat = sheared.reshape(table.shape[0], -1)
             return flat[0] if field is not None else flat.T
@@ -255,13 +277,17 @@ class SeparableSums(TiltTable):
     table is padded for its sheared passes (:func:`tpde.variants.sheared.extra_nodes`);
     lattices: with ``matrix``, the only lattices the table will serve through
     :meth:`on_lattice` (also after :meth:`velocity_table`): a 2-D table is then formed only
-    on the nodes their sheared passes read (NaN elsewhere).
+    on the nodes their sheared passes read (NaN elsewhere), a 3-D table padded for what its
+    passes read (:func:`tpde.variants.sheared3d.padding`); extent: the support widths (the
+    3-D pass plan); sheared: whether :meth:`on_lattice` may use the sheared passes (only
+    on a table refined for them, :func:`wanted_nodes`).
     """
 
     def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
                  nodes: int | Sequence[int], fields: str = "means",
                  matrix: np.ndarray | None = None,
-                 lattices: Sequence[Sequence[np.ndarray]] | None = None):
+                 lattices: Sequence[Sequence[np.ndarray]] | None = None,
+                 extent: np.ndarray | None = None, sheared: bool = True):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
@@ -269,13 +295,17 @@ class SeparableSums(TiltTable):
         inner = np.maximum(np.broadcast_to(np.asarray(nodes, int), lower.shape), ORDER)
         step = width / (inner - 1)
         pad = ORDER // 2 + 1 + extra_nodes(matrix, step)
+        if matrix is not None and lattices is not None and grid.ndim == 3 and sheared:
+            pad = pad + padding(inner + 2 * pad, lower - pad * step, step, lattices, matrix,
+                                extent)
         start = lower - pad * step
         tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad[a]) for a in range(grid.ndim)]
         self.fields = fields
         band = None
-        if matrix is not None and lattices is not None and grid.ndim == 2:
+        if matrix is not None and lattices is not None and grid.ndim == 2 and sheared:
             band = nodes_read([len(t) for t in tilts], start, step, lattices, matrix)
-        super().__init__(mgf_table(weights, grid, tilts, fields, band), start, step)
+        super().__init__(mgf_table(weights, grid, tilts, fields, band), start, step,
+                         sheared, extent)
 
     def means(self, c: np.ndarray) -> np.ndarray:
         """m(c), c: (P, d) -> (P, d)."""
@@ -314,4 +344,4 @@ class SeparableSums(TiltTable):
                                             [spacing[b]])[:, 0].reshape(shape)
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])
         return TiltTable(np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
-                         self.start, self.step)
+                         self.start, self.step, self.sheared, self.extent)

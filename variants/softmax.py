@@ -47,7 +47,7 @@ from .base import VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
 from .fft import FFTSoftmaxSums, checked_total
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import SeparableSums, table_nodes
+from .separable import MAX_NODES, SeparableSums, table_nodes, wanted_nodes
 
 DIRECT_MAX_CELLS = 1024
 
@@ -72,8 +72,9 @@ class TiltedMeanField(VelocityField):
 
     engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
     nodes per axis (default: automatic from the tilt range and the support width,
-    :func:`tpde.variants.separable.table_nodes`; the interpolation uses 12 points per
-    axis); block: targets per block of the direct sums.
+    :func:`tpde.variants.separable.table_nodes`, refined for the sheared passes; the
+    interpolation uses 12 points per axis; a fixed ``nodes`` table, or one the node cap
+    binds, is interpolated pointwise); block: targets per block of the direct sums.
     """
 
     engines: tuple[str, ...] = ("auto", "direct", "separable")
@@ -114,14 +115,16 @@ class TiltedMeanField(VelocityField):
         corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
                            axis=-1).reshape(-1, grid.ndim) @ matrix.T
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
-        if self.nodes is None:
-            low, high = support_box(weights, grid)
-            nodes = table_nodes(bounds, high - low, matrix if sheared else None)
-        else:
-            nodes = self.nodes
+        low, high = support_box(weights, grid)
+        extent = high - low
+        if self.nodes is not None or np.any(wanted_nodes(bounds, extent, matrix)
+                                            > MAX_NODES[grid.ndim]):
+            sheared = False   # a fixed or capped table is not refined: pointwise stencils
+        nodes = table_nodes(bounds, extent, matrix if sheared else None) \
+            if self.nodes is None else self.nodes
         if not sheared:
-            return SeparableSums(weights, grid, bounds, nodes, fields)
-        return SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices)
+            return SeparableSums(weights, grid, bounds, nodes, fields, sheared=False)
+        return SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent)
 
 
     def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
