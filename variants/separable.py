@@ -22,7 +22,8 @@ The interpolation kernels (:mod:`tpde.variants.lagrange`) compute their weights 
 per axis; in 2-D a lattice of targets is reached by two sheared 1-D passes
 (:mod:`tpde.variants.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
 refined along the pass-2 axis to keep the accuracy, and its second-level products formed
-only on the nodes the passes read). Accuracy is set by the table nodes (``nodes``).
+only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.sheared3d`) where
+the refined table fits under the node cap. Accuracy is set by the table nodes (``nodes``).
 """
 
 from __future__ import annotations
