@@ -30,11 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
-from tpde.threads import row_split_tensordot
+from tpde.threads import blocked_dot, row_split_tensordot
 
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
@@ -110,21 +109,6 @@ def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
     return first, end
 
 
-@nb.njit(parallel=True, cache=True)
-def _banded_dot(matrix, level1, out, first, end, block_rows):
-    """out[r0:r1, c0:c1] = matrix[r0:r1] @ level1[c0:c1].T per row block (first, end), NaN
-    in the rest of the block's rows."""
-    for block in nb.prange(first.size):
-        r0 = block * block_rows
-        r1 = min(r0 + block_rows, matrix.shape[0])
-        c0 = first[block]
-        c1 = max(end[block], c0)
-        out[r0:r1, :c0] = np.nan
-        out[r0:r1, c1:] = np.nan
-        if c1 > c0:
-            out[r0:r1, c0:c1] = np.dot(matrix[r0:r1], level1[c0:c1].T)
-
-
 def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
               fields: str = "means",
               band: tuple[int, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -181,7 +165,7 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
                 if band is not None and len(key) == 2:   # 2-D second level, banded
                     level1 = np.ascontiguousarray(out if order[0] == 0 else out.T)
                     product = np.empty((mat.shape[0], level1.shape[0]))
-                    _banded_dot(mat, level1, product, *blocks, BAND_ROWS)
+                    blocked_dot(mat, level1, product, *blocks, BAND_ROWS)
                     partial[key] = np.moveaxis(product, 0, a)
                 else:
                     partial[key] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
@@ -280,15 +264,15 @@ class SeparableSums(TiltTable):
     :meth:`on_lattice` (also after :meth:`velocity_table`): a 2-D table is then formed only
     on the nodes their sheared passes read (NaN elsewhere), a 3-D table padded for what its
     passes read (:func:`tpde.variants.sheared3d.padding`); extent: the support widths (the
-    3-D pass plan); sheared: whether :meth:`on_lattice` may use the sheared passes (only
-    on a table refined for them, :func:`wanted_nodes`).
+    3-D pass plan). :meth:`on_lattice` uses the sheared passes only on a table built with
+    ``matrix`` (refined for them by the caller, :func:`wanted_nodes`).
     """
 
     def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
                  nodes: int | Sequence[int], fields: str = "means",
                  matrix: np.ndarray | None = None,
                  lattices: Sequence[Sequence[np.ndarray]] | None = None,
-                 extent: np.ndarray | None = None, sheared: bool = True):
+                 extent: np.ndarray | None = None):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
@@ -296,17 +280,17 @@ class SeparableSums(TiltTable):
         inner = np.maximum(np.broadcast_to(np.asarray(nodes, int), lower.shape), ORDER)
         step = width / (inner - 1)
         pad = ORDER // 2 + 1 + extra_nodes(matrix, step)
-        if matrix is not None and lattices is not None and grid.ndim == 3 and sheared:
+        if matrix is not None and lattices is not None and grid.ndim == 3:
             pad = pad + padding(inner + 2 * pad, lower - pad * step, step, lattices, matrix,
                                 extent)
         start = lower - pad * step
         tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad[a]) for a in range(grid.ndim)]
         self.fields = fields
         band = None
-        if matrix is not None and lattices is not None and grid.ndim == 2 and sheared:
+        if matrix is not None and lattices is not None and grid.ndim == 2:
             band = nodes_read([len(t) for t in tilts], start, step, lattices, matrix)
         super().__init__(mgf_table(weights, grid, tilts, fields, band), start, step,
-                         sheared, extent)
+                         matrix is not None, extent)
 
     def means(self, c: np.ndarray) -> np.ndarray:
         """m(c), c: (P, d) -> (P, d)."""

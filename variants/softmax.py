@@ -117,14 +117,14 @@ class TiltedMeanField(VelocityField):
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         low, high = support_box(weights, grid)
         extent = high - low
-        if self.nodes is not None or np.any(wanted_nodes(bounds, extent, matrix)
-                                            > MAX_NODES[grid.ndim]):
-            sheared = False   # a fixed or capped table is not refined: pointwise stencils
-        nodes = table_nodes(bounds, extent, matrix if sheared else None) \
-            if self.nodes is None else self.nodes
+        # a fixed or capped table is not refined for the passes: pointwise stencils
+        sheared = sheared and self.nodes is None and bool(
+            np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]))
         if not sheared:
-            return SeparableSums(weights, grid, bounds, nodes, fields, sheared=False)
-        return SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent)
+            nodes = self.nodes if self.nodes is not None else table_nodes(bounds, extent)
+            return SeparableSums(weights, grid, bounds, nodes, fields)
+        return SeparableSums(weights, grid, bounds, table_nodes(bounds, extent, matrix), fields,
+                             matrix, lattices, extent)
 
 
     def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
