@@ -37,6 +37,7 @@ and rejects a step whose low-order update is negative (the velocity grew within 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,8 +85,8 @@ class PositivityError(RuntimeError):
 def view3(arr: np.ndarray, axis: int) -> np.ndarray:
     """Reshape a C-contiguous array to (outer, n_axis, inner) without copying."""
     shape = arr.shape
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(shape[:axis])
+    inner = math.prod(shape[axis + 1:])
     if not arr.flags.c_contiguous:
         raise ValueError("view3 needs a C-contiguous array")
     return arr.reshape(outer, shape[axis], inner)
@@ -313,11 +314,11 @@ class FluxOperator:
     def _work(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A work array of ``shape`` ((q,) + face shape) on a buffer shared by the axes,
         which are processed one after the other."""
-        lead = int(np.prod(shape[:len(shape) - len(self.shape)]))
+        lead = math.prod(shape[:len(shape) - len(self.shape)])
         if name not in self._flat:
-            largest = max(int(np.prod(f)) for f in self.face_shapes)
+            largest = max(math.prod(f) for f in self.face_shapes)
             self._flat[name] = np.empty(lead * largest)
-        return self._flat[name][:int(np.prod(shape))].reshape(shape)
+        return self._flat[name][:math.prod(shape)].reshape(shape)
 
     def _node_weights(self, axis: int, q: int) -> np.ndarray:
         if q == 1:
