@@ -17,12 +17,16 @@ slice, O(S m N_x) with the separable engine, never O(S^2 N_x) (benchmarks/masked
 
 Causality is exact in floating point: ``R_k`` is accumulated in slice order (each partial
 sum depends on slices j <= k only) and the field of ``R_k`` reads nothing else, so the
-velocity of slices <= k is bit-for-bit independent of the slices after k. The sink slice
+velocity of slices <= k is bit-for-bit independent of the slices after k; each slice has
+its own copy of the unmasked field, so a warm start (the adaptive table spacing of the
+separable engine) follows that slice's own history. The sink slice
 feels its own attention only (``R_0 = rho_0``). Sinkhorn has no causal form here (its plan
 couples all tokens both ways) and is refused.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -54,6 +58,7 @@ class CausalAttention(VelocityField):
             raise TypeError("attention.masked: expected an attention VelocityField")
         self.base = base
         self.spec = getattr(base, "spec", None)   # layer starts (breakpoints)
+        self._slice_fields: list[VelocityField] = []    # one copy of base per slice
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
@@ -68,7 +73,9 @@ class CausalAttention(VelocityField):
             raise ValueError(f"attention.masked: expected position slices, a density of shape "
                              f"(S, *{grid.shape}), got {density.shape}")
         cumulative = np.cumsum(density, axis=0)       # R_k = sum_{j<=k} rho_j, in s order
-        slices = [self.base.components(cumulative[k], grid, t, offsets, components)
+        while len(self._slice_fields) < density.shape[0]:
+            self._slice_fields.append(copy.deepcopy(self.base))
+        slices = [self._slice_fields[k].components(cumulative[k], grid, t, offsets, components)
                   for k in range(density.shape[0])]
         # one component: (S, *lattice); all of them: (d, S, *lattice)
         return [np.stack([per[i] for per in slices], axis=0 if comp is not None else 1)

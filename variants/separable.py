@@ -37,7 +37,7 @@ from tpde.threads import blocked_dot, row_split_tensordot
 
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
-from .sheared import extra_nodes, nodes_read, resolution_factor, sheared_on_lattice
+from .sheared import extra_nodes, nodes_read, pass_errors, resolution_factor, sheared_on_lattice
 from .sheared3d import padding, sheared_on_lattice3
 from .sheared3d import resolution_factor as resolution_factor3
 
@@ -48,14 +48,28 @@ from .sheared3d import resolution_factor as resolution_factor3
 NODE_RESOLUTION = 0.7
 MIN_NODES = 64
 MAX_NODES = {1: 16384, 2: 2048, 3: 160}
+#: adaptive 2-D tables (:func:`resolved_sums`): the first table's resolution without a warm
+#: start, the fewest nodes per axis, the estimated interpolation error allowed relative to
+#: the size of the means, the factor added to a predicted refinement, and the widening of
+#: the spacing offered to the next evaluation where the estimate leaves room
+COARSE_RESOLUTION = 2.0
+ADAPTIVE_MIN_NODES = 2 * ORDER
+TABLE_TOLERANCE = 1e-12
+REFINE_MARGIN = 1.1
+COARSEN_STEP = 1.25
+#: the estimate of :func:`tpde.variants.sheared.pass_errors` is the leading term of the
+#: remainder: 0.54..1.0 of the measured error from 1e-4 down (tests/test_adaptive_table.py)
+ESTIMATE_SAFETY = 2.0
 
 
 def wanted_nodes(bounds: np.ndarray, extent: np.ndarray,
-                 matrix: np.ndarray | None = None) -> np.ndarray:
+                 matrix: np.ndarray | None = None,
+                 resolution: float = NODE_RESOLUTION) -> np.ndarray:
     """Nodes per axis (d,) the resolution criterion asks for, tilts in ``bounds`` (d, 2), a
     support of widths ``extent``; with the ``matrix`` of c = matrix x, refined where the
     sheared passes need it (:func:`tpde.variants.sheared.resolution_factor`, 2-D;
-    :func:`tpde.variants.sheared3d.resolution_factor`, 3-D). Before the [MIN, MAX] clip."""
+    :func:`tpde.variants.sheared3d.resolution_factor`, 3-D); ``resolution``: the largest
+    change of c.y between neighbouring nodes. Before the [MIN, MAX] clip."""
     extent = np.asarray(extent, float)
     d = len(extent)
     factor = np.ones(d)
@@ -64,14 +78,15 @@ def wanted_nodes(bounds: np.ndarray, extent: np.ndarray,
     elif matrix is not None and d == 3:
         factor = resolution_factor3(matrix, extent)
     width = np.asarray(bounds, float)[:, 1] - np.asarray(bounds, float)[:, 0]
-    return np.ceil(width * extent * factor / NODE_RESOLUTION) + 1
+    return np.ceil(width * extent * factor / resolution) + 1
 
 
 def table_nodes(bounds: np.ndarray, extent: np.ndarray,
-                matrix: np.ndarray | None = None) -> np.ndarray:
-    """:func:`wanted_nodes` within [MIN_NODES, MAX_NODES[d]], as integers."""
-    wanted = wanted_nodes(bounds, extent, matrix)
-    return np.clip(wanted, MIN_NODES, MAX_NODES[len(wanted)]).astype(int)
+                matrix: np.ndarray | None = None, resolution: float = NODE_RESOLUTION,
+                least: int = MIN_NODES) -> np.ndarray:
+    """:func:`wanted_nodes` within [least, MAX_NODES[d]], as integers."""
+    wanted = wanted_nodes(bounds, extent, matrix, resolution)
+    return np.clip(wanted, least, MAX_NODES[len(wanted)]).astype(int)
 
 
 FIELDS = ("means", "log", "both")
@@ -111,7 +126,8 @@ def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
 
 def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
               fields: str = "means",
-              band: tuple[int, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+              band: tuple[int, np.ndarray, np.ndarray] | None = None,
+              reuse: dict | None = None) -> np.ndarray:
     """The tilted means m(c) and / or log M(c) on the tensor grid ``nodes``.
 
     weights: (*grid.shape) >= 0, not all zero; nodes: one 1-D array of tilts per axis;
@@ -119,8 +135,10 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     the only nodes that will be read, as from :func:`tpde.variants.sheared.nodes_read` (the
     sheared passes read a parallelogram): the second-level products are then formed in
     blocks of BAND_ROWS rows over the columns the band needs, NaN elsewhere (a stray read
-    cannot pass unnoticed). Returns (fields, len(nodes_1), ..., len(nodes_d)), the layout
-    the interpolation kernels read.
+    cannot pass unnoticed); reuse: a dict that keeps the first-level products (one axis
+    contracted) between calls on the same weights, keyed by that axis's nodes (a table
+    refined along the other axes forms only its second level again). Returns (fields,
+    len(nodes_1), ..., len(nodes_d)), the layout the interpolation kernels read.
     """
     if fields not in FIELDS:
         raise ValueError(f"mgf_table: fields must be one of {', '.join(FIELDS)}, got {fields!r}")
@@ -167,6 +185,11 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
                     product = np.empty((mat.shape[0], level1.shape[0]))
                     blocked_dot(mat, level1, product, *blocks, BAND_ROWS)
                     partial[key] = np.moveaxis(product, 0, a)
+                elif len(key) == 1 and reuse is not None:
+                    kept = (a, key[0], nodes[a].tobytes())
+                    if kept not in reuse:
+                        reuse[kept] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
+                    partial[key] = reuse[kept]
                 else:
                     partial[key] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
             out = partial[key]
@@ -240,6 +263,19 @@ class TiltTable:
             units.append(np.ascontiguousarray(np.broadcast_to(unit, shape)).reshape(-1))
         return self._at_units(units, field)
 
+    def pass_errors(self, lattices: Sequence[Sequence[np.ndarray]],
+                    matrix: np.ndarray) -> np.ndarray | None:
+        """Estimated errors per table axis (d,) of the 2-D sheared passes onto ``lattices``
+        (the largest over them, :func:`tpde.variants.sheared.pass_errors`); None where a
+        lattice has no passes."""
+        largest = np.zeros(len(self.count))
+        for coords in lattices:
+            errors = pass_errors(self.values, self.start, self.step, coords, matrix)
+            if errors is None:
+                return None
+            largest = np.maximum(largest, errors)
+        return largest
+
     def _at_units(self, units: list[np.ndarray], field: int | None) -> np.ndarray:
         for u, count in zip(units, self.count, strict=True):
             if u.size and (u.min() < LOW or u.max() >= count - HIGH):
@@ -272,7 +308,7 @@ class SeparableSums(TiltTable):
                  nodes: int | Sequence[int], fields: str = "means",
                  matrix: np.ndarray | None = None,
                  lattices: Sequence[Sequence[np.ndarray]] | None = None,
-                 extent: np.ndarray | None = None):
+                 extent: np.ndarray | None = None, reuse: dict | None = None):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
@@ -289,7 +325,7 @@ class SeparableSums(TiltTable):
         band = None
         if matrix is not None and lattices is not None and grid.ndim == 2:
             band = nodes_read([len(t) for t in tilts], start, step, lattices, matrix)
-        super().__init__(mgf_table(weights, grid, tilts, fields, band), start, step,
+        super().__init__(mgf_table(weights, grid, tilts, fields, band, reuse), start, step,
                          matrix is not None, extent)
 
     def means(self, c: np.ndarray) -> np.ndarray:
@@ -330,3 +366,50 @@ class SeparableSums(TiltTable):
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])
         return TiltTable(np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
                          self.start, self.step, self.sheared, self.extent)
+
+
+def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: np.ndarray,
+                  scale: float, matrix: np.ndarray, lattices: Sequence[Sequence[np.ndarray]],
+                  step: np.ndarray | None = None) -> tuple[SeparableSums, np.ndarray]:
+    """The tilted means for the 2-D sheared passes onto ``lattices`` on a table whose
+    estimated interpolation error is within TABLE_TOLERANCE * ``scale`` (the size of the
+    means: the support's radius; ESTIMATE_SAFETY times the estimate), and the node spacing
+    to try first next time.
+
+    The resolution criterion of :func:`table_nodes` bounds c.y between nodes over the whole
+    support: a bound for any density, far finer than a smooth one needs (a Gaussian's means
+    are linear in c). Here the first table has the spacing ``step`` per axis (the previous
+    evaluation's: a warm start) or, without one, COARSE_RESOLUTION; the passes' errors are
+    estimated from the ORDER-th differences of what they interpolate
+    (:func:`tpde.variants.sheared.pass_errors`), and an axis whose estimate exceeds the
+    tolerance is refined by the factor the h^ORDER remainder predicts (times
+    REFINE_MARGIN) and the table formed again, never beyond :func:`table_nodes` (the
+    bound, accepted whatever its estimate). An axis whose estimate is so far below the
+    tolerance that a spacing COARSEN_STEP times wider would still pass by a factor 2 is
+    offered that spacing next time. The field therefore depends on the warm start, within
+    the tolerance (as Sinkhorn's potentials do).
+    """
+    bounds = np.asarray(bounds, float)
+    width = np.maximum(bounds[:, 1] - bounds[:, 0], 1e-12)
+    finest = table_nodes(bounds, extent, matrix)
+    if step is None:
+        nodes = np.minimum(table_nodes(bounds, extent, matrix, COARSE_RESOLUTION,
+                                       ADAPTIVE_MIN_NODES), finest)
+    else:
+        nodes = np.clip(np.ceil(width / step).astype(int) + 1, ADAPTIVE_MIN_NODES, finest)
+    target = TABLE_TOLERANCE * scale
+    reuse: dict = {}
+    while True:
+        sums = SeparableSums(weights, grid, bounds, nodes, "means", matrix, lattices, extent,
+                             reuse)
+        errors = sums.pass_errors(lattices, matrix)
+        if errors is None:
+            return sums, sums.step
+        errors = ESTIMATE_SAFETY * errors
+        factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER),
+                          1.0)
+        refined = np.minimum(np.ceil((nodes - 1) * factor).astype(int) + 1, finest)
+        if np.array_equal(refined, nodes):      # within the tolerance, or at the bound
+            room = (target / np.maximum(2.0 * errors, 1e-300)) ** (1 / ORDER)
+            return sums, sums.step * np.where(room >= COARSEN_STEP, COARSEN_STEP, 1.0)
+        nodes = refined

@@ -112,10 +112,28 @@ class Passes:
     b: float
 
 
+#: the last few plans (a table is planned onto the same lattices by nodes_read,
+#: pass_errors and sheared_on_lattice)
+_PLANS: dict[tuple, Passes | None] = {}
+PLANS_KEPT = 16
+
+
 def plan_passes(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
                 coords: Sequence[np.ndarray], matrix: np.ndarray) -> Passes | None:
     """The passes of a table of ``counts`` nodes per axis onto the lattice ``coords``; None
-    where no plan applies or a pass would read beyond the table."""
+    where no plan applies or a pass would read beyond the table. Kept for the last
+    PLANS_KEPT tables and lattices (the arrays are read, never written)."""
+    key = (tuple(int(n) for n in counts), np.asarray(start, float).tobytes(),
+           np.asarray(step, float).tobytes(), np.asarray(matrix, float).tobytes(),
+           *(np.asarray(x, float).tobytes() for x in coords))
+    if key not in _PLANS:
+        if len(_PLANS) >= PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = _plan_passes(counts, start, step, coords, matrix)
+    return _PLANS[key]
+
+
+def _plan_passes(counts, start, step, coords, matrix) -> Passes | None:
     plan = shear_plan(matrix)
     if plan is None or len(coords) != 2:
         return None
@@ -186,3 +204,32 @@ def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
         kernels.pass_one(table, passes.a, passes.b, passes.first_node, length, rows)
         kernels.pass_two(rows, passes.p, passes.q, passes.first_node, out[f])
     return out if plan.s1 == 0 else out.transpose(0, 2, 1)
+
+
+def pass_errors(values: np.ndarray, start: np.ndarray, step: np.ndarray,
+                coords: Sequence[np.ndarray], matrix: np.ndarray,
+                stride: int = 16) -> np.ndarray | None:
+    """Estimated interpolation errors of :func:`sheared_on_lattice` per table axis, (2,):
+    ERROR_CONSTANT times the largest ORDER-th difference of what each pass interpolates, on
+    every ``stride``-th lattice row and table row. Along t1: the table's rows (pass 1); along
+    t2: pass 1's output, the table along the sheared direction (beta, 1) at the t2 nodes
+    (pass 2). The difference is h^ORDER f^(ORDER) up to O(h^(ORDER+1)), so the estimate is
+    the leading term of the Lagrange remainder. values: (F, m_0, m_1), NaN where the table is
+    not formed; None where no plan applies."""
+    passes = plan_passes(values.shape[1:], start, step, coords, matrix)
+    if passes is None:
+        return None
+    plan = passes.plan
+    rows = np.arange(0, passes.a.size, stride)
+    first, length = passes.first_node[rows], passes.last_node[rows] - passes.first_node[rows] + 1
+    line = np.empty((rows.size, int(length.max())))
+    largest = np.zeros(2)
+    for table in values:
+        table = table if plan.t1 == 1 else np.ascontiguousarray(table.T)
+        nodes = np.arange(0, table.shape[0], stride)
+        largest[plan.t1] = max(largest[plan.t1], kernels.max_difference(
+            table, nodes, np.zeros(nodes.size, np.int64), np.full(nodes.size, table.shape[1])))
+        kernels.pass_one(table, passes.a[rows], passes.b, first, length, line)
+        largest[plan.t2] = max(largest[plan.t2], kernels.max_difference(
+            line, np.arange(rows.size), np.zeros(rows.size, np.int64), length))
+    return kernels.ERROR_CONSTANT * largest

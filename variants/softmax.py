@@ -47,7 +47,7 @@ from .base import VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
 from .fft import FFTSoftmaxSums, checked_total
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import MAX_NODES, SeparableSums, table_nodes, wanted_nodes
+from .separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wanted_nodes
 
 DIRECT_MAX_CELLS = 1024
 
@@ -86,6 +86,8 @@ class TiltedMeanField(VelocityField):
         self.engine = engine
         self.nodes = nodes
         self.block = int(block)
+        # the adaptive 2-D tables' node spacing, per grid and matrix (a warm start)
+        self._table_steps: dict[tuple, np.ndarray] = {}
 
     def engine_for(self, grid: Grid) -> str:
         if self.engine != "auto":
@@ -123,6 +125,14 @@ class TiltedMeanField(VelocityField):
         if not sheared:
             nodes = self.nodes if self.nodes is not None else table_nodes(bounds, extent)
             return SeparableSums(weights, grid, bounds, nodes, fields)
+        if grid.ndim == 2 and fields == "means":
+            key = (grid.shape, matrix.tobytes())
+            sums, self._table_steps[key] = resolved_sums(
+                weights, grid, bounds, extent, float(np.abs([low, high]).max()), matrix,
+                lattices, self._table_steps.pop(key, None))
+            while len(self._table_steps) > 8:
+                self._table_steps.pop(next(iter(self._table_steps)))
+            return sums
         return SeparableSums(weights, grid, bounds, table_nodes(bounds, extent, matrix), fields,
                              matrix, lattices, extent)
 
