@@ -12,8 +12,9 @@ is the velocity on the cell centres (one lattice). The dense engine is O(N^2): i
 on a random subset of targets and scaled linearly to all N targets
 (``dense_s_extrapolated``); the accuracy reference is the same subset. ``floor_s`` is the
 separable table the fast evaluation builds (its matrix products: the "transforms" of the
-method), measured in the same run, so ``fast_over_floor`` says what interpolation and
-bookkeeping add. Threads: tpde's default (1, TPDE_NUM_THREADS). Prints one JSON line.
+method; in 2-D on the adaptive resolution, with its error estimate), measured in the same
+run, so ``fast_over_floor`` says what interpolation and bookkeeping add. Threads: tpde's
+default (1, TPDE_NUM_THREADS). Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ def velocity_case(ndim: int, cells: int, variant: str = "softmax", subset: int =
     fast_s = best_of(lambda: fast(rho, grid, 0.0))
     u_fast = fast(rho, grid, 0.0).reshape(ndim, -1)
     lattices, _ = fast.lattice_points(grid, [np.zeros(ndim)])
-    table = fast.sums(weights, grid, lattices, head.A)
-    floor_s = best_of(lambda: fast.sums(weights, grid, lattices, head.A))
+    table = fast.sums(weights, grid, lattices, head.A, sheared=True)
+    floor_s = best_of(lambda: fast.sums(weights, grid, lattices, head.A, sheared=True))
 
     pick = rng.choice(x.shape[0], size=min(subset, x.shape[0]), replace=False)
     sources, values = density_sources(weights, grid)

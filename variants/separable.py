@@ -23,7 +23,10 @@ per axis; in 2-D a lattice of targets is reached by two sheared 1-D passes
 (:mod:`tpde.variants.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
 refined along the pass-2 axis to keep the accuracy, and its second-level products formed
 only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.sheared3d`) where
-the refined table fits under the node cap. Accuracy is set by the table nodes (``nodes``).
+the refined table fits under the node cap. Accuracy is set by the table nodes (``nodes``);
+the 2-D velocity tables choose them a posteriori (:func:`resolved_sums`: the coarsest table
+whose estimated interpolation error is within TABLE_TOLERANCE, never finer than the
+a-priori :func:`table_nodes`).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ TABLE_TOLERANCE = 1e-12
 REFINE_MARGIN = 1.1
 COARSEN_STEP = 1.25
 #: the estimate of :func:`tpde.variants.sheared.pass_errors` is the leading term of the
-#: remainder: 0.54..1.0 of the measured error from 1e-4 down (tests/test_adaptive_table.py)
+#: remainder: 0.54..1.01 of the measured error from 1e-4 down (tests/test_adaptive_table.py)
 ESTIMATE_SAFETY = 2.0
 
 

@@ -72,7 +72,9 @@ class TiltedMeanField(VelocityField):
 
     engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
     nodes per axis (default: automatic from the tilt range and the support width,
-    :func:`tpde.variants.separable.table_nodes`, refined for the sheared passes; the
+    :func:`tpde.variants.separable.table_nodes`, refined for the sheared passes; in 2-D
+    that size bounds the velocity tables, which are resolved a posteriori and warm-started
+    from the previous evaluation, :func:`tpde.variants.separable.resolved_sums`; the
     interpolation uses 12 points per axis; a fixed ``nodes`` table, or one the node cap
     binds, is interpolated pointwise); block: targets per block of the direct sums.
     """
@@ -109,7 +111,7 @@ class TiltedMeanField(VelocityField):
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
         ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
         padded and, in 2-D, formed only where the sheared passes read:
-        :mod:`tpde.variants.sheared`)."""
+        :mod:`tpde.variants.sheared`; a 2-D table of means on the adaptive resolution)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
