@@ -22,11 +22,12 @@ The interpolation kernels (:mod:`tpde.variants.lagrange`) compute their weights 
 per axis; in 2-D a lattice of targets is reached by two sheared 1-D passes
 (:mod:`tpde.variants.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
 refined along the pass-2 axis to keep the accuracy, and its second-level products formed
-only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.sheared3d`) where
-the refined table fits under the node cap. Accuracy is set by the table nodes (``nodes``);
-the 2-D velocity tables choose them a posteriori (:func:`resolved_sums`: the coarsest table
-whose estimated interpolation error is within TABLE_TOLERANCE, never finer than the
-a-priori :func:`table_nodes`).
+only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.sheared3d`).
+Accuracy is set by the table nodes (``nodes``); the velocity tables of the passes choose
+them a posteriori (:func:`resolved_sums`: the coarsest table whose estimated interpolation
+error is within TABLE_TOLERANCE, never finer than the a-priori :func:`table_nodes`; in 3-D,
+where that bound often exceeds the node cap, a table the passes cannot resolve under the
+cap is interpolated pointwise).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tpde.threads import blocked_dot, row_split_tensordot
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
 from .sheared import extra_nodes, nodes_read, pass_errors, resolution_factor, sheared_on_lattice
-from .sheared3d import padding, sheared_on_lattice3
+from .sheared3d import padding, pass_errors3, sheared_on_lattice3
 from .sheared3d import resolution_factor as resolution_factor3
 
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
@@ -51,7 +52,7 @@ from .sheared3d import resolution_factor as resolution_factor3
 NODE_RESOLUTION = 0.7
 MIN_NODES = 64
 MAX_NODES = {1: 16384, 2: 2048, 3: 160}
-#: adaptive 2-D tables (:func:`resolved_sums`): the first table's resolution without a warm
+#: adaptive tables (:func:`resolved_sums`): the first table's resolution without a warm
 #: start, the fewest nodes per axis, the estimated interpolation error allowed relative to
 #: the size of the means, the factor added to a predicted refinement, and the widening of
 #: the spacing offered to the next evaluation where the estimate leaves room
@@ -268,12 +269,15 @@ class TiltTable:
 
     def pass_errors(self, lattices: Sequence[Sequence[np.ndarray]],
                     matrix: np.ndarray) -> np.ndarray | None:
-        """Estimated errors per table axis (d,) of the 2-D sheared passes onto ``lattices``
-        (the largest over them, :func:`tpde.variants.sheared.pass_errors`); None where a
-        lattice has no passes."""
+        """Estimated errors per table axis (d,) of the sheared passes onto ``lattices`` (the
+        largest over them, :func:`tpde.variants.sheared.pass_errors`,
+        :func:`tpde.variants.sheared3d.pass_errors3`); None where a lattice has no passes."""
         largest = np.zeros(len(self.count))
         for coords in lattices:
-            errors = pass_errors(self.values, self.start, self.step, coords, matrix)
+            errors = (pass_errors(self.values, self.start, self.step, coords, matrix)
+                      if len(coords) == 2 else
+                      pass_errors3(self.values, self.start, self.step, coords, matrix,
+                                   self.extent))
             if errors is None:
                 return None
             largest = np.maximum(largest, errors)
@@ -373,27 +377,32 @@ class SeparableSums(TiltTable):
 
 def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: np.ndarray,
                   scale: float, matrix: np.ndarray, lattices: Sequence[Sequence[np.ndarray]],
-                  step: np.ndarray | None = None) -> tuple[SeparableSums, np.ndarray]:
-    """The tilted means for the 2-D sheared passes onto ``lattices`` on a table whose
+                  step: np.ndarray | None = None
+                  ) -> tuple[SeparableSums | None, np.ndarray | None]:
+    """The tilted means for the sheared passes (2-D, 3-D) onto ``lattices`` on a table whose
     estimated interpolation error is within TABLE_TOLERANCE * ``scale`` (the size of the
     means: the support's radius; ESTIMATE_SAFETY times the estimate), and the node spacing
-    to try first next time.
+    to try first next time; (None, None) where the passes cannot reach the tolerance under
+    the node cap (the caller interpolates a capped table pointwise, as before).
 
     The resolution criterion of :func:`table_nodes` bounds c.y between nodes over the whole
     support: a bound for any density, far finer than a smooth one needs (a Gaussian's means
     are linear in c). Here the first table has the spacing ``step`` per axis (the previous
     evaluation's: a warm start) or, without one, COARSE_RESOLUTION; the passes' errors are
     estimated from the ORDER-th differences of what they interpolate
-    (:func:`tpde.variants.sheared.pass_errors`), and an axis whose estimate exceeds the
-    tolerance is refined by the factor the h^ORDER remainder predicts (times
-    REFINE_MARGIN) and the table formed again, never beyond :func:`table_nodes` (the
-    bound, accepted whatever its estimate). An axis whose estimate is so far below the
-    tolerance that a spacing COARSEN_STEP times wider would still pass by a factor 2 is
-    offered that spacing next time. The field therefore depends on the warm start, within
-    the tolerance (as Sinkhorn's potentials do).
+    (:func:`tpde.variants.sheared.pass_errors`, :func:`tpde.variants.sheared3d.pass_errors3`),
+    and an axis whose estimate exceeds the tolerance is refined by the factor the h^ORDER
+    remainder predicts (times REFINE_MARGIN) and the table formed again, never beyond
+    :func:`table_nodes` (the bound, accepted whatever its estimate where the node cap does
+    not bind it). An axis whose estimate is so far below the tolerance that a spacing
+    COARSEN_STEP times wider would still pass by a factor 2 is offered that spacing next
+    time. The field therefore depends on the warm start, within the tolerance (as
+    Sinkhorn's potentials do).
     """
     bounds = np.asarray(bounds, float)
+    d = len(bounds)
     width = np.maximum(bounds[:, 1] - bounds[:, 0], 1e-12)
+    capped = bool(np.any(wanted_nodes(bounds, extent, matrix) > MAX_NODES[d]))
     finest = table_nodes(bounds, extent, matrix)
     if step is None:
         nodes = np.minimum(table_nodes(bounds, extent, matrix, COARSE_RESOLUTION,
@@ -407,12 +416,14 @@ def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: n
                              reuse)
         errors = sums.pass_errors(lattices, matrix)
         if errors is None:
-            return sums, sums.step
+            return (None, None) if capped else (sums, sums.step)
         errors = ESTIMATE_SAFETY * errors
         factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER),
                           1.0)
         refined = np.minimum(np.ceil((nodes - 1) * factor).astype(int) + 1, finest)
         if np.array_equal(refined, nodes):      # within the tolerance, or at the bound
+            if capped and np.any(errors > target):
+                return None, None
             room = (target / np.maximum(2.0 * errors, 1e-300)) ** (1 / ORDER)
             return sums, sums.step * np.where(room >= COARSEN_STEP, COARSEN_STEP, 1.0)
         nodes = refined

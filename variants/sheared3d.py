@@ -195,3 +195,52 @@ def sheared_on_lattice3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
         kernels.pass3_three(rows, win.p, win.q, win.row_first, out[f])
     order = np.argsort(plan.sigma)      # (s1, s2, s3) order -> lattice order
     return np.ascontiguousarray(np.transpose(out, (0, *(1 + order))))
+
+
+def pass_errors3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
+                 coords: Sequence[np.ndarray], matrix: np.ndarray,
+                 extent: np.ndarray | None = None, stride: int = 16) -> np.ndarray | None:
+    """Estimated interpolation errors of :func:`sheared_on_lattice3` per table axis, (3,):
+    ERROR_CONSTANT times the largest ORDER-th difference of what each pass interpolates
+    (as :func:`tpde.variants.sheared.pass_errors` in 2-D): the table along t1 (pass 1, every
+    ``stride``-th table line), pass 1's output along t2 (pass 2) and pass 2's output along t3
+    (pass 3), on every ``stride``-th lattice plane. None where no plan applies or a pass
+    would leave the table."""
+    plan = shear_plan3(matrix, extent)
+    if plan is None or len(coords) != 3:
+        return None
+    win = windows(start, step, coords, plan, matrix)
+    reads = win.reads()
+    if reads[:, 0].min() < 0 or np.any(reads[:, 1] > np.asarray(values.shape[1:]) - 1):
+        return None
+    t1, t2, t3 = plan.tau
+    picked = np.arange(0, win.a1.size, stride)
+    m_count = (win.m_last - win.m_first + 1)[picked]
+    l_count = (win.l_last - win.l_first + 1)[picked]
+    row_count = (win.row_last - win.row_first + 1)[picked]
+    planes = np.empty((picked.size, int(l_count.max()), int(m_count.max())))
+    rows = np.empty((picked.size, win.p.shape[1], int(row_count.max())))
+    # pass 2 reads plane i at l < l_count[i], m < m_count[i]; pass 3 row (i, j) at l < count
+    plane_rows = (np.arange(planes.shape[1])[None, :] < l_count[:, None]).reshape(-1)
+    plane_rows = np.flatnonzero(plane_rows)
+    plane_counts = np.repeat(m_count, planes.shape[1])[plane_rows]
+    largest = np.zeros(3)
+    for table in values:
+        table = np.ascontiguousarray(np.transpose(table, (t2, t3, t1)))
+        lines = table.reshape(-1, table.shape[2])
+        sampled = np.arange(0, lines.shape[0], stride)
+        largest[t1] = max(largest[t1], kernels.max_difference(
+            lines, sampled, np.zeros(sampled.size, np.int64),
+            np.full(sampled.size, lines.shape[1])))
+        kernels.pass3_one(table, win.a1[picked], win.c2, win.c3, win.m_first[picked], m_count,
+                          win.l_first[picked], l_count, planes)
+        largest[t2] = max(largest[t2], kernels.max_difference(
+            planes.reshape(-1, planes.shape[2]), plane_rows,
+            np.zeros(plane_rows.size, np.int64), plane_counts))
+        kernels.pass3_two(planes, win.a2[picked], win.b2, win.m_first[picked],
+                          win.l_first[picked], win.row_first[picked], row_count, rows)
+        flat_counts = row_count.reshape(-1)
+        largest[t3] = max(largest[t3], kernels.max_difference(
+            rows.reshape(-1, rows.shape[2]), np.arange(flat_counts.size),
+            np.zeros(flat_counts.size, np.int64), flat_counts))
+    return kernels.ERROR_CONSTANT * largest

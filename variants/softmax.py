@@ -50,6 +50,9 @@ from .parameters import Head, ParamSpec, as_param_spec, params_at
 from .separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wanted_nodes
 
 DIRECT_MAX_CELLS = 1024
+#: a TiltedMeanField's table spacing for a grid and matrix whose tables the sheared passes
+#: could not resolve under the node cap: interpolated pointwise from then on
+POINTWISE = np.empty(0)
 
 
 def _heads(params) -> list[Head]:
@@ -73,10 +76,11 @@ class TiltedMeanField(VelocityField):
     engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
     nodes per axis (default: automatic from the tilt range and the support width,
     :func:`tpde.variants.separable.table_nodes`, refined for the sheared passes; in 2-D
-    that size bounds the velocity tables, which are resolved a posteriori and warm-started
-    from the previous evaluation, :func:`tpde.variants.separable.resolved_sums`; the
-    interpolation uses 12 points per axis; a fixed ``nodes`` table, or one the node cap
-    binds, is interpolated pointwise); block: targets per block of the direct sums.
+    and 3-D that size bounds the velocity tables, which are resolved a posteriori and
+    warm-started from the previous evaluation, :func:`tpde.variants.separable.resolved_sums`;
+    the interpolation uses 12 points per axis; a fixed ``nodes`` table, or a capped one the
+    passes cannot resolve, is interpolated pointwise); block: targets per block of the
+    direct sums.
     """
 
     engines: tuple[str, ...] = ("auto", "direct", "separable")
@@ -88,7 +92,7 @@ class TiltedMeanField(VelocityField):
         self.engine = engine
         self.nodes = nodes
         self.block = int(block)
-        # the adaptive 2-D tables' node spacing, per grid and matrix (a warm start)
+        # the adaptive tables' node spacing, per grid and matrix (a warm start)
         self._table_steps: dict[tuple, np.ndarray] = {}
 
     def engine_for(self, grid: Grid) -> str:
@@ -111,7 +115,7 @@ class TiltedMeanField(VelocityField):
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
         ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
         padded and, in 2-D, formed only where the sheared passes read:
-        :mod:`tpde.variants.sheared`; a 2-D table of means on the adaptive resolution)."""
+        :mod:`tpde.variants.sheared`; a table of means on the adaptive resolution)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
@@ -121,20 +125,26 @@ class TiltedMeanField(VelocityField):
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         low, high = support_box(weights, grid)
         extent = high - low
-        # a fixed or capped table is not refined for the passes: pointwise stencils
+        # a fixed table is interpolated pointwise; the means for the passes are resolved
+        # a posteriori, and a table the cap binds goes pointwise where they cannot reach
+        # the tolerance under it (remembered: POINTWISE)
+        key = (grid.shape, matrix.tobytes())
+        if (sheared and self.nodes is None and fields == "means" and grid.ndim in (2, 3)
+                and self._table_steps.get(key) is not POINTWISE):
+            sums, step = resolved_sums(weights, grid, bounds, extent,
+                                       float(np.abs([low, high]).max()), matrix, lattices,
+                                       self._table_steps.pop(key, None))
+            self._table_steps[key] = POINTWISE if sums is None else step
+            while len(self._table_steps) > 8:
+                self._table_steps.pop(next(iter(self._table_steps)))
+            if sums is not None:
+                return sums
+            sheared = False
         sheared = sheared and self.nodes is None and bool(
             np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]))
         if not sheared:
             nodes = self.nodes if self.nodes is not None else table_nodes(bounds, extent)
             return SeparableSums(weights, grid, bounds, nodes, fields)
-        if grid.ndim == 2 and fields == "means":
-            key = (grid.shape, matrix.tobytes())
-            sums, self._table_steps[key] = resolved_sums(
-                weights, grid, bounds, extent, float(np.abs([low, high]).max()), matrix,
-                lattices, self._table_steps.pop(key, None))
-            while len(self._table_steps) > 8:
-                self._table_steps.pop(next(iter(self._table_steps)))
-            return sums
         return SeparableSums(weights, grid, bounds, table_nodes(bounds, extent, matrix), fields,
                              matrix, lattices, extent)
 
