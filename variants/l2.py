@@ -24,11 +24,19 @@ from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField
 
 
-def reweighted_density(density: np.ndarray, grid: Grid, head: L2Head) -> np.ndarray:
-    """w(y_c) = exp(-|K y_c|^2) rho(y_c) at the cell centres (non-negative), grid.shape."""
+def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
+    """exp(-|K y_c|^2) at the cell centres, grid.shape."""
     centres = np.stack(grid.mesh(sparse=False), axis=-1)          # (*cells, d)
-    weight = np.exp(-np.sum((centres @ head.K.T) ** 2, axis=-1))
-    return np.maximum(point_values(density, grid), 0.0) * weight
+    return np.exp(-np.sum((centres @ np.asarray(K, float).T) ** 2, axis=-1))
+
+
+def reweighted_density(density: np.ndarray, grid: Grid, head: L2Head,
+                       weight: np.ndarray | None = None) -> np.ndarray:
+    """w(y_c) = exp(-|K y_c|^2) rho(y_c) at the cell centres (non-negative), grid.shape;
+    ``weight``: :func:`key_weight` of the grid and ``head.K``, if already formed."""
+    weight = key_weight(grid, head.K) if weight is None else weight
+    values = np.maximum(point_values(density, grid), 0.0)
+    return np.multiply(values, weight, out=values)
 
 
 class L2Attention(TiltedMeanField):
@@ -41,12 +49,18 @@ class L2Attention(TiltedMeanField):
                  block: int = 256):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
+        self._key_weights: dict[tuple, np.ndarray] = {}   # fixed while K and the grid are
 
     def components(self, density, grid: Grid, t: float, offsets,
                    components) -> list[np.ndarray]:
         head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
         coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
-        weights = reweighted_density(density, grid, head)
+        key = (grid.shape, tuple(grid.lower), tuple(grid.upper), head.K.tobytes())
+        if key not in self._key_weights:
+            if len(self._key_weights) >= 4:
+                self._key_weights.pop(next(iter(self._key_weights)))
+            self._key_weights[key] = key_weight(grid, head.K)
+        weights = reweighted_density(density, grid, head, self._key_weights[key])
         return self.shaped(self.head_velocities(weights, grid, offsets, components, coupling,
                                                 head.C, support_box(weights, grid)),
                            grid, offsets)
