@@ -119,17 +119,17 @@ def sinkhorn_cases(cells: int = 256, subset: int = 1024) -> list[dict]:
     field = SinkhornAttention(head, engine="separable")
     q = quadrature_weights(rho, grid)
     f, g = field.potentials(q, grid, head)        # converged potentials (and warm-up)
-    lattices, points = field.lattice_points(grid, [np.zeros(2)])
+    lattices, _ = field.lattice_points(grid, [np.zeros(2)])
     forward, backward = head.A / head.eps, head.A.T / head.eps
 
     def one_iteration():   # two log-partition half-steps, as inside SinkhornAttention
         for potential, matrix in ((g, forward), (f, backward)):
             w = q * np.exp((potential.reshape(grid.shape) - potential.max()) / head.eps)
-            field.sums(w, grid, lattices, matrix, fields="log").log_partition(
-                points[0] @ matrix.T)
+            field.sums(w, grid, lattices, matrix, fields="log", sheared=True).on_lattice(
+                lattices[0], matrix, 0)
 
     fast_s = best_of(one_iteration)
-    floor_s = best_of(lambda: [field.sums(q, grid, lattices, m, fields="log")
+    floor_s = best_of(lambda: [field.sums(q, grid, lattices, m, fields="log", sheared=True)
                                for m in (forward, backward)])
     # dense: the same two half-steps on a subset of targets, every source
     pick = rng.choice(x.shape[0], size=subset, replace=False)

@@ -377,11 +377,12 @@ class SeparableSums(TiltTable):
 
 def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: np.ndarray,
                   scale: float, matrix: np.ndarray, lattices: Sequence[Sequence[np.ndarray]],
-                  step: np.ndarray | None = None
+                  step: np.ndarray | None = None, fields: str = "means"
                   ) -> tuple[SeparableSums | None, np.ndarray | None]:
-    """The tilted means for the sheared passes (2-D, 3-D) onto ``lattices`` on a table whose
-    estimated interpolation error is within TABLE_TOLERANCE * ``scale`` (the size of the
-    means: the support's radius; ESTIMATE_SAFETY times the estimate), and the node spacing
+    """The tilted means (or log M, ``fields="log"``) for the sheared passes (2-D, 3-D) onto
+    ``lattices`` on a table whose estimated interpolation error is within TABLE_TOLERANCE *
+    ``scale`` (the size of the means, the support's radius; 1 for log M: a relative error of
+    M; ESTIMATE_SAFETY times the estimate), and the node spacing
     to try first next time; (None, None) where the passes cannot reach the tolerance under
     the node cap (the caller interpolates a capped table pointwise, as before).
 
@@ -412,7 +413,7 @@ def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: n
     target = TABLE_TOLERANCE * scale
     reuse: dict = {}
     while True:
-        sums = SeparableSums(weights, grid, bounds, nodes, "means", matrix, lattices, extent,
+        sums = SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent,
                              reuse)
         errors = sums.pass_errors(lattices, matrix)
         if errors is None:

@@ -34,6 +34,7 @@ from tpde.grid.stencils import point_values
 
 from .direct import support_box
 from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
+from .separable import SeparableSums
 from .softmax import TiltedMeanField
 
 
@@ -122,8 +123,11 @@ class SinkhornAttention(TiltedMeanField):
             """-eps log sum_s q_s e^{c.y_s + potential_s/eps} (potential shifted by its max)."""
             top = potential[mass].max()
             field = np.where(mass, q * np.exp(np.minimum(potential - top, 0.0) / eps), 0.0)
-            sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log")
-            return -eps * sums.log_partition(c) - top
+            sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log",
+                             sheared=True)
+            log_partition = (sums.on_lattice(lattices[0], matrix, 0)
+                             if isinstance(sums, SeparableSums) else sums.log_partition(c))
+            return -eps * log_partition - top
 
         f, g, count, error = sinkhorn_iterations(
             lambda pot: half_step(pot, forward, c_f), lambda pot: half_step(pot, backward, c_g),

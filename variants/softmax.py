@@ -115,7 +115,8 @@ class TiltedMeanField(VelocityField):
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
         ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
         padded and, in 2-D, formed only where the sheared passes read:
-        :mod:`tpde.variants.sheared`; a table of means on the adaptive resolution)."""
+        :mod:`tpde.variants.sheared`; a table of means or of log M on the adaptive
+        resolution)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
@@ -128,12 +129,14 @@ class TiltedMeanField(VelocityField):
         # a fixed table is interpolated pointwise; the means for the passes are resolved
         # a posteriori, and a table the cap binds goes pointwise where they cannot reach
         # the tolerance under it (remembered: POINTWISE)
-        key = (grid.shape, matrix.tobytes())
-        if (sheared and self.nodes is None and fields == "means" and grid.ndim in (2, 3)
-                and self._table_steps.get(key) is not POINTWISE):
-            sums, step = resolved_sums(weights, grid, bounds, extent,
-                                       float(np.abs([low, high]).max()), matrix, lattices,
-                                       self._table_steps.pop(key, None))
+        key = (grid.shape, matrix.tobytes(), fields)
+        if (sheared and self.nodes is None and fields in ("means", "log")
+                and grid.ndim in (2, 3) and self._table_steps.get(key) is not POINTWISE):
+            # the tolerance: of the means' size (the support radius), of log M absolutely
+            # (a relative error of M)
+            scale = float(np.abs([low, high]).max()) if fields == "means" else 1.0
+            sums, step = resolved_sums(weights, grid, bounds, extent, scale, matrix, lattices,
+                                       self._table_steps.pop(key, None), fields)
             self._table_steps[key] = POINTWISE if sums is None else step
             while len(self._table_steps) > 8:
                 self._table_steps.pop(next(iter(self._table_steps)))
