@@ -1,8 +1,9 @@
 """Thread policy of the compiled loops, the BLAS products and the FFTs, applied on import.
 
-One number sets numba's parallel loops (fluxes, limiter, table interpolation), the row blocks
-of the separable tables' matrix products (:func:`row_split_tensordot`) and the pyfftw /
-scipy.fft transforms (planned with ``numba.get_num_threads()``). BLAS itself is held at one
+One number sets numba's parallel loops (fluxes, limiter, table interpolation) and the row
+blocks of the separable tables' matrix products (:func:`row_split_tensordot`). The FFT
+engine's transforms run on one thread (:data:`tpde.variants.fft.FFT_THREADS`: FFTW's own
+threads lose to numba's spinning workers inside a step). BLAS itself is held at one
 thread (through threadpoolctl, numpy's and scipy's BLAS): OpenBLAS threads spin-wait after
 each product and take the cores from the parallel loops that follow, and numba's workers,
 spinning after each loop, take them from any second pool. Measured on a 2-core machine,

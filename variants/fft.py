@@ -19,14 +19,13 @@ A = s [[1, .3], [.3, .8]] with s <= 0.5 on two bumps at 48^2; O(1) errors for s 
 negative-definite A, and a ValueError when a sum comes out <= 0), whereas the separable
 engine keeps relative accuracy for any A at a comparable cost and is therefore what
 ``engine="auto"`` picks. Transforms are
-pyfftw plans (FFTW_ESTIMATE, tpde's thread count) with scipy.fft as the fallback.
+pyfftw plans (FFTW_ESTIMATE, one thread: see FFT_THREADS) with scipy.fft as the fallback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numba as nb
 import numpy as np
 
 from tpde.grid import Grid
@@ -36,6 +35,14 @@ try:
 except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is the fallback
     pyfftw = None
 
+
+
+#: threads of the engine's transforms. One: inside a solver step the transforms run between
+#: numba's parallel loops, whose OpenMP workers spin after each loop and take the cores
+#: from FFTW's own threads (2-D 256^2 step with this engine on 2 cores: 48 ms with 2-thread
+#: transforms, 29 ms with 1; alone, one evaluation is 4.6 vs 7.6 ms: benchmarks/step.py,
+#: softmax-fft row)
+FFT_THREADS = 1
 
 class PlannedFFT:
     """Real forward / inverse transforms of one padded shape, planned once and reused.
@@ -49,7 +56,7 @@ class PlannedFFT:
         self.shape = tuple(int(n) for n in shape)
         self.backend = "scipy"
         if pyfftw is not None:
-            threads = nb.get_num_threads()
+            threads = FFT_THREADS
             self._in = pyfftw.zeros_aligned(self.shape, dtype="float64")
             self._forward = pyfftw.builders.rfftn(self._in, threads=threads,
                                                   planner_effort="FFTW_ESTIMATE",
@@ -67,7 +74,7 @@ class PlannedFFT:
         :meth:`spectrum_buffer`) or a new array."""
         if self.backend == "scipy":
             import scipy.fft
-            return scipy.fft.rfftn(values, s=self.shape, workers=nb.get_num_threads())
+            return scipy.fft.rfftn(values, s=self.shape, workers=FFT_THREADS)
         window = tuple(slice(0, n) for n in values.shape)
         if window != self._window:
             self._in[...] = 0.0
@@ -89,7 +96,7 @@ class PlannedFFT:
         if self.backend == "scipy":
             import scipy.fft
             return scipy.fft.irfftn(kernel * spectrum, s=self.shape,
-                                    workers=nb.get_num_threads())[window]
+                                    workers=FFT_THREADS)[window]
         np.multiply(kernel, spectrum, out=self._spectrum)
         return self._inverse()[window].copy()
 
