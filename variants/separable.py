@@ -382,9 +382,9 @@ def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: n
     """The tilted means (or log M, ``fields="log"``) for the sheared passes (2-D, 3-D) onto
     ``lattices`` on a table whose estimated interpolation error is within TABLE_TOLERANCE *
     ``scale`` (the size of the means, the support's radius; 1 for log M: a relative error of
-    M; ESTIMATE_SAFETY times the estimate), and the node spacing
-    to try first next time; (None, None) where the passes cannot reach the tolerance under
-    the node cap (the caller interpolates a capped table pointwise, as before).
+    M; ESTIMATE_SAFETY times the estimate), and the node spacing to try first next time;
+    (None, None) where the passes cannot reach the tolerance under the node cap (the caller
+    interpolates a capped table pointwise, as before).
 
     The resolution criterion of :func:`table_nodes` bounds c.y between nodes over the whole
     support: a bound for any density, far finer than a smooth one needs (a Gaussian's means

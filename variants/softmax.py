@@ -126,9 +126,9 @@ class TiltedMeanField(VelocityField):
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         low, high = support_box(weights, grid)
         extent = high - low
-        # a fixed table is interpolated pointwise; the means for the passes are resolved
-        # a posteriori, and a table the cap binds goes pointwise where they cannot reach
-        # the tolerance under it (remembered: POINTWISE)
+        # a fixed table is interpolated pointwise; tables for the passes (means, log M)
+        # are resolved a posteriori, and one the cap binds goes pointwise where the passes
+        # cannot reach the tolerance under it (remembered: POINTWISE)
         key = (grid.shape, matrix.tobytes(), fields)
         if (sheared and self.nodes is None and fields in ("means", "log")
                 and grid.ndim in (2, 3) and self._table_steps.get(key) is not POINTWISE):
