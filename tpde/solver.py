@@ -328,6 +328,8 @@ class Solver:
 
     # ---- the run ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        # warm starts never cross a snapshot: a run resumed from one repeats this run exactly
+        self.problem.velocity.reset()
         snap = Snapshot(time=self.t, density=self.density.copy(),
                         mass=self.grid.integrate(self.density), outflow=self.outflow,
                         max_speed=self.last_speed, dt=self.last_dt, step=self.steps)

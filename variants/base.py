@@ -62,6 +62,11 @@ class VelocityField:
         full = self.at_many(density, grid, t, offsets)
         return [u if comp is None else u[comp] for u, comp in zip(full, components, strict=True)]
 
+    def reset(self) -> None:
+        """Forget the warm starts (state that only speeds up the next evaluation: Sinkhorn
+        potentials, the adaptive table spacing). The solver calls this at every snapshot, so
+        a run resumed from a snapshot repeats the uninterrupted run bit for bit."""
+
     @staticmethod
     def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
         """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""

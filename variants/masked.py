@@ -60,6 +60,10 @@ class CausalAttention(VelocityField):
         self.spec = getattr(base, "spec", None)   # layer starts (breakpoints)
         self._slice_fields: list[VelocityField] = []    # one copy of base per slice
 
+    def reset(self) -> None:
+        for field in [self.base, *self._slice_fields]:
+            field.reset()
+
     def at(self, density: np.ndarray, grid: Grid, t: float, offset) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 

@@ -99,6 +99,10 @@ class SinkhornAttention(TiltedMeanField):
         self.marginal_error = np.nan
         self._previous: tuple | None = None   # (shape, A, eps, f, g)
 
+    def reset(self) -> None:
+        super().reset()
+        self._previous = None
+
     def potentials(self, weights: np.ndarray, grid: Grid, head: SinkhornHead,
                    t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Sinkhorn potentials (f, g) at every cell centre, each (N,) in C order.

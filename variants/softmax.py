@@ -95,6 +95,9 @@ class TiltedMeanField(VelocityField):
         # the adaptive tables' node spacing, per grid and matrix (a warm start)
         self._table_steps: dict[tuple, np.ndarray] = {}
 
+    def reset(self) -> None:
+        self._table_steps.clear()
+
     def engine_for(self, grid: Grid) -> str:
         if self.engine != "auto":
             return self.engine
