@@ -303,3 +303,38 @@ def test_adaptive_log_table_for_sinkhorn(kind):
     print(f"\n{kind} 128^2 log M: vs dense {error:.2e} (absolute); table {sums.values.shape[1:]}"
           f" (bound {bound} nodes)")
     assert sums.sheared and error <= 2e-12
+
+
+def test_snapshots_drop_the_warm_starts(monkeypatch):
+    """The solver calls VelocityField.reset at every snapshot; after it the separable engine
+    picks the table a fresh field picks (a resumed run repeats the run's evaluations), and
+    Sinkhorn forgets its potentials."""
+    from tpde.solver import Problem, Scheme, Solver
+    from tpde.variants import SinkhornHead
+    from tpde.variants.sinkhorn import SinkhornAttention
+
+    grid = Grid([-7.0, -7.0], [7.0, 7.0], [64, 64])
+    rho = densities(grid)["gaussian"]
+    bumps = densities(grid)["two bumps"]
+    matrix = np.asarray(A1)
+    lattices = [grid.lattice(o) for o in ([-0.5, 0.0], [0.0, -0.5])]
+    fresh = SoftmaxAttention(Head(matrix, V1), engine="separable")
+    expected = fresh.sums(rho, grid, lattices, matrix, sheared=True).count
+    field = SoftmaxAttention(Head(matrix, V1), engine="separable")
+    field.sums(bumps, grid, lattices, matrix, sheared=True)       # a warm start from the bumps
+    warm = field.sums(rho, grid, lattices, matrix, sheared=True).count
+    field.sums(bumps, grid, lattices, matrix, sheared=True)
+    field.reset()
+    assert not field._table_steps
+    assert np.array_equal(field.sums(rho, grid, lattices, matrix, sheared=True).count, expected)
+    assert not np.array_equal(warm, expected)                    # the warm start mattered
+    sinkhorn = SinkhornAttention(SinkhornHead(A1, V1, eps=1.0), engine="separable")
+    sinkhorn(rho, grid, 0.0)
+    assert sinkhorn._previous is not None
+    sinkhorn.reset()
+    assert sinkhorn._previous is None and not sinkhorn._table_steps
+    calls = []
+    monkeypatch.setattr(SoftmaxAttention, "reset", lambda self: calls.append(1))
+    Solver(Problem(grid, rho, SoftmaxAttention(Head(matrix, V1)), t_end=0.02, snapshots=3,
+                   scheme=Scheme(dt=0.005))).run()
+    assert len(calls) == 3

@@ -328,7 +328,7 @@ class Solver:
 
     # ---- the run ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        # warm starts never cross a snapshot: a run resumed from one repeats this run exactly
+        # warm starts never cross a snapshot: a run resumed from one repeats this run
         self.problem.velocity.reset()
         snap = Snapshot(time=self.t, density=self.density.copy(),
                         mass=self.grid.integrate(self.density), outflow=self.outflow,

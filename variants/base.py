@@ -65,7 +65,7 @@ class VelocityField:
     def reset(self) -> None:
         """Forget the warm starts (state that only speeds up the next evaluation: Sinkhorn
         potentials, the adaptive table spacing). The solver calls this at every snapshot, so
-        a run resumed from a snapshot repeats the uninterrupted run bit for bit."""
+        a run resumed from a snapshot repeats the uninterrupted run's evaluations."""
 
     @staticmethod
     def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
