@@ -19,6 +19,7 @@ import numpy as np
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
+from .base import Recent
 from .direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField
@@ -49,18 +50,15 @@ class L2Attention(TiltedMeanField):
                  block: int = 256):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
-        self._key_weights: dict[tuple, np.ndarray] = {}   # fixed while K and the grid are
+        self._key_weights = Recent(4)   # fixed while K and the grid are
 
     def components(self, density, grid: Grid, t: float, offsets,
                    components) -> list[np.ndarray]:
         head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
         coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
         key = (grid.shape, tuple(grid.lower), tuple(grid.upper), head.K.tobytes())
-        if key not in self._key_weights:
-            if len(self._key_weights) >= 4:
-                self._key_weights.pop(next(iter(self._key_weights)))
-            self._key_weights[key] = key_weight(grid, head.K)
-        weights = reweighted_density(density, grid, head, self._key_weights[key])
+        weights = reweighted_density(density, grid, head, self._key_weights.get_or_make(
+            key, lambda: key_weight(grid, head.K)))
         return self.shaped(self.head_velocities(weights, grid, offsets, components, coupling,
                                                 head.C, support_box(weights, grid)),
                            grid, offsets)

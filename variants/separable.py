@@ -147,10 +147,12 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     if fields not in FIELDS:
         raise ValueError(f"mgf_table: fields must be one of {', '.join(FIELDS)}, got {fields!r}")
     d = grid.ndim
+    reuse = {} if reuse is None else reuse
+    positive = weights > 0
     factors, moment_factors, shifts = [], [], []
     for a in range(d):
         centres = grid.centres(a)
-        massive = np.flatnonzero(np.any(weights > 0, axis=tuple(b for b in range(d) if b != a)))
+        massive = np.flatnonzero(np.any(positive, axis=tuple(b for b in range(d) if b != a)))
         exponent = np.multiply.outer(nodes[a], centres)                    # (m_a, N_a)
         # the largest exponent over the cells with mass: c y is monotone in y
         shift = np.maximum(exponent[:, massive[0]], exponent[:, massive[-1]])
@@ -189,7 +191,7 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
                     product = np.empty((mat.shape[0], level1.shape[0]))
                     blocked_dot(mat, level1, product, *blocks, BAND_ROWS)
                     partial[key] = np.moveaxis(product, 0, a)
-                elif len(key) == 1 and reuse is not None:
+                elif len(key) == 1:                       # first level: kept in reuse
                     kept = (a, key[0], nodes[a].tobytes())
                     if kept not in reuse:
                         reuse[kept] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import lagrange as kernels
+from .base import Recent
 from .lagrange import HIGH, LOW
 
 
@@ -59,6 +60,10 @@ class ShearPlan:
         extra = np.zeros(2, int)
         extra[self.t1] = int(np.ceil(abs(self.beta) * step[self.t2] / step[self.t1] * HIGH)) + 1
         return extra
+
+    def pass_one_layout(self, table: np.ndarray) -> np.ndarray:
+        """One field of the table as pass 1 reads it: (m_t2, m_t1), contiguous."""
+        return table if self.t1 == 1 else np.ascontiguousarray(table.T)
 
 
 def shear_plan(matrix: np.ndarray) -> ShearPlan | None:
@@ -114,23 +119,18 @@ class Passes:
 
 #: the last few plans (a table is planned onto the same lattices by nodes_read,
 #: pass_errors and sheared_on_lattice)
-_PLANS: dict[tuple, Passes | None] = {}
-PLANS_KEPT = 16
+_PLANS = Recent(16)
 
 
 def plan_passes(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
                 coords: Sequence[np.ndarray], matrix: np.ndarray) -> Passes | None:
     """The passes of a table of ``counts`` nodes per axis onto the lattice ``coords``; None
-    where no plan applies or a pass would read beyond the table. Kept for the last
-    PLANS_KEPT tables and lattices (the arrays are read, never written)."""
+    where no plan applies or a pass would read beyond the table. Kept for the last 16
+    tables and lattices (the arrays are read, never written)."""
     key = (tuple(int(n) for n in counts), np.asarray(start, float).tobytes(),
            np.asarray(step, float).tobytes(), np.asarray(matrix, float).tobytes(),
            *(np.asarray(x, float).tobytes() for x in coords))
-    if key not in _PLANS:
-        if len(_PLANS) >= PLANS_KEPT:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = _plan_passes(counts, start, step, coords, matrix)
-    return _PLANS[key]
+    return _PLANS.get_or_make(key, lambda: _plan_passes(counts, start, step, coords, matrix))
 
 
 def _plan_passes(counts, start, step, coords, matrix) -> Passes | None:
@@ -200,7 +200,7 @@ def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     rows = np.empty((passes.a.size, int(length.max())))
     out = np.empty((values.shape[0], passes.p.size, passes.q.size))
     for f, table in enumerate(values):
-        table = table if plan.t1 == 1 else np.ascontiguousarray(table.T)
+        table = plan.pass_one_layout(table)
         kernels.pass_one(table, passes.a, passes.b, passes.first_node, length, rows)
         kernels.pass_two(rows, passes.p, passes.q, passes.first_node, out[f])
     return out if plan.s1 == 0 else out.transpose(0, 2, 1)
@@ -225,7 +225,7 @@ def pass_errors(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     line = np.empty((rows.size, int(length.max())))
     largest = np.zeros(2)
     for table in values:
-        table = table if plan.t1 == 1 else np.ascontiguousarray(table.T)
+        table = plan.pass_one_layout(table)
         nodes = np.arange(0, table.shape[0], stride)
         largest[plan.t1] = max(largest[plan.t1], kernels.max_difference(
             table, nodes, np.zeros(nodes.size, np.int64), np.full(nodes.size, table.shape[1])))

@@ -164,21 +164,36 @@ def padding(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
     return extra
 
 
+def checked_windows(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
+                    coords: Sequence[np.ndarray], matrix: np.ndarray,
+                    extent: np.ndarray | None) -> Windows | None:
+    """The windows of the passes of a table of ``counts`` nodes per axis onto the lattice
+    ``coords``; None where no plan applies or a pass would read beyond the table."""
+    plan = shear_plan3(matrix, extent)
+    if plan is None or len(coords) != 3:
+        return None
+    win = windows(start, step, coords, plan, matrix)
+    reads = win.reads()
+    if reads[:, 0].min() < 0 or np.any(reads[:, 1] > np.asarray(counts) - 1):
+        return None
+    return win
+
+
+def pass_one_layout(table: np.ndarray, plan: ShearPlan3) -> np.ndarray:
+    """One field of the table as pass 1 reads it: (m_t2, m_t3, m_t1), contiguous."""
+    t1, t2, t3 = plan.tau
+    return np.ascontiguousarray(np.transpose(table, (t2, t3, t1)))
+
+
 def sheared_on_lattice3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
                         coords: Sequence[np.ndarray], matrix: np.ndarray,
                         extent: np.ndarray | None = None) -> np.ndarray | None:
     """The table ``values`` (F, m_0, m_1, m_2) at c = matrix x on the lattice ``coords`` (three
     1-D arrays): (F, n_0, n_1, n_2), or None where no plan applies or a pass would read beyond
     the table. ``extent``: the support widths the plan was chosen for (the table's)."""
-    plan = shear_plan3(matrix, extent)
-    if plan is None or len(coords) != 3:
+    win = checked_windows(values.shape[1:], start, step, coords, matrix, extent)
+    if win is None:
         return None
-    win = windows(start, step, coords, plan, matrix)
-    reads = win.reads()
-    counts = np.asarray(values.shape[1:])
-    if reads[:, 0].min() < 0 or np.any(reads[:, 1] > counts - 1):
-        return None
-    t1, t2, t3 = plan.tau
     n1, n2, n3 = win.p.shape + win.q.shape
     m_count = win.m_last - win.m_first + 1
     l_count = win.l_last - win.l_first + 1
@@ -187,13 +202,12 @@ def sheared_on_lattice3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     rows = np.empty((n1, n2, int(row_count.max())))
     out = np.empty((values.shape[0], n1, n2, n3))
     for f, table in enumerate(values):
-        table = np.ascontiguousarray(np.transpose(table, (t2, t3, t1)))
-        kernels.pass3_one(table, win.a1, win.c2, win.c3, win.m_first, m_count, win.l_first,
-                          l_count, planes)
+        kernels.pass3_one(pass_one_layout(table, win.plan), win.a1, win.c2, win.c3,
+                          win.m_first, m_count, win.l_first, l_count, planes)
         kernels.pass3_two(planes, win.a2, win.b2, win.m_first, win.l_first, win.row_first,
                           row_count, rows)
         kernels.pass3_three(rows, win.p, win.q, win.row_first, out[f])
-    order = np.argsort(plan.sigma)      # (s1, s2, s3) order -> lattice order
+    order = np.argsort(win.plan.sigma)      # (s1, s2, s3) order -> lattice order
     return np.ascontiguousarray(np.transpose(out, (0, *(1 + order))))
 
 
@@ -206,14 +220,10 @@ def pass_errors3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     ``stride``-th table line), pass 1's output along t2 (pass 2) and pass 2's output along t3
     (pass 3), on every ``stride``-th lattice plane. None where no plan applies or a pass
     would leave the table."""
-    plan = shear_plan3(matrix, extent)
-    if plan is None or len(coords) != 3:
+    win = checked_windows(values.shape[1:], start, step, coords, matrix, extent)
+    if win is None:
         return None
-    win = windows(start, step, coords, plan, matrix)
-    reads = win.reads()
-    if reads[:, 0].min() < 0 or np.any(reads[:, 1] > np.asarray(values.shape[1:]) - 1):
-        return None
-    t1, t2, t3 = plan.tau
+    t1, t2, t3 = win.plan.tau
     picked = np.arange(0, win.a1.size, stride)
     m_count = (win.m_last - win.m_first + 1)[picked]
     l_count = (win.l_last - win.l_first + 1)[picked]
@@ -226,7 +236,7 @@ def pass_errors3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     plane_counts = np.repeat(m_count, planes.shape[1])[plane_rows]
     largest = np.zeros(3)
     for table in values:
-        table = np.ascontiguousarray(np.transpose(table, (t2, t3, t1)))
+        table = pass_one_layout(table, win.plan)
         lines = table.reshape(-1, table.shape[2])
         sampled = np.arange(0, lines.shape[0], stride)
         largest[t1] = max(largest[t1], kernels.max_difference(

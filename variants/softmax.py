@@ -43,7 +43,7 @@ import numpy as np
 
 from tpde.grid import Grid
 
-from .base import VelocityField
+from .base import Recent, VelocityField
 from .direct import DirectSums, grad_log_box_factor, support_box
 from .fft import FFTSoftmaxSums, checked_total
 from .parameters import Head, ParamSpec, as_param_spec, params_at
@@ -93,7 +93,7 @@ class TiltedMeanField(VelocityField):
         self.nodes = nodes
         self.block = int(block)
         # the adaptive tables' node spacing, per grid and matrix (a warm start)
-        self._table_steps: dict[tuple, np.ndarray] = {}
+        self._table_steps = Recent(8)
 
     def reset(self) -> None:
         self._table_steps.clear()
@@ -141,8 +141,6 @@ class TiltedMeanField(VelocityField):
             sums, step = resolved_sums(weights, grid, bounds, extent, scale, matrix, lattices,
                                        self._table_steps.pop(key, None), fields)
             self._table_steps[key] = POINTWISE if sums is None else step
-            while len(self._table_steps) > 8:
-                self._table_steps.pop(next(iter(self._table_steps)))
             if sums is not None:
                 return sums
             sheared = False
@@ -216,8 +214,8 @@ class SoftmaxAttention(TiltedMeanField):
                  block: int = 256):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
-        self._fft: dict[bytes, FFTSoftmaxSums] = {}
-        self._corrections: dict[tuple, np.ndarray] = {}
+        self._fft = Recent(4)     # per A: plans and kernel spectra
+        self._corrections = Recent(8)
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
@@ -245,7 +243,7 @@ class SoftmaxAttention(TiltedMeanField):
         """One head by FFT convolutions (symmetric A): a lattice that needs component a
         convolves the denominator and the combined numerator w (C y)_a (two inverse
         transforms); a full lattice the d tilted-mean numerators."""
-        sums = self._fft.setdefault(head.A.tobytes(), FFTSoftmaxSums(head.A))
+        sums = self._fft.get_or_make(head.A.tobytes(), lambda: FFTSoftmaxSums(head.A))
         w = sums.weights(density, grid)
         y, d, C = grid.mesh(), grid.ndim, head.C
         fields = ([w] + [w * y[b] for b in range(d)]
@@ -271,13 +269,13 @@ class SoftmaxAttention(TiltedMeanField):
         (P,): fixed while the parameters are, so kept for the last few lattices."""
         key = (grid.shape, tuple(grid.lower), tuple(grid.upper), tuple(map(float, offset)),
                head.A.tobytes(), head.C.tobytes(), comp)
-        if key not in self._corrections:
-            if len(self._corrections) >= 8:
-                self._corrections.pop(next(iter(self._corrections)))
+
+        def make() -> np.ndarray:
             _, (x,) = self.lattice_points(grid, [offset])
             correction = grad_log_box_factor(x @ head.A.T, grid.spacing)
-            self._corrections[key] = correction if comp is None else correction @ head.C[comp]
-        return self._corrections[key]
+            return correction if comp is None else correction @ head.C[comp]
+
+        return self._corrections.get_or_make(key, make)
 
 
 class LinearAttention(VelocityField):
