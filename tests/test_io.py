@@ -220,9 +220,17 @@ def run_and_kill(path, pause: float, after: int, extra_delay: float = 0.0) -> in
 
 
 def check_killed_file(path) -> int:
+    """The records tpde reads are complete and exact; the raw file holds at most one more,
+    the last, without its time (the writer syncs a record to disk before its time: a kill
+    can cut only the time, never the data of a record that has one)."""
     grid = Grid([-1.0, -2.0], [1.0, 2.0], [48, 40], "periodic")
-    with xr.open_dataset(path) as ds:
+    with xr.open_dataset(path) as raw:
+        times = raw["time"].values
+        assert times.size - resume_state(path)["snapshots"] in (0, 1)
+        assert np.all(np.isfinite(times[:-1]))
+    with read(path) as ds:
         n = ds.sizes["time"]
+        assert n == resume_state(path)["snapshots"]
         for name in RECORDS:
             assert ds[name].sizes["time"] == n
         assert np.all(np.isfinite(ds["time"].values)) and np.all(np.isfinite(ds["mass"].values))

@@ -536,7 +536,12 @@ class SnapshotWriter:
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
-            nc["time"][i] = t  # last: a record without time is incomplete
+            # the record on disk before its time: HDF5 flushes cached chunks in its own order
+            # at close, so a kill there could leave a time without its data (seen: a NaN
+            # mass); after the sync it can only lose the time, and a record without time
+            # is incomplete (dropped on read and resume)
+            nc.sync()
+            nc["time"][i] = t
         self._count = i + 1
         self._last_time = t
         return True
