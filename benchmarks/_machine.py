@@ -30,15 +30,24 @@ def loadavg() -> float | None:
 
 def host() -> dict:
     """The machine facts every benchmark's JSON line carries under "host"."""
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version(), "loadavg_end": loadavg()}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "loadavg_end": loadavg(),
+    }
 
 
 def emit(benchmark: str, start: float, **figures) -> dict:
     """Print a benchmark's one JSON line on stdout: its figures, the host and the wall time
     since ``start`` (a ``time.perf_counter()`` value); returns the dict."""
-    out = {"benchmark": benchmark, **figures, "host": host(),
-           "wall_s": round(time.perf_counter() - start, 1)}
+    out = {
+        "benchmark": benchmark,
+        **figures,
+        "host": host(),
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
     print(json.dumps(out), flush=True)
     return out
 

@@ -14,12 +14,14 @@ faces once (steady field, cached) outside the timing, as Solver.advance_to does.
 The peers folder (common.py) is $TPDE_PEERS_DIR, else <repo>/../shared/peers. common is
 imported before numpy / numba: it pins NUMBA_NUM_THREADS=1 unless the caller set it.
 """
+
 import os
 import sys
 from pathlib import Path
 
-PEERS_DIR = Path(os.environ.get("TPDE_PEERS_DIR")
-                 or Path(__file__).resolve().parents[2] / "shared" / "peers")
+PEERS_DIR = Path(
+    os.environ.get("TPDE_PEERS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "peers"
+)
 sys.path.insert(0, str(PEERS_DIR))
 
 import common  # noqa: E402, F401, I001  (must come first: pins thread counts)
@@ -46,10 +48,16 @@ SCHEMES = {
 
 def main():
     p = make_parser(__doc__)
-    p.add_argument("--reconstruction", default="weno5",
-                   help="tpde reconstruction (weno5 = WENO5-JS as SharpClaw; weno5z, muscl, ...)")
-    p.add_argument("--no-positivity", action="store_true",
-                   help="switch tpde's positivity limiter off (SharpClaw has none)")
+    p.add_argument(
+        "--reconstruction",
+        default="weno5",
+        help="tpde reconstruction (weno5 = WENO5-JS as SharpClaw; weno5z, muscl, ...)",
+    )
+    p.add_argument(
+        "--no-positivity",
+        action="store_true",
+        help="switch tpde's positivity limiter off (SharpClaw has none)",
+    )
     args = p.parse_args()
     prob = Problem(args.n, args.tfinal, args.cfl, args.profile)
     q0 = prob.field(0.0, "avg")
@@ -57,10 +65,15 @@ def main():
     # ---- (1) build the solver once, outside the timing -------------------------------------
     n = prob.n
     grid = Grid([0.0, 0.0], [1.0, 1.0], [n, n], "periodic")
-    scheme = Scheme(reconstruction=args.reconstruction, integrator="ssprk3", dt=prob.dt,
-                    positivity=not args.no_positivity)
-    solver = Solver(TpdeProblem(grid, q0, ConstantVelocity([prob.ux, prob.uy]), prob.tfinal,
-                                scheme=scheme))
+    scheme = Scheme(
+        reconstruction=args.reconstruction,
+        integrator="ssprk3",
+        dt=prob.dt,
+        positivity=not args.no_positivity,
+    )
+    solver = Solver(
+        TpdeProblem(grid, q0, ConstantVelocity([prob.ux, prob.uy]), prob.tfinal, scheme=scheme)
+    )
     vel = solver.face_velocity(solver.density, 0.0)  # steady: evaluated once, cached
     bound = solver.stable_dt(vel)
     if prob.dt > bound * (1 + 1e-12):
@@ -81,8 +94,9 @@ def main():
         for _ in range(nsteps):
             step(dt, vel)
         el = time.perf_counter() - t0
-        st["limited_stages"] = (None if limited0 is None
-                                else solver.operator.limited_steps - limited0)
+        st["limited_stages"] = (
+            None if limited0 is None else solver.operator.limited_steps - limited0
+        )
         assert solver.steps == nsteps, solver.steps
         assert abs(solver.t - prob.tfinal) < 1e-12, solver.t
         return el, np.array(solver.density)
@@ -94,24 +108,38 @@ def main():
 
     times, ref_times, q = measure(prob, reset, run, args.repeat, not args.no_ref, warmup)
     recon = SCHEMES.get(args.reconstruction, args.reconstruction)
-    scheme_desc = (f"FV {recon} component-wise, upwind face flux, positivity limiter "
-                   f"{'on' if scheme.positivity else 'off'}, "
-                   "SSP-RK3 (Shu-Osher), fixed dt, numba kernels "
-                   f"(NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS')})")
-    extra = {"ic": "cell_avg", "reconstruction": args.reconstruction,
-             "positivity": scheme.positivity,
-             "limited_stages_last_run": st["limited_stages"],
-             "stages_last_run": 3 * prob.nsteps,
-             "peers_dir": str(PEERS_DIR)}
+    scheme_desc = (
+        f"FV {recon} component-wise, upwind face flux, positivity limiter "
+        f"{'on' if scheme.positivity else 'off'}, "
+        "SSP-RK3 (Shu-Osher), fixed dt, numba kernels "
+        f"(NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS')})"
+    )
+    extra = {
+        "ic": "cell_avg",
+        "reconstruction": args.reconstruction,
+        "positivity": scheme.positivity,
+        "limited_stages_last_run": st["limited_stages"],
+        "stages_last_run": 3 * prob.nsteps,
+        "peers_dir": str(PEERS_DIR),
+    }
     try:
         import numba
+
         extra["numba_threading_layer"] = numba.threading_layer()
         extra["numba_num_threads"] = numba.get_num_threads()
         extra["tpde_num_threads_env"] = os.environ.get("TPDE_NUM_THREADS")
     except (ImportError, ValueError):
         pass
-    res = report(prob, "tpde", scheme_desc, times, ref_times, prob.errors(q, "avg"), extra=extra,
-                 dists=("tpde", "numba"))
+    res = report(
+        prob,
+        "tpde",
+        scheme_desc,
+        times,
+        ref_times,
+        prob.errors(q, "avg"),
+        extra=extra,
+        dists=("tpde", "numba"),
+    )
     emit(res)
 
 

@@ -29,6 +29,7 @@ Output: human-readable lines on stderr, exactly one JSON line on stdout. ratio_*
 SharpClaw Mcups (> 1: tpde is faster); ref_ratio_* = each row's throughput over the numpy
 reference kernel timed in the same process (comparable across days and machines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS_DIR = Path(os.environ.get("TPDE_PEERS_DIR") or REPO.parent / "shared" / "peers")
 PEER_PY = HERE / "_peers" / "venv" / "bin" / "python"
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-               "TPDE_NUM_THREADS")
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "TPDE_NUM_THREADS",
+)
 
 
 def tpde_python() -> str:
@@ -62,12 +68,16 @@ def source_state() -> dict:
     dirs = ("tpde", "schemes", "grid", "variants")
     state: dict = {}
     try:
+
         def git(*a):
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.rstrip("\n")
+            return subprocess.run(
+                ["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.rstrip("\n")
+
         state["commit"] = git("rev-parse", "--short", "HEAD")
-        state["modified"] = [ln[3:] for ln in git("status", "--porcelain", "--", *dirs)
-                             .splitlines()]
+        state["modified"] = [
+            ln[3:] for ln in git("status", "--porcelain", "--", *dirs).splitlines()
+        ]
     except (OSError, subprocess.SubprocessError):
         state["commit"] = None
     digest = hashlib.sha1()
@@ -88,11 +98,15 @@ def run_row(label: str, cmd: list[str], env: dict, cwd: str, timeout: float) -> 
     load0 = loadavg()
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
-        return {"label": label, "error": f"timed out after {timeout:.0f} s",
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "label": label,
+            "error": f"timed out after {timeout:.0f} s",
+            "wall_s": time.perf_counter() - t0,
+        }
     wall = time.perf_counter() - t0
     for line in proc.stderr.splitlines():
         if line.startswith("# "):
@@ -106,24 +120,38 @@ def run_row(label: str, cmd: list[str], env: dict, cwd: str, timeout: float) -> 
             res = None
     if res is None:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-5:]
-        return {"label": label, "error": f"exit {proc.returncode}: " + " | ".join(tail),
-                "wall_s": wall}
+        return {
+            "label": label,
+            "error": f"exit {proc.returncode}: " + " | ".join(tail),
+            "wall_s": wall,
+        }
     res.update(label=label, wall_s=wall, loadavg_before=load0, loadavg_after=loadavg())
     return res
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n", type=int, default=256, help="cells per direction (default 256)")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per row (median)")
-    p.add_argument("--extras", default="weno5z",
-                   help="comma list of extra rows: weno5z, nolimit ('' for none)")
-    p.add_argument("--budget", type=float, default=170.0,
-                   help="seconds; extras that would overrun it are skipped (default 170)")
+    p.add_argument(
+        "--extras", default="weno5z", help="comma list of extra rows: weno5z, nolimit ('' for none)"
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=170.0,
+        help="seconds; extras that would overrun it are skipped (default 170)",
+    )
     p.add_argument("--no-peer", action="store_true", help="skip the SharpClaw row")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment for the tpde rows (e.g. OMP_WAIT_POLICY=passive)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the tpde rows (e.g. OMP_WAIT_POLICY=passive)",
+    )
     args = p.parse_args()
     extras = [e.strip() for e in args.extras.split(",") if e.strip()]
     for e in extras:
@@ -180,8 +208,10 @@ def main() -> int:
     if "nolimit" in extras:
         plan.append(tpde_row("tpde_weno5_nolimit_1thread", 1, ["--no-positivity"]))
 
-    log(f"advection benchmark: ADV2D N={args.n}, repeat={args.repeat}, {cpu_model()}, "
-        f"{os.cpu_count()} cpus, load {loadavg()}")
+    log(
+        f"advection benchmark: ADV2D N={args.n}, repeat={args.repeat}, {cpu_model()}, "
+        f"{os.cpu_count()} cpus, load {loadavg()}"
+    )
     if peer_reason:
         log(f"  sharpclaw: UNAVAILABLE: {peer_reason}")
     rows: dict[str, dict] = {}
@@ -210,9 +240,16 @@ def main() -> int:
     numba_cache.cleanup()
     if "error" in rows["tpde_weno5_1thread"]:
         log("advection: the tpde 1-thread row failed")
-        print(json.dumps({"benchmark": "advection", "n": args.n, "error":
-                          "tpde 1-thread row: " + rows["tpde_weno5_1thread"]["error"]}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "benchmark": "advection",
+                    "n": args.n,
+                    "error": "tpde 1-thread row: " + rows["tpde_weno5_1thread"]["error"],
+                }
+            ),
+            flush=True,
+        )
         return 1
 
     def fig(key, field):
@@ -253,14 +290,24 @@ def main() -> int:
     if sc_mcups is None:
         out["sharpclaw_unavailable"] = peer_reason or (sc or {}).get("error")
     out["rows"] = [
-        {"row": key, "peer": r.get("peer"), "scheme": r.get("scheme"),
-         "threads": r.get("numba_num_threads",
-                          (r.get("threads") or {}).get("NUMBA_NUM_THREADS")),
-         "mcups": r.get("mcups"), "median_s": r.get("median_s"), "times_s": r.get("times_s"),
-         "ratio_to_ref": r.get("ratio_to_ref"), "l1": r.get("l1"), "linf": r.get("linf"),
-         "limited_stages_last_run": r.get("limited_stages_last_run"),
-         "loadavg": [r.get("loadavg_before"), r.get("loadavg_after")],
-         "versions": r.get("versions"), "error": r.get("error")}
+        {
+            "row": key,
+            "peer": r.get("peer"),
+            "scheme": r.get("scheme"),
+            "threads": r.get(
+                "numba_num_threads", (r.get("threads") or {}).get("NUMBA_NUM_THREADS")
+            ),
+            "mcups": r.get("mcups"),
+            "median_s": r.get("median_s"),
+            "times_s": r.get("times_s"),
+            "ratio_to_ref": r.get("ratio_to_ref"),
+            "l1": r.get("l1"),
+            "linf": r.get("linf"),
+            "limited_stages_last_run": r.get("limited_stages_last_run"),
+            "loadavg": [r.get("loadavg_before"), r.get("loadavg_after")],
+            "versions": r.get("versions"),
+            "error": r.get("error"),
+        }
         for key, r in rows.items()
     ]
     source1 = source_state()
@@ -277,13 +324,16 @@ def main() -> int:
         out["l1_rel_diff"] = rel
         if rel > 1e-6:
             log(f"advection: WARNING: L1 differs from SharpClaw's by {rel:.2e} (same scheme)")
+
     def num(v):
         return "n/a" if v is None else f"{v:.2f}"
 
-    summary = [f"tpde 1t {num(out['tpde_weno5_1thread_mcups'])}",
-               f"tpde 2t {num(out['tpde_weno5_2threads_mcups'])}",
-               f"SharpClaw {num(sc_mcups)} Mcups; ratio 1t {num(out['ratio_1thread'])}, "
-               f"2t {num(out['ratio_2threads'])}"]
+    summary = [
+        f"tpde 1t {num(out['tpde_weno5_1thread_mcups'])}",
+        f"tpde 2t {num(out['tpde_weno5_2threads_mcups'])}",
+        f"SharpClaw {num(sc_mcups)} Mcups; ratio 1t {num(out['ratio_1thread'])}, "
+        f"2t {num(out['ratio_2threads'])}",
+    ]
     log(f"advection N={args.n}: " + ", ".join(summary) + f" ({out['wall_s']} s)")
     print(json.dumps(out), flush=True)
     return 0

@@ -9,6 +9,7 @@ component on the faces of both axes, ``CausalAttention.components``), median of 
 the least-squares exponent of time against the slice count (1: linear, as the cumulative
 sum along s promises; a pairwise mask would be 2). Default threads. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,27 +37,50 @@ def main() -> int:
     rows = []
     for slices in (1, 2, 4, 8, 16, 32):
         positions = Positions(slices)
-        density = positions.sliced(lambda s: gaussian_mixture(
-            grid, [0.7 - 0.4 * s, 0.3 + 0.4 * s], [[-1.0 + s, 0.0], [1.0, 0.5 - s]],
-            [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]]), grid)
-        field.components(density, grid, 0.0, offsets, [0, 1])   # warm
+        density = positions.sliced(
+            lambda s: gaussian_mixture(
+                grid,
+                [0.7 - 0.4 * s, 0.3 + 0.4 * s],
+                [[-1.0 + s, 0.0], [1.0, 0.5 - s]],
+                [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]],
+            ),
+            grid,
+        )
+        field.components(density, grid, 0.0, offsets, [0, 1])  # warm
         times = []
         for _ in range(5):
             t0 = time.perf_counter()
             field.components(density, grid, 0.0, offsets, [0, 1])
             times.append(time.perf_counter() - t0)
         seconds = float(np.median(times))
-        rows.append({"positions": slices, "slices": positions.count, "cells": args.n,
-                     "velocity_s": seconds, "per_slice_s": seconds / positions.count,
-                     "loadavg": loadavg()})
-        print(f"# {slices:3d} positions (+ sink): {seconds * 1e3:8.1f} ms, "
-              f"{seconds / positions.count * 1e3:.1f} ms per slice", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "positions": slices,
+                "slices": positions.count,
+                "cells": args.n,
+                "velocity_s": seconds,
+                "per_slice_s": seconds / positions.count,
+                "loadavg": loadavg(),
+            }
+        )
+        print(
+            f"# {slices:3d} positions (+ sink): {seconds * 1e3:8.1f} ms, "
+            f"{seconds / positions.count * 1e3:.1f} ms per slice",
+            file=sys.stderr,
+            flush=True,
+        )
     counts = np.array([r["slices"] for r in rows], float)
     seconds = np.array([r["velocity_s"] for r in rows])
     exponent = float(np.polyfit(np.log(counts), np.log(seconds), 1)[0])
     print(f"# time ~ slices^{exponent:.2f}", file=sys.stderr)
-    emit("masked", start, case="causal softmax c1, face velocities of one stage",
-         n=args.n, cost_exponent_in_slices=exponent, rows=rows)
+    emit(
+        "masked",
+        start,
+        case="causal softmax c1, face velocities of one stage",
+        n=args.n,
+        cost_exponent_in_slices=exponent,
+        rows=rows,
+    )
     return 0
 
 

@@ -26,6 +26,7 @@ its relative accuracy). ``table_s`` is the separable method's own floor: its tab
 step forms them (matrix products on the adaptive resolution, error estimate; one table per
 stage). Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,7 +55,7 @@ L2_HEAD = L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.4, 0.7], [-0.6, 0.2]], V1)
 #: medians pairs measurements taken under the same load (the first of each block absorbs
 #: the hand-over between numba's and FFTW's thread pools)
 BLOCK = 4
-SYMMETRIC_A = 0.3 * np.array([[1.0, 0.3], [0.3, 0.8]])   # the FFT engine's case
+SYMMETRIC_A = 0.3 * np.array([[1.0, 0.3], [0.3, 0.8]])  # the FFT engine's case
 
 
 def make_field(case: str):
@@ -94,7 +95,7 @@ def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
     timer = TimedVelocity(solver)
     velocity = solver.face_velocity(solver.density, 0.0)
     dt = 0.4 * solver.stable_dt(velocity)
-    for _ in range(2):   # compile, warm the Sinkhorn potentials
+    for _ in range(2):  # compile, warm the Sinkhorn potentials
         solver.step(dt, solver.face_velocity(solver.density, solver.t))
     lattices = 1 if not solver.interpolate_faces else grid.ndim
     floor = None if case == "sinkhorn" else FFTFloor(n, grid.ndim, lattices, threads)
@@ -113,14 +114,20 @@ def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
             floors += floor_block
             ratios.append(np.median(block) / np.median(floor_block))
     step_s, velocity_s = float(np.median(totals)), float(np.median(velocities))
-    row = {"case": case, "cells": n, "step_s": step_s, "steps_per_s": 1.0 / step_s,
-           "velocity_s": velocity_s, "rest_s": step_s - velocity_s,
-           "lattices_per_stage": lattices}
+    row = {
+        "case": case,
+        "cells": n,
+        "step_s": step_s,
+        "steps_per_s": 1.0 / step_s,
+        "velocity_s": velocity_s,
+        "rest_s": step_s - velocity_s,
+        "lattices_per_stage": lattices,
+    }
     if floor is not None:
         row["fft_floor_s"] = float(np.median(floors))
         row["step_over_fft_floor"] = float(np.median(ratios))
     if case == "sinkhorn":
-        row["iterations_per_stage"] = float(np.mean(field.iterations[-3 * steps:]))
+        row["iterations_per_stage"] = float(np.mean(field.iterations[-3 * steps :]))
     elif case != "softmax-fft":
         lattices, _ = field.lattice_points(grid, [np.zeros(2)])
         matrix = np.asarray(A1) if case == "softmax" else 2.0 * L2_HEAD.K.T @ L2_HEAD.Q
@@ -142,11 +149,11 @@ class FFTFloor:
         shape = (2 * n,) * ndim
         real = pyfftw.empty_aligned(shape, dtype="float64")
         real[...] = np.random.default_rng(0).random(shape)
-        self.forward = pyfftw.builders.rfftn(real, threads=threads,
-                                             planner_effort="FFTW_MEASURE")
+        self.forward = pyfftw.builders.rfftn(real, threads=threads, planner_effort="FFTW_MEASURE")
         spectrum = pyfftw.empty_aligned(self.forward.output_array.shape, dtype="complex128")
-        self.inverse = pyfftw.builders.irfftn(spectrum, s=shape, threads=threads,
-                                              planner_effort="FFTW_MEASURE")
+        self.inverse = pyfftw.builders.irfftn(
+            spectrum, s=shape, threads=threads, planner_effort="FFTW_MEASURE"
+        )
         self.counts = (ndim + 1, 2 * lattices)
         self.seconds()
 
@@ -164,8 +171,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--cases", default="softmax,softmax-fft,l2,sinkhorn",
-                        help="comma-separated subset of the cases")
+    parser.add_argument(
+        "--cases",
+        default="softmax,softmax-fft,l2,sinkhorn",
+        help="comma-separated subset of the cases",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     rows = []
@@ -176,12 +186,19 @@ def main() -> int:
             row["threads"] = used
             row["loadavg"] = loadavg()
             rows.append(row)
-            print(f"# {case} {args.n}^2, {used} thread(s): {row['step_s'] * 1e3:.1f} ms/step "
-                  f"({row['steps_per_s']:.1f} steps/s; velocity {row['velocity_s'] * 1e3:.1f} "
-                  f"ms)" + (f", FFT floor {row['fft_floor_s'] * 1e3:.1f} ms: "
-                            f"{row['step_over_fft_floor']:.2f}x" if "fft_floor_s" in row
-                            else f", {row['iterations_per_stage']:.1f} iterations per stage"),
-                  file=sys.stderr, flush=True)
+            print(
+                f"# {case} {args.n}^2, {used} thread(s): {row['step_s'] * 1e3:.1f} ms/step "
+                f"({row['steps_per_s']:.1f} steps/s; velocity {row['velocity_s'] * 1e3:.1f} "
+                f"ms)"
+                + (
+                    f", FFT floor {row['fft_floor_s'] * 1e3:.1f} ms: "
+                    f"{row['step_over_fft_floor']:.2f}x"
+                    if "fft_floor_s" in row
+                    else f", {row['iterations_per_stage']:.1f} iterations per stage"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
     emit("step", start, n=args.n, scheme="WENO5-Z, SSP-RK3, positivity limiter", rows=rows)
     return 0
 

@@ -19,6 +19,7 @@ and the ratio of the token error to the grid error there. An extra row gives Gau
 tokens (quadrature nodes, MATH.md 6.1): exact for Gaussian data only, so not "the token
 method" for general densities, but shown for completeness. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,7 @@ def grid_rows(cells: list[int], reference) -> list[dict]:
     head = Head(A1, V1)
     lower, upper = fitted_box(solve("softmax", MEAN0, COV0, head, T_END), T_END, 7.0)
     small = Grid(lower, upper, [16, 16])
-    grid_run("softmax", head, small, gaussian(small, MEAN0, COV0), 0.05)   # compile
+    grid_run("softmax", head, small, gaussian(small, MEAN0, COV0), 0.05)  # compile
     rows = []
     for n in cells:
         start = time.perf_counter()
@@ -60,11 +61,21 @@ def grid_rows(cells: list[int], reference) -> list[dict]:
         result = grid_run("softmax", head, grid, gaussian(grid, MEAN0, COV0), T_END)
         _, mean, cov = moments(result.final, grid)
         wall = time.perf_counter() - start
-        rows.append({"method": "grid", "size": n * n, "label": f"{n}^2 cells",
-                     "wall_s": wall, "cov_error": relative_errors(mean, cov, reference)[1],
-                     "steps": result.steps})
-        print(f"# grid {n}^2: {wall:.2f} s, covariance error {rows[-1]['cov_error']:.2e}",
-              file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "method": "grid",
+                "size": n * n,
+                "label": f"{n}^2 cells",
+                "wall_s": wall,
+                "cov_error": relative_errors(mean, cov, reference)[1],
+                "steps": result.steps,
+            }
+        )
+        print(
+            f"# grid {n}^2: {wall:.2f} s, covariance error {rows[-1]['cov_error']:.2e}",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -82,11 +93,22 @@ def token_rows(sizes: list[int], reference, seeds: int = 3, dt: float = 0.05) ->
             mean, cov = token_moments(final)
             walls.append(time.perf_counter() - start)
             errors.append(relative_errors(mean, cov, reference)[1])
-        rows.append({"method": "tokens", "size": n, "label": f"{n} tokens",
-                     "wall_s": float(np.median(walls)), "cov_error": float(np.median(errors)),
-                     "seeds": seeds})
-        print(f"# tokens n = {n}: {rows[-1]['wall_s']:.2f} s, covariance error "
-              f"{rows[-1]['cov_error']:.2e} (median of {seeds})", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "method": "tokens",
+                "size": n,
+                "label": f"{n} tokens",
+                "wall_s": float(np.median(walls)),
+                "cov_error": float(np.median(errors)),
+                "seeds": seeds,
+            }
+        )
+        print(
+            f"# tokens n = {n}: {rows[-1]['wall_s']:.2f} s, covariance error "
+            f"{rows[-1]['cov_error']:.2e} (median of {seeds})",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -100,27 +122,47 @@ def main() -> int:
     rows += token_rows([250, 500, 1000, 2000, 4000], reference)
     nodes, weights = gauss_hermite_tokens(MEAN0, COV0, 30)
     t0 = time.perf_counter()
-    final = simulate(TokenSystem("softmax", Head(A1, V1)), nodes, T_END, 0.05,
-                     weights=weights).tokens[-1]
+    final = simulate(
+        TokenSystem("softmax", Head(A1, V1)), nodes, T_END, 0.05, weights=weights
+    ).tokens[-1]
     gh_error = relative_errors(*token_moments(final, weights), reference)[1]
-    rows.append({"method": "gauss-hermite tokens (Gaussian data only)", "size": 900,
-                 "label": "30^2 nodes", "wall_s": time.perf_counter() - t0,
-                 "cov_error": gh_error})
+    rows.append(
+        {
+            "method": "gauss-hermite tokens (Gaussian data only)",
+            "size": 900,
+            "label": "30^2 nodes",
+            "wall_s": time.perf_counter() - t0,
+            "cov_error": gh_error,
+        }
+    )
     best = {}
     for method in ("grid", "tokens"):
         within = [r for r in rows if r["method"] == method and r["wall_s"] <= args.budget]
         best[method] = min(within, key=lambda r: r["cov_error"]) if within else None
-    ratio = (best["tokens"]["cov_error"] / best["grid"]["cov_error"]
-             if best["grid"] and best["tokens"] else None)
-    print(f"# within {args.budget:g} s: grid {best['grid'] and best['grid']['label']}, tokens "
-          f"{best['tokens'] and best['tokens']['label']}: token error / grid error = "
-          f"{ratio if ratio is None else f'{ratio:.3g}'}", file=sys.stderr)
-    emit("time_to_accuracy", start, case="2-D Gaussian softmax c1, t = 1",
-         budget_s=args.budget, grid_at_budget=best["grid"] and best["grid"]["label"],
-         grid_error_at_budget=best["grid"] and best["grid"]["cov_error"],
-         tokens_at_budget=best["tokens"] and best["tokens"]["label"],
-         tokens_error_at_budget=best["tokens"] and best["tokens"]["cov_error"],
-         token_over_grid_error=ratio, threads=numba.get_num_threads(), rows=rows)
+    ratio = (
+        best["tokens"]["cov_error"] / best["grid"]["cov_error"]
+        if best["grid"] and best["tokens"]
+        else None
+    )
+    print(
+        f"# within {args.budget:g} s: grid {best['grid'] and best['grid']['label']}, tokens "
+        f"{best['tokens'] and best['tokens']['label']}: token error / grid error = "
+        f"{ratio if ratio is None else f'{ratio:.3g}'}",
+        file=sys.stderr,
+    )
+    emit(
+        "time_to_accuracy",
+        start,
+        case="2-D Gaussian softmax c1, t = 1",
+        budget_s=args.budget,
+        grid_at_budget=best["grid"] and best["grid"]["label"],
+        grid_error_at_budget=best["grid"] and best["grid"]["cov_error"],
+        tokens_at_budget=best["tokens"] and best["tokens"]["label"],
+        tokens_error_at_budget=best["tokens"] and best["tokens"]["cov_error"],
+        token_over_grid_error=ratio,
+        threads=numba.get_num_threads(),
+        rows=rows,
+    )
     return 0
 
 

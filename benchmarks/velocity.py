@@ -16,6 +16,7 @@ method; in 2-D on the adaptive resolution, with its error estimate), measured in
 run, so ``fast_over_floor`` says what interpolation and bookkeeping add. Threads: tpde's
 default (1, TPDE_NUM_THREADS). Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,13 +70,16 @@ def velocity_case(ndim: int, cells: int, variant: str = "softmax", subset: int =
         head = Head(2.0 * l2_head.K.T @ l2_head.Q, V1)
         fast = L2Attention(l2_head, engine="separable")
         weights, spacing = reweighted_density(rho, grid, l2_head), (0.0,) * ndim
-    elif variant == "softmax-symmetric":   # the case an FFT convolution can also do
+    elif variant == "softmax-symmetric":  # the case an FFT convolution can also do
         head = Head(0.3 * np.array([[1.0, 0.3], [0.3, 0.8]]), V1)
         fast = SoftmaxAttention(head, engine="separable")
         weights, spacing = rho, grid.spacing
     else:
-        head = Head(A1, V1) if ndim == 2 else Head(rng.normal(0, 0.5, (3, 3)),
-                                                    rng.normal(0, 0.7, (3, 3)))
+        head = (
+            Head(A1, V1)
+            if ndim == 2
+            else Head(rng.normal(0, 0.5, (3, 3)), rng.normal(0, 0.7, (3, 3)))
+        )
         fast = SoftmaxAttention(head, engine="separable")
         weights, spacing = rho, grid.spacing
     fast(rho, grid, 0.0)  # compile / warm
@@ -97,18 +101,28 @@ def velocity_case(ndim: int, cells: int, variant: str = "softmax", subset: int =
     mask = rho.reshape(-1)[pick] > 1e-8 * rho.max()
     error = float(np.abs(u_fast[:, pick].T - u_dense)[mask].max() / np.abs(u_dense[mask]).max())
     dense_s = dense_subset_s * x.shape[0] / pick.size
-    row = {"case": f"{variant} velocity", "ndim": ndim, "cells": cells,
-           "targets": int(x.shape[0]), "table_nodes": [int(n) for n in table.count],
-           "fast_s": fast_s, "floor_s": floor_s, "fast_over_floor": fast_s / floor_s,
-           "dense_s_extrapolated": dense_s, "dense_subset_targets": int(pick.size),
-           "speedup": dense_s / fast_s, "max_rel_error_vs_dense": error}
+    row = {
+        "case": f"{variant} velocity",
+        "ndim": ndim,
+        "cells": cells,
+        "targets": int(x.shape[0]),
+        "table_nodes": [int(n) for n in table.count],
+        "fast_s": fast_s,
+        "floor_s": floor_s,
+        "fast_over_floor": fast_s / floor_s,
+        "dense_s_extrapolated": dense_s,
+        "dense_subset_targets": int(pick.size),
+        "speedup": dense_s / fast_s,
+        "max_rel_error_vs_dense": error,
+    }
     if variant == "softmax-symmetric":
         fft = SoftmaxAttention(head, engine="fft")
-        fft(rho, grid, 0.0)   # plans and kernel spectra cached
+        fft(rho, grid, 0.0)  # plans and kernel spectra cached
         row["fft_s"] = best_of(lambda: fft(rho, grid, 0.0))
         u_fft = fft(rho, grid, 0.0).reshape(ndim, -1)
         row["fft_max_rel_error_vs_dense"] = float(
-            np.abs(u_fft[:, pick].T - u_dense)[mask].max() / np.abs(u_dense[mask]).max())
+            np.abs(u_fft[:, pick].T - u_dense)[mask].max() / np.abs(u_dense[mask]).max()
+        )
     return row
 
 
@@ -118,19 +132,24 @@ def sinkhorn_cases(cells: int = 256, subset: int = 1024) -> list[dict]:
     head = SinkhornHead(A1, V1, eps=1.0)
     field = SinkhornAttention(head, engine="separable")
     q = quadrature_weights(rho, grid)
-    f, g = field.potentials(q, grid, head)        # converged potentials (and warm-up)
+    f, g = field.potentials(q, grid, head)  # converged potentials (and warm-up)
     lattices, _ = field.lattice_points(grid, [np.zeros(2)])
     forward, backward = head.A / head.eps, head.A.T / head.eps
 
-    def one_iteration():   # two log-partition half-steps, as inside SinkhornAttention
+    def one_iteration():  # two log-partition half-steps, as inside SinkhornAttention
         for potential, matrix in ((g, forward), (f, backward)):
             w = q * np.exp((potential.reshape(grid.shape) - potential.max()) / head.eps)
             field.sums(w, grid, lattices, matrix, fields="log", sheared=True).on_lattice(
-                lattices[0], matrix, 0)
+                lattices[0], matrix, 0
+            )
 
     fast_s = best_of(one_iteration)
-    floor_s = best_of(lambda: [field.sums(q, grid, lattices, m, fields="log", sheared=True)
-                               for m in (forward, backward)])
+    floor_s = best_of(
+        lambda: [
+            field.sums(q, grid, lattices, m, fields="log", sheared=True)
+            for m in (forward, backward)
+        ]
+    )
     # dense: the same two half-steps on a subset of targets, every source
     pick = rng.choice(x.shape[0], size=subset, replace=False)
     sources, values = density_sources(q, grid)
@@ -143,32 +162,55 @@ def sinkhorn_cases(cells: int = 256, subset: int = 1024) -> list[dict]:
     cold = SinkhornAttention(head, engine="separable", warm_start=False)
     cold(rho, grid, 0.0)
     cold_s = best_of(lambda: cold(rho, grid, 0.0))
-    return [{"case": "sinkhorn iteration", "ndim": 2, "cells": cells,
-             "targets": int(x.shape[0]), "fast_s": fast_s, "floor_s": floor_s,
-             "fast_over_floor": fast_s / floor_s, "dense_s_extrapolated": dense_s,
-             "dense_subset_targets": subset, "speedup": dense_s / fast_s},
-            {"case": "sinkhorn velocity (cold start)", "ndim": 2, "cells": cells,
-             "targets": int(x.shape[0]), "fast_s": cold_s,
-             "iterations": cold.iterations[-1], "marginal_error": cold.marginal_error,
-             "dense_s_extrapolated": dense_s * cold.iterations[-1],
-             "speedup": dense_s * cold.iterations[-1] / cold_s}]
+    return [
+        {
+            "case": "sinkhorn iteration",
+            "ndim": 2,
+            "cells": cells,
+            "targets": int(x.shape[0]),
+            "fast_s": fast_s,
+            "floor_s": floor_s,
+            "fast_over_floor": fast_s / floor_s,
+            "dense_s_extrapolated": dense_s,
+            "dense_subset_targets": subset,
+            "speedup": dense_s / fast_s,
+        },
+        {
+            "case": "sinkhorn velocity (cold start)",
+            "ndim": 2,
+            "cells": cells,
+            "targets": int(x.shape[0]),
+            "fast_s": cold_s,
+            "iterations": cold.iterations[-1],
+            "marginal_error": cold.marginal_error,
+            "dense_s_extrapolated": dense_s * cold.iterations[-1],
+            "speedup": dense_s * cold.iterations[-1] / cold_s,
+        },
+    ]
 
 
 def main() -> int:
     start = time.perf_counter()
-    rows = [velocity_case(2, 256), velocity_case(2, 256, "l2"),
-            velocity_case(2, 256, "softmax-symmetric"), velocity_case(3, 64)]
+    rows = [
+        velocity_case(2, 256),
+        velocity_case(2, 256, "l2"),
+        velocity_case(2, 256, "softmax-symmetric"),
+        velocity_case(3, 64),
+    ]
     rows += sinkhorn_cases()
     for r in rows:
-        extra = (f", error {r['max_rel_error_vs_dense']:.1e}"
-                 if "max_rel_error_vs_dense" in r else "")
+        extra = (
+            f", error {r['max_rel_error_vs_dense']:.1e}" if "max_rel_error_vs_dense" in r else ""
+        )
         if "fft_s" in r:
-            extra += (f"; FFT {r['fft_s'] * 1e3:.1f} ms, error "
-                      f"{r['fft_max_rel_error_vs_dense']:.1e}")
+            extra += f"; FFT {r['fft_s'] * 1e3:.1f} ms, error {r['fft_max_rel_error_vs_dense']:.1e}"
         floor = f" (table {r['floor_s'] * 1e3:.1f} ms)" if "floor_s" in r else ""
-        print(f"# {r['case']} {r['ndim']}-D {r['cells']}^{r['ndim']}: fast "
-              f"{r['fast_s'] * 1e3:.1f} ms{floor}, dense ~{r['dense_s_extrapolated']:.1f} s, "
-              f"speed-up {r['speedup']:.0f}x{extra}", file=sys.stderr)
+        print(
+            f"# {r['case']} {r['ndim']}-D {r['cells']}^{r['ndim']}: fast "
+            f"{r['fast_s'] * 1e3:.1f} ms{floor}, dense ~{r['dense_s_extrapolated']:.1f} s, "
+            f"speed-up {r['speedup']:.0f}x{extra}",
+            file=sys.stderr,
+        )
     emit("velocity", start, rows=rows, threads=numba.get_num_threads())
     return 0
 

@@ -54,8 +54,13 @@ class Grid:
     cells: tuple[int, ...]
     boundary: tuple[str, ...] = field(default=("outflow",))
 
-    def __init__(self, lower: Sequence[float], upper: Sequence[float],
-                 cells: Sequence[int] | int, boundary: str | Sequence[str] = "outflow"):
+    def __init__(
+        self,
+        lower: Sequence[float],
+        upper: Sequence[float],
+        cells: Sequence[int] | int,
+        boundary: str | Sequence[str] = "outflow",
+    ):
         lower_arr = np.atleast_1d(np.asarray(lower, dtype=float))
         ndim = lower_arr.size
         if not 1 <= ndim <= 3:
@@ -72,13 +77,16 @@ class Grid:
             if not (np.isfinite(lo[a]) and np.isfinite(hi[a])):
                 raise ValueError(f"grid.lower/upper: axis {a} has a non-finite bound")
             if not hi[a] > lo[a]:
-                raise ValueError(f"grid.upper: axis {a} needs upper > lower, "
-                                 f"got [{lo[a]}, {hi[a]}]")
+                raise ValueError(
+                    f"grid.upper: axis {a} needs upper > lower, got [{lo[a]}, {hi[a]}]"
+                )
             if n[a] < 1:
                 raise ValueError(f"grid.cells: axis {a} needs at least 1 cell, got {n[a]}")
             if bnd[a] not in BOUNDARY_MODES:
-                raise ValueError(f"grid.boundary: unknown mode {bnd[a]!r}; "
-                                 f"choose one of {', '.join(BOUNDARY_MODES)}")
+                raise ValueError(
+                    f"grid.boundary: unknown mode {bnd[a]!r}; "
+                    f"choose one of {', '.join(BOUNDARY_MODES)}"
+                )
         object.__setattr__(self, "lower", lo)
         object.__setattr__(self, "upper", hi)
         object.__setattr__(self, "cells", n)
@@ -103,8 +111,9 @@ class Grid:
     @property
     def spacing(self) -> tuple[float, ...]:
         """Cell widths ``h[a] = (upper[a] - lower[a]) / cells[a]``."""
-        return tuple((u - lo) / n for lo, u, n in zip(self.lower, self.upper, self.cells,
-                                                       strict=True))
+        return tuple(
+            (u - lo) / n for lo, u, n in zip(self.lower, self.upper, self.cells, strict=True)
+        )
 
     @property
     def cell_volume(self) -> float:
@@ -141,22 +150,25 @@ class Grid:
 
     def mesh(self, sparse: bool = True) -> list[np.ndarray]:
         """Cell-centre coordinates as broadcastable arrays (``numpy.meshgrid``, ``ij``)."""
-        return np.meshgrid(*[self.centres(a) for a in range(self.ndim)], indexing="ij",
-                           sparse=sparse)
+        return np.meshgrid(
+            *[self.centres(a) for a in range(self.ndim)], indexing="ij", sparse=sparse
+        )
 
     # ---- integration ----------------------------------------------------------------------
     def integrate(self, density: np.ndarray) -> float:
         """``sum(density) * cell_volume``: the exact integral of a field of cell averages."""
         return float(np.sum(density) * self.cell_volume)
 
-    def check_density(self, density: np.ndarray, name: str = "density",
-                      leading: tuple[int, ...] = ()) -> np.ndarray:
+    def check_density(
+        self, density: np.ndarray, name: str = "density", leading: tuple[int, ...] = ()
+    ) -> np.ndarray:
         """Return ``density`` as a float64 array of shape ``leading + grid.shape`` (finite,
         >= 0), or raise ValueError. ``leading``: position slices (masked attention)."""
         arr = np.asarray(density, dtype=np.float64)
         if arr.shape != tuple(leading) + self.shape:
-            raise ValueError(f"{name}: expected shape {tuple(leading) + self.shape}, got "
-                             f"{arr.shape}")
+            raise ValueError(
+                f"{name}: expected shape {tuple(leading) + self.shape}, got {arr.shape}"
+            )
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{name}: contains NaN or Inf")
         if arr.min() < 0:
@@ -165,13 +177,19 @@ class Grid:
 
     # ---- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"lower": list(self.lower), "upper": list(self.upper), "cells": list(self.cells),
-                "boundary": list(self.boundary)}
+        return {
+            "lower": list(self.lower),
+            "upper": list(self.upper),
+            "cells": list(self.cells),
+            "boundary": list(self.boundary),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Grid:
         return cls(data["lower"], data["upper"], data["cells"], data.get("boundary", "outflow"))
 
     def __repr__(self) -> str:
-        return (f"Grid(lower={list(self.lower)}, upper={list(self.upper)}, "
-                f"cells={list(self.cells)}, boundary={list(self.boundary)})")
+        return (
+            f"Grid(lower={list(self.lower)}, upper={list(self.upper)}, "
+            f"cells={list(self.cells)}, boundary={list(self.boundary)})"
+        )

@@ -21,15 +21,36 @@ from scipy.special import ndtr
 
 from .grid import Grid
 
-__all__ = ["from_array", "from_tokens", "gaussian", "gaussian_mixture", "uniform_ball",
-           "uniform_box"]
+__all__ = [
+    "from_array",
+    "from_tokens",
+    "gaussian",
+    "gaussian_mixture",
+    "uniform_ball",
+    "uniform_box",
+]
 
 # Largest cell width, in units of the local length scale of a Gaussian, that an n-point
 # Gauss-Legendre rule integrates to ~3e-14 relative accuracy in every cell whose value is above
 # 1e-10 of the maximum (measured against a 40 x 20-point composite rule); a 0.85 safety factor
 # is applied where it is used.
-_GL_MAX_RATIO = {2: 0.005, 3: 0.02, 4: 0.05, 5: 0.1, 6: 0.25, 7: 0.45, 8: 0.75, 9: 1.15,
-                 10: 1.5, 11: 1.9, 12: 2.5, 13: 3.0, 14: 3.5, 15: 3.9, 16: 3.9}
+_GL_MAX_RATIO = {
+    2: 0.005,
+    3: 0.02,
+    4: 0.05,
+    5: 0.1,
+    6: 0.25,
+    7: 0.45,
+    8: 0.75,
+    9: 1.15,
+    10: 1.5,
+    11: 1.9,
+    12: 2.5,
+    13: 3.0,
+    14: 3.5,
+    15: 3.9,
+    16: 3.9,
+}
 _GL_SAFETY = 0.85
 _CHUNK_ELEMENTS = 1 << 21  # bound on the size of one temporary in the quadratures
 
@@ -53,8 +74,9 @@ def _check_vector(value, d: int, name: str) -> np.ndarray:
     if arr.ndim == 0 and d == 1:
         arr = arr.reshape(1)
     if arr.shape != (d,):
-        raise ValueError(f"initial.{name}: expected shape ({d},) for a {d}-D grid, "
-                         f"got shape {arr.shape}")
+        raise ValueError(
+            f"initial.{name}: expected shape ({d},) for a {d}-D grid, got shape {arr.shape}"
+        )
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"initial.{name}: contains NaN or Inf ({arr.tolist()})")
     return arr
@@ -65,7 +87,7 @@ def _check_covariance(value, d: int, name: str = "covariance") -> np.ndarray:
         cov = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"initial.{name}: expected a {d}x{d} matrix, got {value!r}") from None
-    if cov.ndim <= 1 and cov.size == 1 and d == 1:   # a variance, for 1-D convenience
+    if cov.ndim <= 1 and cov.size == 1 and d == 1:  # a variance, for 1-D convenience
         cov = cov.reshape(1, 1)
     if cov.shape != (d, d):
         raise ValueError(f"initial.{name}: expected shape ({d}, {d}), got shape {cov.shape}")
@@ -74,18 +96,23 @@ def _check_covariance(value, d: int, name: str = "covariance") -> np.ndarray:
     scale = float(np.max(np.abs(cov)))
     asym = float(np.max(np.abs(cov - cov.T)))
     if asym > 1e-12 * scale:
-        raise ValueError(f"initial.{name}: not symmetric (max |C - C^T| = {asym:.3e}, "
-                         f"max |C| = {scale:.3e})")
+        raise ValueError(
+            f"initial.{name}: not symmetric (max |C - C^T| = {asym:.3e}, max |C| = {scale:.3e})"
+        )
     cov = 0.5 * (cov + cov.T)
     eig = np.linalg.eigvalsh(cov)
     if not eig[0] > 0:
-        raise ValueError(f"initial.{name}: not positive definite "
-                         f"(eigenvalues {np.array2string(eig, precision=4)})")
+        raise ValueError(
+            f"initial.{name}: not positive definite "
+            f"(eigenvalues {np.array2string(eig, precision=4)})"
+        )
     try:
         np.linalg.cholesky(cov)
     except np.linalg.LinAlgError:
-        raise ValueError(f"initial.{name}: not positive definite (Cholesky failed, "
-                         f"eigenvalues {np.array2string(eig, precision=4)})") from None
+        raise ValueError(
+            f"initial.{name}: not positive definite (Cholesky failed, "
+            f"eigenvalues {np.array2string(eig, precision=4)})"
+        ) from None
     return cov
 
 
@@ -139,6 +166,7 @@ def _gl_rule(ratio: float, nodes: int | None) -> tuple[np.ndarray, np.ndarray]:
     ``nodes=None`` picks the number of points (6..16) and of equal sub-cells that meets the
     calibration table with the fewest points; a given ``nodes`` only adds sub-cells.
     """
+
     def max_ratio(n: int) -> float:
         if n in _GL_MAX_RATIO:
             return _GL_SAFETY * _GL_MAX_RATIO[n]
@@ -163,8 +191,9 @@ def _active_range(p: np.ndarray) -> tuple[int, int]:
 
 
 # ---- Gaussians ----------------------------------------------------------------------------------
-def gaussian(grid: Grid, mean: Sequence[float], covariance, mass: float = 1.0,
-             nodes: int | None = None) -> np.ndarray:
+def gaussian(
+    grid: Grid, mean: Sequence[float], covariance, mass: float = 1.0, nodes: int | None = None
+) -> np.ndarray:
     """Cell averages of ``mass * N(mean, covariance)``.
 
     ``rho(x) = mass * (2 pi)^(-d/2) det(C)^(-1/2) exp(-(x - m)^T C^{-1} (x - m) / 2)``.
@@ -212,8 +241,10 @@ def gaussian(grid: Grid, mean: Sequence[float], covariance, mass: float = 1.0,
     nodes = None if nodes is None else _check_nodes(nodes)
     out = _gaussian_unit(grid, mu, cov, nodes) * m
     if not np.any(out > 0):
-        raise ValueError("initial.mean: the Gaussian has no representable mass inside the grid "
-                         f"(mean {mu.tolist()}, box {list(grid.lower)}..{list(grid.upper)})")
+        raise ValueError(
+            "initial.mean: the Gaussian has no representable mass inside the grid "
+            f"(mean {mu.tolist()}, box {list(grid.lower)}..{list(grid.upper)})"
+        )
     return out
 
 
@@ -236,9 +267,9 @@ def _gaussian_unit(grid: Grid, mu: np.ndarray, cov: np.ndarray, nodes: int | Non
         return out
     prec = np.linalg.inv(cov)
     prec = 0.5 * (prec + prec.T)
-    s_last = 1.0 / math.sqrt(prec[-1, -1])           # conditional std of x_d given x_<d
-    beta = -prec[-1, :-1] / prec[-1, -1]              # conditional-mean slope
-    cov_m = cov[:-1, :-1]                             # marginal covariance of x_<d
+    s_last = 1.0 / math.sqrt(prec[-1, -1])  # conditional std of x_d given x_<d
+    beta = -prec[-1, :-1] / prec[-1, -1]  # conditional-mean slope
+    cov_m = cov[:-1, :-1]  # marginal covariance of x_<d
     prec_m = np.linalg.inv(cov_m)
     prec_m = 0.5 * (prec_m + prec_m.T)
     norm_m = 1.0 / math.sqrt((2.0 * math.pi) ** (d - 1) * np.linalg.det(cov_m))
@@ -246,12 +277,12 @@ def _gaussian_unit(grid: Grid, mu: np.ndarray, cov: np.ndarray, nodes: int | Non
     # Quadrature rule per leading axis, scaled by the local length scale 1/sqrt(P_aa).
     rules = [_gl_rule(h[a] * math.sqrt(prec[a, a]), nodes) for a in range(d - 1)]
     lo_d, hi_d = ranges[-1]
-    z_edges = grid.edges(d - 1)[lo_d:hi_d + 1] - mu[-1]
+    z_edges = grid.edges(d - 1)[lo_d : hi_d + 1] - mu[-1]
 
     def leading_nodes(a: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         pos, wts = rules[a]
         x = grid.lower[a] + h[a] * (np.arange(lo, hi)[:, None] + pos[None, :]) - mu[a]
-        return x, wts                                 # (cells, q), (q,)
+        return x, wts  # (cells, q), (q,)
 
     nz = hi_d - lo_d
     # Conditional densities narrower than the box only touch a window of W last-axis cells
@@ -286,34 +317,41 @@ def _gaussian_unit(grid: Grid, mu: np.ndarray, cov: np.ndarray, nodes: int | Non
         for c0 in range(lo, hi, step):
             c1 = min(hi, c0 + step)
             u, w = leading_nodes(0, c0, c1)
-            dens = norm_m * np.exp(-0.5 * prec_m[0, 0] * u * u) * w    # (c, q)
+            dens = norm_m * np.exp(-0.5 * prec_m[0, 0] * u * u) * w  # (c, q)
             out[c0:c1, lo_d:hi_d] = last_axis(beta[0] * u, dens)
     else:  # d == 3
         (lo0, hi0), (lo1, hi1) = ranges[0], ranges[1]
         qx, qy = rules[0][0].size, rules[1][0].size
-        per_column = max(1, _CHUNK_ELEMENTS // (qx * qy * width))     # (x, y) cells per chunk
+        per_column = max(1, _CHUNK_ELEMENTS // (qx * qy * width))  # (x, y) cells per chunk
         step_y = min(hi1 - lo1, per_column)
         step_x = max(1, per_column // step_y)
         for c0 in range(lo0, hi0, step_x):
             c1 = min(hi0, c0 + step_x)
-            u, wx = leading_nodes(0, c0, c1)                             # (c, qx)
+            u, wx = leading_nodes(0, c0, c1)  # (c, qx)
             uu = u[:, :, None, None]
             for j0 in range(lo1, hi1, step_y):
                 j1 = min(hi1, j0 + step_y)
-                v, wy = leading_nodes(1, j0, j1)                         # (ny, qy)
+                v, wy = leading_nodes(1, j0, j1)  # (ny, qy)
                 vv = v[None, None, :, :]
-                quad = (prec_m[0, 0] * uu * uu + 2.0 * prec_m[0, 1] * uu * vv
-                        + prec_m[1, 1] * vv * vv)
+                quad = (
+                    prec_m[0, 0] * uu * uu + 2.0 * prec_m[0, 1] * uu * vv + prec_m[1, 1] * vv * vv
+                )
                 dens = norm_m * np.exp(-0.5 * quad)
                 dens *= wx[None, :, None, None] * wy[None, None, None, :]
-                cmean = beta[0] * uu + beta[1] * vv                      # (c, qx, ny, qy)
+                cmean = beta[0] * uu + beta[1] * vv  # (c, qx, ny, qy)
                 out[c0:c1, j0:j1, lo_d:hi_d] = last_axis(cmean, dens)
     out /= h[-1]
     return out
 
 
-def gaussian_mixture(grid: Grid, weights: Sequence[float], means, covariances,
-                     mass: float = 1.0, nodes: int | None = None) -> np.ndarray:
+def gaussian_mixture(
+    grid: Grid,
+    weights: Sequence[float],
+    means,
+    covariances,
+    mass: float = 1.0,
+    nodes: int | None = None,
+) -> np.ndarray:
     """Cell averages of ``mass * sum_k w_k N(means[k], covariances[k])``.
 
     Parameters
@@ -345,8 +383,9 @@ def gaussian_mixture(grid: Grid, weights: Sequence[float], means, covariances,
         mus = np.asarray(means, dtype=np.float64)
         covs = np.asarray(covariances, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError("initial.means/covariances: expected K means of length d and K "
-                         "d x d matrices") from None
+        raise ValueError(
+            "initial.means/covariances: expected K means of length d and K d x d matrices"
+        ) from None
     if d == 1 and mus.shape == (k,):
         mus = mus.reshape(k, 1)
     if mus.shape != (k, d):
@@ -354,8 +393,7 @@ def gaussian_mixture(grid: Grid, weights: Sequence[float], means, covariances,
     if d == 1 and covs.shape == (k,):
         covs = covs.reshape(k, 1, 1)
     if covs.shape != (k, d, d):
-        raise ValueError(f"initial.covariances: expected shape ({k}, {d}, {d}), "
-                         f"got {covs.shape}")
+        raise ValueError(f"initial.covariances: expected shape ({k}, {d}, {d}), got {covs.shape}")
     nodes = None if nodes is None else _check_nodes(nodes)
     w = w / w.sum()
     out = np.zeros(grid.shape)
@@ -373,12 +411,15 @@ def gaussian_mixture(grid: Grid, weights: Sequence[float], means, covariances,
 def _warn_outside(kind: str, fraction_inside: float) -> None:
     lost = 1.0 - fraction_inside
     if lost > 1e-12:
-        warnings.warn(f"initial.{kind}: {lost:.3g} of the mass lies outside the grid and is "
-                      "dropped", stacklevel=3)
+        warnings.warn(
+            f"initial.{kind}: {lost:.3g} of the mass lies outside the grid and is dropped",
+            stacklevel=3,
+        )
 
 
-def uniform_box(grid: Grid, lower: Sequence[float], upper: Sequence[float],
-                mass: float = 1.0) -> np.ndarray:
+def uniform_box(
+    grid: Grid, lower: Sequence[float], upper: Sequence[float], mass: float = 1.0
+) -> np.ndarray:
     """Cell averages of ``mass / |B| * 1_B`` for the box ``B = [lower, upper]``.
 
     Exact: cell ``c`` gets ``mass / |B| * prod_a |[lower_a, upper_a] ∩ cell_a| / h_a``.
@@ -394,8 +435,10 @@ def uniform_box(grid: Grid, lower: Sequence[float], upper: Sequence[float],
     hi = _check_vector(upper, d, "upper")
     m = _check_mass(mass)
     if np.any(hi <= lo):
-        raise ValueError(f"initial.upper: needs upper > lower on every axis, "
-                         f"got lower {lo.tolist()}, upper {hi.tolist()}")
+        raise ValueError(
+            f"initial.upper: needs upper > lower on every axis, "
+            f"got lower {lo.tolist()}, upper {hi.tolist()}"
+        )
     volume = float(np.prod(hi - lo))
     out = np.asarray(m / volume)
     for a in range(d):
@@ -403,14 +446,17 @@ def uniform_box(grid: Grid, lower: Sequence[float], upper: Sequence[float],
     out = np.ascontiguousarray(out, dtype=np.float64)
     inside = grid.integrate(out) / m
     if inside <= 0:
-        raise ValueError(f"initial.lower: the box {lo.tolist()}..{hi.tolist()} does not "
-                         f"intersect the grid {list(grid.lower)}..{list(grid.upper)}")
+        raise ValueError(
+            f"initial.lower: the box {lo.tolist()}..{hi.tolist()} does not "
+            f"intersect the grid {list(grid.lower)}..{list(grid.upper)}"
+        )
     _warn_outside("uniform_box", inside)
     return out
 
 
-def _disk_rect_area(s: np.ndarray, y0: np.ndarray, y1: np.ndarray, z0: np.ndarray,
-                    z1: np.ndarray) -> np.ndarray:
+def _disk_rect_area(
+    s: np.ndarray, y0: np.ndarray, y1: np.ndarray, z0: np.ndarray, z1: np.ndarray
+) -> np.ndarray:
     """Exact area of the disk of radius ``s`` about the origin inside ``[y0,y1] x [z0,z1]``.
 
     Closed form (broadcasting): ``area = H(y1,z1) - H(y0,z1) - H(y1,z0) + H(y0,z0)`` with
@@ -421,22 +467,25 @@ def _disk_rect_area(s: np.ndarray, y0: np.ndarray, y1: np.ndarray, z0: np.ndarra
     safe = np.where(s > 0, s, 1.0)
 
     def prim(x):  # int_0^x sqrt(s^2 - u^2) du for |x| <= s
-        return 0.5 * (x * np.sqrt(np.maximum(s2 - x * x, 0.0))
-                      + s2 * np.arcsin(np.clip(x / safe, -1.0, 1.0)))
+        return 0.5 * (
+            x * np.sqrt(np.maximum(s2 - x * x, 0.0)) + s2 * np.arcsin(np.clip(x / safe, -1.0, 1.0))
+        )
 
     def big_h(x, zz):
         xt = np.clip(x, -s, s)
         w = np.sqrt(np.maximum(s2 - zz * zz, 0.0))
         sg = np.sign(zz)
-        return (sg * (prim(np.minimum(xt, -w)) - prim(-s) + prim(np.maximum(xt, w)) - prim(w))
-                + zz * (np.clip(xt, -w, w) + w))
+        return sg * (
+            prim(np.minimum(xt, -w)) - prim(-s) + prim(np.maximum(xt, w)) - prim(w)
+        ) + zz * (np.clip(xt, -w, w) + w)
 
     area = big_h(y1, z1) - big_h(y0, z1) - big_h(y1, z0) + big_h(y0, z0)
     return np.where(s > 0, np.maximum(area, 0.0), 0.0)
 
 
-def uniform_ball(grid: Grid, centre: Sequence[float], radius: float,
-                 mass: float = 1.0, nodes: int = 20) -> np.ndarray:
+def uniform_ball(
+    grid: Grid, centre: Sequence[float], radius: float, mass: float = 1.0, nodes: int = 20
+) -> np.ndarray:
     """Cell averages of ``mass / |B| * 1_B`` for the ball ``B = {|x - centre| <= radius}``.
 
     ``|B| = 2r``, ``pi r^2`` or ``4/3 pi r^3``. Cells entirely inside or outside the ball are
@@ -471,7 +520,7 @@ def uniform_ball(grid: Grid, centre: Sequence[float], radius: float,
         raise ValueError(f"initial.radius: must be finite and > 0, got {r}")
     m = _check_mass(mass)
     nodes = _check_nodes(nodes)
-    volume = {1: 2.0 * r, 2: math.pi * r * r, 3: 4.0 / 3.0 * math.pi * r ** 3}[d]
+    volume = {1: 2.0 * r, 2: math.pi * r * r, 3: 4.0 / 3.0 * math.pi * r**3}[d]
 
     if d == 1:
         frac = _overlap_fractions(grid, 0, c[0] - r, c[0] + r)
@@ -486,26 +535,26 @@ def uniform_ball(grid: Grid, centre: Sequence[float], radius: float,
             shape[a] = -1
             nearest = np.where(lo[a] > 0, lo[a], np.where(hi[a] < 0, -hi[a], 0.0))
             farthest = np.maximum(np.abs(lo[a]), np.abs(hi[a]))
-            near2 = near2 + (nearest ** 2).reshape(shape)
-            far2 = far2 + (farthest ** 2).reshape(shape)
+            near2 = near2 + (nearest**2).reshape(shape)
+            far2 = far2 + (farthest**2).reshape(shape)
         frac = np.where(far2 <= r * r, 1.0, 0.0)
         cut = np.argwhere((near2 < r * r) & (far2 > r * r))
         if cut.size:
             h = grid.spacing
             if d == 2:
                 i, j = cut[:, 0], cut[:, 1]
-                area = _disk_rect_area(np.full(i.size, r), lo[0][i], hi[0][i], lo[1][j],
-                                       hi[1][j])
+                area = _disk_rect_area(np.full(i.size, r), lo[0][i], hi[0][i], lo[1][j], hi[1][j])
                 frac[i, j] = area / (h[0] * h[1])
             else:
-                frac[tuple(cut.T)] = _ball_cut_cells(r, cut, lo, hi, nodes) / (
-                    h[0] * h[1] * h[2])
+                frac[tuple(cut.T)] = _ball_cut_cells(r, cut, lo, hi, nodes) / (h[0] * h[1] * h[2])
         frac = np.minimum(frac, 1.0)
     out = np.ascontiguousarray(frac * (m / volume), dtype=np.float64)
     inside = grid.integrate(out) / m
     if inside <= 0:
-        raise ValueError(f"initial.centre: the ball (centre {c.tolist()}, radius {r}) does not "
-                         f"intersect the grid {list(grid.lower)}..{list(grid.upper)}")
+        raise ValueError(
+            f"initial.centre: the ball (centre {c.tolist()}, radius {r}) does not "
+            f"intersect the grid {list(grid.lower)}..{list(grid.upper)}"
+        )
     _warn_outside("uniform_ball", inside)
     return out
 
@@ -515,34 +564,47 @@ def _ball_cut_cells(r: float, cut: np.ndarray, lo: list, hi: list, nodes: int) -
     t, w = np.polynomial.legendre.leggauss(nodes)
     t = 0.5 * (t + 1.0)
     w = 0.5 * w
-    smooth = t * t * (3.0 - 2.0 * t)           # endpoint-smoothing map [0,1] -> [0,1]
+    smooth = t * t * (3.0 - 2.0 * t)  # endpoint-smoothing map [0,1] -> [0,1]
     jac = 6.0 * t * (1.0 - t) * w
     vol = np.empty(len(cut))
     step = max(1, _CHUNK_ELEMENTS // (20 * nodes * 8))
     for c0 in range(0, len(cut), step):
-        idx = cut[c0:c0 + step]
+        idx = cut[c0 : c0 + step]
         x0, x1 = lo[0][idx[:, 0]], hi[0][idx[:, 0]]
         y0, y1 = lo[1][idx[:, 1]], hi[1][idx[:, 1]]
         z0, z1 = lo[2][idx[:, 2]], hi[2][idx[:, 2]]
         # Slice radii at which the slice area is not smooth: 0, edge and corner distances.
-        crit = np.stack([np.zeros_like(y0), np.abs(y0), np.abs(y1), np.abs(z0), np.abs(z1),
-                         np.hypot(y0, z0), np.hypot(y0, z1), np.hypot(y1, z0),
-                         np.hypot(y1, z1)], axis=1)
+        crit = np.stack(
+            [
+                np.zeros_like(y0),
+                np.abs(y0),
+                np.abs(y1),
+                np.abs(z0),
+                np.abs(z1),
+                np.hypot(y0, z0),
+                np.hypot(y0, z1),
+                np.hypot(y1, z0),
+                np.hypot(y1, z1),
+            ],
+            axis=1,
+        )
         xb = np.sqrt(np.maximum(r * r - crit * crit, 0.0))
         pts = np.concatenate([x0[:, None], x1[:, None], xb, -xb], axis=1)
         pts = np.sort(np.clip(pts, x0[:, None], x1[:, None]), axis=1)
-        a, b = pts[:, :-1], pts[:, 1:]                        # (n, pieces)
-        x = a[..., None] + (b - a)[..., None] * smooth        # (n, pieces, nodes)
+        a, b = pts[:, :-1], pts[:, 1:]  # (n, pieces)
+        x = a[..., None] + (b - a)[..., None] * smooth  # (n, pieces, nodes)
         s = np.sqrt(np.maximum(r * r - x * x, 0.0))
-        area = _disk_rect_area(s, y0[:, None, None], y1[:, None, None], z0[:, None, None],
-                               z1[:, None, None])
-        vol[c0:c0 + step] = np.einsum("npq,q,np->n", area, jac, b - a)
+        area = _disk_rect_area(
+            s, y0[:, None, None], y1[:, None, None], z0[:, None, None], z1[:, None, None]
+        )
+        vol[c0 : c0 + step] = np.einsum("npq,q,np->n", area, jac, b - a)
     return vol
 
 
 # ---- tokens and arrays --------------------------------------------------------------------------
-def from_tokens(grid: Grid, tokens, weights=None, method: str = "ngp",
-                mass: float = 1.0) -> np.ndarray:
+def from_tokens(
+    grid: Grid, tokens, weights=None, method: str = "ngp", mass: float = 1.0
+) -> np.ndarray:
     """Deposit an empirical measure ``mass * sum_i w_i delta_{tokens[i]}`` onto the grid.
 
     Parameters
@@ -609,15 +671,19 @@ def from_tokens(grid: Grid, tokens, weights=None, method: str = "ngp",
     inside = np.all((x >= lower) & (x <= upper), axis=1)
     kept = float(w[inside].sum())
     if not np.any(inside) or kept <= 0:
-        raise ValueError(f"initial.tokens: all {n} tokens lie outside the grid "
-                         f"{grid.lower}..{grid.upper}")
+        raise ValueError(
+            f"initial.tokens: all {n} tokens lie outside the grid {grid.lower}..{grid.upper}"
+        )
     if not np.all(inside):
-        warnings.warn(f"initial.tokens: {1.0 - kept:.3g} of the token mass "
-                      f"({n - int(inside.sum())} of {n} tokens) lies outside the grid and is "
-                      "dropped", stacklevel=2)
+        warnings.warn(
+            f"initial.tokens: {1.0 - kept:.3g} of the token mass "
+            f"({n - int(inside.sum())} of {n} tokens) lies outside the grid and is "
+            "dropped",
+            stacklevel=2,
+        )
     x = x[inside]
     w = w[inside] * (m / grid.cell_volume)
-    t = (x - lower) / h                                   # position in cell units
+    t = (x - lower) / h  # position in cell units
     if method == "ngp":
         idx = np.minimum(np.floor(t).astype(np.int64), cells - 1)
         flat = np.ravel_multi_index(tuple(idx.T), grid.shape)
@@ -635,8 +701,9 @@ def from_tokens(grid: Grid, tokens, weights=None, method: str = "ngp",
             wc *= f[:, a] if bits[a] else 1.0 - f[:, a]
             ia = i0[:, a] + bits[a]
             idx[:, a] = np.mod(ia, cells[a]) if periodic[a] else np.clip(ia, 0, cells[a] - 1)
-        out += np.bincount(np.ravel_multi_index(tuple(idx.T), grid.shape), weights=wc,
-                           minlength=grid.size)
+        out += np.bincount(
+            np.ravel_multi_index(tuple(idx.T), grid.shape), weights=wc, minlength=grid.size
+        )
     return out.reshape(grid.shape)
 
 

@@ -75,8 +75,9 @@ def mass(density: np.ndarray, grid: Grid) -> float:
     return float(arr.sum()) * grid.cell_volume
 
 
-def raw_moment(density: np.ndarray, grid: Grid, powers: Sequence[int],
-               origin: Sequence[float] | None = None) -> float:
+def raw_moment(
+    density: np.ndarray, grid: Grid, powers: Sequence[int], origin: Sequence[float] | None = None
+) -> float:
     """``int rho(x) prod_a (x_a - origin_a)^powers[a] dx`` (not divided by the mass).
 
     ``powers`` has one integer in ``0..4`` per axis; ``origin`` defaults to 0. Uses the
@@ -91,8 +92,9 @@ def raw_moment(density: np.ndarray, grid: Grid, powers: Sequence[int],
     o = np.zeros(d) if origin is None else np.asarray(origin, dtype=np.float64).reshape(-1)
     if o.shape != (d,) or not np.all(np.isfinite(o)):
         raise ValueError(f"moments.origin: expected {d} finite numbers, got {origin}")
-    vecs = [deconvolved_monomial(grid.centres(a) - o[a], grid.spacing[a], int(p[a]))
-            for a in range(d)]
+    vecs = [
+        deconvolved_monomial(grid.centres(a) - o[a], grid.spacing[a], int(p[a])) for a in range(d)
+    ]
     return _contract(arr, vecs) * grid.cell_volume
 
 
@@ -106,8 +108,11 @@ def _marginals(arr: np.ndarray) -> tuple[list[np.ndarray], dict]:
     m01 = arr.sum(axis=2)
     m02 = arr.sum(axis=1)
     m12 = arr.sum(axis=0)
-    return [m01.sum(axis=1), m01.sum(axis=0), m02.sum(axis=0)], {(0, 1): m01, (0, 2): m02,
-                                                                (1, 2): m12}
+    return [m01.sum(axis=1), m01.sum(axis=0), m02.sum(axis=0)], {
+        (0, 1): m01,
+        (0, 2): m02,
+        (1, 2): m12,
+    }
 
 
 def _moments(arr: np.ndarray, grid: Grid) -> tuple[float, np.ndarray, np.ndarray]:

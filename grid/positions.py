@@ -38,12 +38,17 @@ class Positions:
     sink_mass: float = SINK_MASS
 
     def __post_init__(self) -> None:
-        if isinstance(self.slices, bool) or not isinstance(self.slices, int | np.integer) \
-                or self.slices < 1:
+        if (
+            isinstance(self.slices, bool)
+            or not isinstance(self.slices, int | np.integer)
+            or self.slices < 1
+        ):
             raise ValueError(f"grid.positions: expected an integer >= 1, got {self.slices!r}")
         if not (isinstance(self.sink_mass, int | float) and 0.0 < self.sink_mass < 1.0):
-            raise ValueError(f"grid.sink_mass: expected a number in (0, 1) (the attention "
-                             f"sink at s = 0 needs positive mass), got {self.sink_mass!r}")
+            raise ValueError(
+                f"grid.sink_mass: expected a number in (0, 1) (the attention "
+                f"sink at s = 0 needs positive mass), got {self.sink_mass!r}"
+            )
 
     @property
     def count(self) -> int:
@@ -87,11 +92,9 @@ class Positions:
         """The s-marginal: mass of each slice, (slices + 1,)."""
         return density.reshape(self.count, -1).sum(axis=1) * grid.cell_volume
 
-    def check_density(self, density: np.ndarray, grid: Grid,
-                      name: str = "density") -> np.ndarray:
+    def check_density(self, density: np.ndarray, grid: Grid, name: str = "density") -> np.ndarray:
         """float64 array of shape (slices + 1, *grid.shape), finite and >= 0, else ValueError."""
         return grid.check_density(density, name, leading=(self.count,))
 
     def to_dict(self) -> dict:
         return {"positions": self.slices, "sink_mass": self.sink_mass}
-

@@ -43,15 +43,25 @@ def _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero):
     if u > 0.0:
         if lo_zero and f == 0:
             return 0.0
-        return u * reconstruct(kind, rho[o, src[f], k], rho[o, src[f + 1], k],
-                               rho[o, src[f + 2], k], rho[o, src[f + 3], k],
-                               rho[o, src[f + 4], k])
+        return u * reconstruct(
+            kind,
+            rho[o, src[f], k],
+            rho[o, src[f + 1], k],
+            rho[o, src[f + 2], k],
+            rho[o, src[f + 3], k],
+            rho[o, src[f + 4], k],
+        )
     if u < 0.0:
         if hi_zero and f == n:
             return 0.0
-        return u * reconstruct(kind, rho[o, src[f + 5], k], rho[o, src[f + 4], k],
-                               rho[o, src[f + 3], k], rho[o, src[f + 2], k],
-                               rho[o, src[f + 1], k])
+        return u * reconstruct(
+            kind,
+            rho[o, src[f + 5], k],
+            rho[o, src[f + 4], k],
+            rho[o, src[f + 3], k],
+            rho[o, src[f + 2], k],
+            rho[o, src[f + 1], k],
+        )
     return 0.0
 
 
@@ -146,14 +156,24 @@ def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
         flux2 = flux.reshape(n_out, nf)
         for o in nb.prange(n_out):
             line = rho2[o]
-            upwind_line(kind, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
-                        line[4:m + 4], line[5:m + 5], up2[o, 3:m + 3], um2[o, 3:m + 3],
-                        flux2[o, 3:m + 3])
+            upwind_line(
+                kind,
+                line[0:m],
+                line[1 : m + 1],
+                line[2 : m + 2],
+                line[3 : m + 3],
+                line[4 : m + 4],
+                line[5 : m + 5],
+                up2[o, 3 : m + 3],
+                um2[o, 3 : m + 3],
+                flux2[o, 3 : m + 3],
+            )
             for f in range(nf):
                 if f < 3 or f >= n - 2:
                     u = up[o, f, 0] + um[o, f, 0]
-                    flux[o, f, 0] = _boundary_face_flux(rho, src, kind, u, o, f, 0, n,
-                                                        lo_zero, hi_zero)
+                    flux[o, f, 0] = _boundary_face_flux(
+                        rho, src, kind, u, o, f, 0, n, lo_zero, hi_zero
+                    )
         return
     for idx in nb.prange(n_out * nf):
         o = idx // nf
@@ -161,12 +181,20 @@ def upwind_face_flux(rho, src, kind, up, um, lo_zero, hi_zero, flux):
         if (lo_zero and f == 0) or (hi_zero and f == n):
             for k in range(n_in):
                 u = up[o, f, k] + um[o, f, k]
-                flux[o, f, k] = _boundary_face_flux(rho, src, kind, u, o, f, k, n,
-                                                    lo_zero, hi_zero)
+                flux[o, f, k] = _boundary_face_flux(rho, src, kind, u, o, f, k, n, lo_zero, hi_zero)
             continue
-        upwind_line(kind, rho[o, src[f]], rho[o, src[f + 1]], rho[o, src[f + 2]],
-                    rho[o, src[f + 3]], rho[o, src[f + 4]], rho[o, src[f + 5]], up[o, f],
-                    um[o, f], flux[o, f])
+        upwind_line(
+            kind,
+            rho[o, src[f]],
+            rho[o, src[f + 1]],
+            rho[o, src[f + 2]],
+            rho[o, src[f + 3]],
+            rho[o, src[f + 4]],
+            rho[o, src[f + 5]],
+            up[o, f],
+            um[o, f],
+            flux[o, f],
+        )
 
 
 @nb.njit(parallel=PARALLEL, **JIT)
@@ -184,15 +212,26 @@ def face_states(rho, src, kind, lo_zero, hi_zero, left, right):
         right2 = right.reshape(n_out, nf)
         for o in nb.prange(n_out):
             line = rho2[o]
-            states_line(kind, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
-                        line[4:m + 4], line[5:m + 5], left2[o, 3:m + 3], right2[o, 3:m + 3])
+            states_line(
+                kind,
+                line[0:m],
+                line[1 : m + 1],
+                line[2 : m + 2],
+                line[3 : m + 3],
+                line[4 : m + 4],
+                line[5 : m + 5],
+                left2[o, 3 : m + 3],
+                right2[o, 3 : m + 3],
+            )
             for f in range(nf):
                 if f < 3 or f >= n - 2:
-                    s = src[f:f + 6]
-                    left[o, f, 0] = reconstruct(kind, line[s[0]], line[s[1]], line[s[2]],
-                                                line[s[3]], line[s[4]])
-                    right[o, f, 0] = reconstruct(kind, line[s[5]], line[s[4]], line[s[3]],
-                                                 line[s[2]], line[s[1]])
+                    s = src[f : f + 6]
+                    left[o, f, 0] = reconstruct(
+                        kind, line[s[0]], line[s[1]], line[s[2]], line[s[3]], line[s[4]]
+                    )
+                    right[o, f, 0] = reconstruct(
+                        kind, line[s[5]], line[s[4]], line[s[3]], line[s[2]], line[s[1]]
+                    )
             if lo_zero:
                 left[o, 0, 0] = 0.0
             if hi_zero:
@@ -201,9 +240,17 @@ def face_states(rho, src, kind, lo_zero, hi_zero, left, right):
     for idx in nb.prange(n_out * nf):
         o = idx // nf
         f = idx - o * nf
-        states_line(kind, rho[o, src[f]], rho[o, src[f + 1]], rho[o, src[f + 2]],
-                    rho[o, src[f + 3]], rho[o, src[f + 4]], rho[o, src[f + 5]], left[o, f],
-                    right[o, f])
+        states_line(
+            kind,
+            rho[o, src[f]],
+            rho[o, src[f + 1]],
+            rho[o, src[f + 2]],
+            rho[o, src[f + 3]],
+            rho[o, src[f + 4]],
+            rho[o, src[f + 5]],
+            left[o, f],
+            right[o, f],
+        )
         if lo_zero and f == 0:
             left[o, f, :] = 0.0
         if hi_zero and f == n:
@@ -216,7 +263,7 @@ def subtract_divergence(flux, coef, out):
     n_out, n, n_in = out.shape
     if n_in == 1:
         for o in nb.prange(n_out):
-            right = flux[o, 1:n + 1, 0]
+            right = flux[o, 1 : n + 1, 0]
             left = flux[o, 0:n, 0]
             cells = out[o, :, 0]
             for i in range(n):
@@ -256,13 +303,23 @@ def split_low_flux(flux, rho, src, up, um, lo_zero, hi_zero, low_flux):
         flux2, low2 = flux.reshape(n_out, nf), low_flux.reshape(n_out, nf)
         for o in nb.prange(n_out):
             line = rho2[o]
-            _split_line(line[0:n - 1], line[1:n], up2[o, 1:n], um2[o, 1:n], flux2[o, 1:n],
-                        low2[o, 1:n], 1.0, 1.0)
+            _split_line(
+                line[0 : n - 1],
+                line[1:n],
+                up2[o, 1:n],
+                um2[o, 1:n],
+                flux2[o, 1:n],
+                low2[o, 1:n],
+                1.0,
+                1.0,
+            )
             for f in (0, n):
                 use_left = 0.0 if (lo_zero and f == 0) else 1.0
                 use_right = 0.0 if (hi_zero and f == n) else 1.0
-                low = (use_left * up2[o, f] * line[src[f + 2]]
-                       + use_right * um2[o, f] * line[src[f + 3]])
+                low = (
+                    use_left * up2[o, f] * line[src[f + 2]]
+                    + use_right * um2[o, f] * line[src[f + 3]]
+                )
                 low2[o, f] = low
                 flux2[o, f] -= low
         return
@@ -271,8 +328,16 @@ def split_low_flux(flux, rho, src, up, um, lo_zero, hi_zero, low_flux):
         f = idx - o * nf
         use_left = 0.0 if (lo_zero and f == 0) else 1.0
         use_right = 0.0 if (hi_zero and f == n) else 1.0
-        _split_line(rho[o, src[f + 2]], rho[o, src[f + 3]], up[o, f], um[o, f], flux[o, f],
-                    low_flux[o, f], use_left, use_right)
+        _split_line(
+            rho[o, src[f + 2]],
+            rho[o, src[f + 3]],
+            up[o, f],
+            um[o, f],
+            flux[o, f],
+            low_flux[o, f],
+            use_left,
+            use_right,
+        )
 
 
 @nb.njit(inline="always", **JIT)
@@ -291,14 +356,22 @@ def accumulate_low_and_outgoing(low_flux, anti, coef, low, out_sum):
         lf2, an2 = low_flux.reshape(n_out, nf), anti.reshape(n_out, nf)
         low2, out2 = low.reshape(n_out, n), out_sum.reshape(n_out, n)
         for o in nb.prange(n_out):
-            _accumulate_line(lf2[o, 1:nf], lf2[o, 0:n], an2[o, 1:nf], an2[o, 0:n], coef,
-                             low2[o], out2[o])
+            _accumulate_line(
+                lf2[o, 1:nf], lf2[o, 0:n], an2[o, 1:nf], an2[o, 0:n], coef, low2[o], out2[o]
+            )
         return
     for idx in nb.prange(n_out * n):
         o = idx // n
         i = idx - o * n
-        _accumulate_line(low_flux[o, i + 1], low_flux[o, i], anti[o, i + 1], anti[o, i], coef,
-                         low[o, i], out_sum[o, i])
+        _accumulate_line(
+            low_flux[o, i + 1],
+            low_flux[o, i],
+            anti[o, i + 1],
+            anti[o, i],
+            coef,
+            low[o, i],
+            out_sum[o, i],
+        )
 
 
 @nb.njit(inline="always", **JIT)
@@ -320,10 +393,13 @@ def limit_fluxes(low_flux, anti, ratio, periodic):
     n_out, n1, n_in = anti.shape
     n = n1 - 1
     if n_in == 1:
-        lf2, an2, ra2 = low_flux.reshape(n_out, n1), anti.reshape(n_out, n1), ratio.reshape(
-            n_out, n)
+        lf2, an2, ra2 = (
+            low_flux.reshape(n_out, n1),
+            anti.reshape(n_out, n1),
+            ratio.reshape(n_out, n),
+        )
         for o in nb.prange(n_out):
-            _limit_line(lf2[o, 1:n], an2[o, 1:n], ra2[o, 0:n - 1], ra2[o, 1:n])
+            _limit_line(lf2[o, 1:n], an2[o, 1:n], ra2[o, 0 : n - 1], ra2[o, 1:n])
             wrap = 1.0 if periodic else 0.0  # beyond a non-periodic face: no correction
             a = an2[o, 0]  # face 0: left cell n - 1 (periodic) / outside, right cell 0
             an2[o, 0] = lf2[o, 0] + (wrap * ra2[o, n - 1] if a > 0.0 else ra2[o, 0]) * a
@@ -384,12 +460,27 @@ def all_finite(x):
 def _transverse_line(weights, v0, v1, v2, v3, v4, out0, out1, out2):
     """Three point values from five line averages (rows of the (3, 5) weight table)."""
     for k in range(out0.size):
-        out0[k] = (weights[0, 0] * v0[k] + weights[0, 1] * v1[k] + weights[0, 2] * v2[k]
-                   + weights[0, 3] * v3[k] + weights[0, 4] * v4[k])
-        out1[k] = (weights[1, 0] * v0[k] + weights[1, 1] * v1[k] + weights[1, 2] * v2[k]
-                   + weights[1, 3] * v3[k] + weights[1, 4] * v4[k])
-        out2[k] = (weights[2, 0] * v0[k] + weights[2, 1] * v1[k] + weights[2, 2] * v2[k]
-                   + weights[2, 3] * v3[k] + weights[2, 4] * v4[k])
+        out0[k] = (
+            weights[0, 0] * v0[k]
+            + weights[0, 1] * v1[k]
+            + weights[0, 2] * v2[k]
+            + weights[0, 3] * v3[k]
+            + weights[0, 4] * v4[k]
+        )
+        out1[k] = (
+            weights[1, 0] * v0[k]
+            + weights[1, 1] * v1[k]
+            + weights[1, 2] * v2[k]
+            + weights[1, 3] * v3[k]
+            + weights[1, 4] * v4[k]
+        )
+        out2[k] = (
+            weights[2, 0] * v0[k]
+            + weights[2, 1] * v1[k]
+            + weights[2, 2] * v2[k]
+            + weights[2, 3] * v3[k]
+            + weights[2, 4] * v4[k]
+        )
 
 
 @nb.njit(parallel=PARALLEL, **JIT)
@@ -407,21 +498,45 @@ def transverse_points(face, src, weights, out):
         out2 = out.reshape(3, n_out, n)
         for o in nb.prange(n_out):
             line = face2[o]
-            _transverse_line(weights, line[0:m], line[1:m + 1], line[2:m + 2], line[3:m + 3],
-                             line[4:m + 4], out2[0, o, 2:m + 2], out2[1, o, 2:m + 2],
-                             out2[2, o, 2:m + 2])
+            _transverse_line(
+                weights,
+                line[0:m],
+                line[1 : m + 1],
+                line[2 : m + 2],
+                line[3 : m + 3],
+                line[4 : m + 4],
+                out2[0, o, 2 : m + 2],
+                out2[1, o, 2 : m + 2],
+                out2[2, o, 2 : m + 2],
+            )
             for j in (0, 1, n - 2, n - 1):
-                s = src[j + 1:j + 6]
-                _transverse_line(weights, line[s[0]:s[0] + 1], line[s[1]:s[1] + 1],
-                                 line[s[2]:s[2] + 1], line[s[3]:s[3] + 1], line[s[4]:s[4] + 1],
-                                 out2[0, o, j:j + 1], out2[1, o, j:j + 1], out2[2, o, j:j + 1])
+                s = src[j + 1 : j + 6]
+                _transverse_line(
+                    weights,
+                    line[s[0] : s[0] + 1],
+                    line[s[1] : s[1] + 1],
+                    line[s[2] : s[2] + 1],
+                    line[s[3] : s[3] + 1],
+                    line[s[4] : s[4] + 1],
+                    out2[0, o, j : j + 1],
+                    out2[1, o, j : j + 1],
+                    out2[2, o, j : j + 1],
+                )
         return
     for idx in nb.prange(n_out * n):
         o = idx // n
         j = idx - o * n
-        _transverse_line(weights, face[o, src[j + 1]], face[o, src[j + 2]], face[o, src[j + 3]],
-                         face[o, src[j + 4]], face[o, src[j + 5]], out[0, o, j], out[1, o, j],
-                         out[2, o, j])
+        _transverse_line(
+            weights,
+            face[o, src[j + 1]],
+            face[o, src[j + 2]],
+            face[o, src[j + 3]],
+            face[o, src[j + 4]],
+            face[o, src[j + 5]],
+            out[0, o, j],
+            out[1, o, j],
+            out[2, o, j],
+        )
 
 
 @nb.njit(parallel=PARALLEL, **JIT)

@@ -56,8 +56,9 @@ FACE_VELOCITIES = ("auto", "exact", "interpolated")
 POINT_ORDER = kernels.POINT_ORDER
 
 
-def point_interpolation(n: int, shifts: np.ndarray, order: int = POINT_ORDER
-                        ) -> tuple[np.ndarray, np.ndarray]:
+def point_interpolation(
+    n: int, shifts: np.ndarray, order: int = POINT_ORDER
+) -> tuple[np.ndarray, np.ndarray]:
     """Lagrange stencils from point values at positions 0 .. n-1 to positions j + shifts[g].
 
     Returns first (q, n) int (the first stencil point, centred, moved inside at the ends) and
@@ -67,9 +68,9 @@ def point_interpolation(n: int, shifts: np.ndarray, order: int = POINT_ORDER
     if n < order:
         raise ValueError(f"point interpolation needs >= {order} points, got {n}")
     shifts = np.asarray(shifts, float)
-    position = np.arange(n)[None, :] + shifts[:, None]                     # (q, n)
+    position = np.arange(n)[None, :] + shifts[:, None]  # (q, n)
     first = np.clip(np.floor(position).astype(int) - (order // 2 - 1), 0, n - order)
-    s = position - first                                                 # in [0, order - 1]
+    s = position - first  # in [0, order - 1]
     weights = np.ones(position.shape + (order,))
     for k in range(order):
         for j in range(order):
@@ -86,7 +87,7 @@ def view3(arr: np.ndarray, axis: int) -> np.ndarray:
     """Reshape a C-contiguous array to (outer, n_axis, inner) without copying."""
     shape = arr.shape
     outer = math.prod(shape[:axis])
-    inner = math.prod(shape[axis + 1:])
+    inner = math.prod(shape[axis + 1 :])
     if not arr.flags.c_contiguous:
         raise ValueError("view3 needs a C-contiguous array")
     return arr.reshape(outer, shape[axis], inner)
@@ -109,8 +110,12 @@ class FaceVelocity:
     negative: list[np.ndarray]
 
     def max_speed(self) -> float:
-        return float(max(max(p.max(initial=0.0), -m.min(initial=0.0))
-                         for p, m in zip(self.positive, self.negative, strict=True)))
+        return float(
+            max(
+                max(p.max(initial=0.0), -m.min(initial=0.0))
+                for p, m in zip(self.positive, self.negative, strict=True)
+            )
+        )
 
 
 class FluxOperator:
@@ -119,32 +124,40 @@ class FluxOperator:
     Holds the ghost index maps and the work arrays, reused at every stage.
     """
 
-    def __init__(self, grid: Grid, reconstruction: str = "weno5z",
-                 face_quadrature: str = "auto", positivity: bool = True,
-                 slices: int | None = None):
+    def __init__(
+        self,
+        grid: Grid,
+        reconstruction: str = "weno5z",
+        face_quadrature: str = "auto",
+        positivity: bool = True,
+        slices: int | None = None,
+    ):
         self.grid = grid
         # masked attention: a leading axis of position slices, transported independently
         self.lead = 0 if slices is None else 1
         self.shape = grid.shape if slices is None else (int(slices),) + grid.shape
         self.reconstruction = get_reconstruction(reconstruction)
         if face_quadrature not in FACE_QUADRATURES:
-            raise ValueError(f"scheme.face_quadrature: unknown {face_quadrature!r}; choose one "
-                             f"of {', '.join(FACE_QUADRATURES)}")
+            raise ValueError(
+                f"scheme.face_quadrature: unknown {face_quadrature!r}; choose one "
+                f"of {', '.join(FACE_QUADRATURES)}"
+            )
         self.face_quadrature = face_quadrature
         self.positivity = bool(positivity)
         d = grid.ndim
         self.src = [ghost_index_map(n, grid.boundary[a]) for a, n in enumerate(grid.cells)]
         self.periodic = [b == "periodic" for b in grid.boundary]
         self.vacuum_outside = [b == "outflow" for b in grid.boundary]
-        self.face_shapes = [self.shape[:self.lead] + face_shape(grid.shape, a)
-                            for a in range(d)]
+        self.face_shapes = [self.shape[: self.lead] + face_shape(grid.shape, a) for a in range(d)]
         self.face_area = [grid.cell_volume / grid.spacing[a] for a in range(d)]
         self._interp = np.stack([average_to_point_weights(x) for x in GAUSS3_NODES])
         # stencils to the outer Gauss nodes (the middle node is the face centre itself)
-        self._points = [point_interpolation(n, GAUSS3_NODES[::2]) if n >= POINT_ORDER
-                        else None for n in grid.cells]
+        self._points = [
+            point_interpolation(n, GAUSS3_NODES[::2]) if n >= POINT_ORDER else None
+            for n in grid.cells
+        ]
         self.fluxes = [np.zeros(s) for s in self.face_shapes]
-        self._flat: dict[str, np.ndarray] = {}   # work buffers shared by the axes
+        self._flat: dict[str, np.ndarray] = {}  # work buffers shared by the axes
         self._low = np.empty(self.shape)
         self._out_sum = np.empty(self.shape)
         self._ratio = np.empty(self.shape)
@@ -208,13 +221,14 @@ class FluxOperator:
             for g in range(arrays.shape[0]):
                 source = self._axis(arrays[g], b)
                 out[3 * g + 1] = arrays[g]
-                outer = out[3 * g: 3 * g + 3: 2].reshape((2,) + source.shape)
+                outer = out[3 * g : 3 * g + 3 : 2].reshape((2,) + source.shape)
                 kernels.interpolate_points(source, first, weights, outer)
             arrays = out
         return arrays
 
-    def face_velocity(self, values: list[np.ndarray], weights: list[np.ndarray],
-                      copy: bool = True) -> FaceVelocity:
+    def face_velocity(
+        self, values: list[np.ndarray], weights: list[np.ndarray], copy: bool = True
+    ) -> FaceVelocity:
         """Build a :class:`FaceVelocity` from node values (q, *face_shape) per axis.
 
         Applies the boundary modes: periodic faces n and 0 are made identical, no-flux
@@ -223,10 +237,12 @@ class FluxOperator:
         """
         vals, pos, neg = [], [], []
         for a, (v, w) in enumerate(zip(values, weights, strict=True)):
-            v = (np.array if copy else np.asarray)(v, dtype=np.float64)   # edited below
+            v = (np.array if copy else np.asarray)(v, dtype=np.float64)  # edited below
             if v.shape != (len(w),) + self.face_shapes[a]:
-                raise ValueError(f"velocity on faces of axis {a}: expected shape "
-                                 f"{(len(w),) + self.face_shapes[a]}, got {v.shape}")
+                raise ValueError(
+                    f"velocity on faces of axis {a}: expected shape "
+                    f"{(len(w),) + self.face_shapes[a]}, got {v.shape}"
+                )
             n = self.grid.cells[a]
             sl_first = [slice(None)] * v.ndim
             sl_last = [slice(None)] * v.ndim
@@ -240,8 +256,12 @@ class FluxOperator:
             vals.append(v)
             pos.append(np.empty(self.face_shapes[a]))
             neg.append(np.empty(self.face_shapes[a]))
-            if not kernels.split_node_means(v.reshape(len(w), -1), np.asarray(w, float),
-                                            pos[-1].reshape(-1), neg[-1].reshape(-1)):
+            if not kernels.split_node_means(
+                v.reshape(len(w), -1),
+                np.asarray(w, float),
+                pos[-1].reshape(-1),
+                neg[-1].reshape(-1),
+            ):
                 raise FloatingPointError(f"velocity: non-finite value on the faces of axis {a}")
         return FaceVelocity(vals, pos, neg)
 
@@ -274,10 +294,11 @@ class FluxOperator:
             out = work[level]
             q = arrays.shape[0]
             for g in range(q):
-                target = out[3 * g: 3 * g + 3]
+                target = out[3 * g : 3 * g + 3]
                 line = self._axis(arrays[g], b)
-                kernels.transverse_points(line, self.src[b], self._interp,
-                                          target.reshape((3,) + line.shape))
+                kernels.transverse_points(
+                    line, self.src[b], self._interp, target.reshape((3,) + line.shape)
+                )
             arrays = out
             level += 1
         return arrays
@@ -291,34 +312,54 @@ class FluxOperator:
             lo_zero = self.vacuum_outside[a]
             hi_zero = self.vacuum_outside[a]
             if velocity.values[a].shape[0] == 1:
-                kernels.upwind_face_flux(rho3, self.src[a], recon,
-                                         self._axis(velocity.positive[a], a),
-                                         self._axis(velocity.negative[a], a),
-                                         lo_zero, hi_zero, flux3)
+                kernels.upwind_face_flux(
+                    rho3,
+                    self.src[a],
+                    recon,
+                    self._axis(velocity.positive[a], a),
+                    self._axis(velocity.negative[a], a),
+                    lo_zero,
+                    hi_zero,
+                    flux3,
+                )
                 continue
             shape = self.face_shapes[a]
             left, right = self._work("left", shape), self._work("right", shape)
             levels = [3 ** (k + 1) for k in range(self.grid.ndim - 1)]
-            kernels.face_states(rho3, self.src[a], recon, lo_zero, hi_zero,
-                                self._axis(left, a), self._axis(right, a))
-            left_g = self._transverse(left, a, [self._work(f"left{q}", (q,) + shape)
-                                                for q in levels])
-            right_g = self._transverse(right, a, [self._work(f"right{q}", (q,) + shape)
-                                                  for q in levels])
+            kernels.face_states(
+                rho3,
+                self.src[a],
+                recon,
+                lo_zero,
+                hi_zero,
+                self._axis(left, a),
+                self._axis(right, a),
+            )
+            left_g = self._transverse(
+                left, a, [self._work(f"left{q}", (q,) + shape) for q in levels]
+            )
+            right_g = self._transverse(
+                right, a, [self._work(f"right{q}", (q,) + shape) for q in levels]
+            )
             u = velocity.values[a]
             q = u.shape[0]
-            kernels.gauss_flux(u.reshape(q, -1), left_g.reshape(q, -1), right_g.reshape(q, -1),
-                               self._node_weights(a, q), self.fluxes[a].reshape(-1))
+            kernels.gauss_flux(
+                u.reshape(q, -1),
+                left_g.reshape(q, -1),
+                right_g.reshape(q, -1),
+                self._node_weights(a, q),
+                self.fluxes[a].reshape(-1),
+            )
         return self.fluxes
 
     def _work(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """A work array of ``shape`` ((q,) + face shape) on a buffer shared by the axes,
         which are processed one after the other."""
-        lead = math.prod(shape[:len(shape) - len(self.shape)])
+        lead = math.prod(shape[: len(shape) - len(self.shape)])
         if name not in self._flat:
             largest = max(math.prod(f) for f in self.face_shapes)
             self._flat[name] = np.empty(lead * largest)
-        return self._flat[name][:math.prod(shape)].reshape(shape)
+        return self._flat[name][: math.prod(shape)].reshape(shape)
 
     def _node_weights(self, axis: int, q: int) -> np.ndarray:
         if q == 1:
@@ -329,8 +370,14 @@ class FluxOperator:
         return w
 
     # ---- one limited forward-Euler step -------------------------------------------------------
-    def euler_step(self, density: np.ndarray, velocity: FaceVelocity, dt: float,
-                   out: np.ndarray, fluxes: list[np.ndarray] | None = None) -> float:
+    def euler_step(
+        self,
+        density: np.ndarray,
+        velocity: FaceVelocity,
+        dt: float,
+        out: np.ndarray,
+        fluxes: list[np.ndarray] | None = None,
+    ) -> float:
         """out = density - dt div F (limited to keep out >= 0); returns the mass that left.
 
         ``fluxes`` are the high-order fluxes of ``density`` (computed if not given); they are
@@ -349,8 +396,7 @@ class FluxOperator:
             lowest = out.reshape(out.shape[0], -1).min(axis=1)
             for k in np.flatnonzero(lowest < 0.0):
                 part = slice(k, k + 1)
-                self._limit(density[part], velocity, dt, out[part], [f[part] for f in fluxes],
-                            part)
+                self._limit(density[part], velocity, dt, out[part], [f[part] for f in fluxes], part)
         elif self.positivity and out.min() < 0.0:
             self._limit(density, velocity, dt, out, fluxes)
         return self._outflow(fluxes, dt)
@@ -370,19 +416,33 @@ class FluxOperator:
         out_sum[...] = 0.0
         for a in range(self.grid.ndim):
             low_flux3, anti3 = self._axis(low_fluxes[a], a), self._axis(fluxes[a], a)
-            kernels.split_low_flux(anti3, self._axis(density, a), self.src[a],
-                                   self._axis(positive[a], a), self._axis(negative[a], a),
-                                   self.vacuum_outside[a], self.vacuum_outside[a], low_flux3)
-            kernels.accumulate_low_and_outgoing(low_flux3, anti3, dt / h[a], self._axis(low, a),
-                                                self._axis(out_sum, a))
+            kernels.split_low_flux(
+                anti3,
+                self._axis(density, a),
+                self.src[a],
+                self._axis(positive[a], a),
+                self._axis(negative[a], a),
+                self.vacuum_outside[a],
+                self.vacuum_outside[a],
+                low_flux3,
+            )
+            kernels.accumulate_low_and_outgoing(
+                low_flux3, anti3, dt / h[a], self._axis(low, a), self._axis(out_sum, a)
+            )
         lowest = kernels.positivity_ratio(low.ravel(), out_sum.ravel(), ratio.ravel())
         if lowest < -tol:
-            raise PositivityError(f"first-order update reached {lowest:.3e} < 0: dt = {dt:.3e} "
-                                  "is above the positivity bound")
+            raise PositivityError(
+                f"first-order update reached {lowest:.3e} < 0: dt = {dt:.3e} "
+                "is above the positivity bound"
+            )
         out[...] = density
         for a in range(self.grid.ndim):
-            kernels.limit_fluxes(self._axis(low_fluxes[a], a), self._axis(fluxes[a], a),
-                                 self._axis(ratio, a), self.periodic[a])
+            kernels.limit_fluxes(
+                self._axis(low_fluxes[a], a),
+                self._axis(fluxes[a], a),
+                self._axis(ratio, a),
+                self.periodic[a],
+            )
             kernels.subtract_divergence(self._axis(fluxes[a], a), dt / h[a], self._axis(out, a))
         lowest = float(out.min())
         if lowest < -tol:

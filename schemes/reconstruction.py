@@ -172,6 +172,8 @@ def get_reconstruction(name: str) -> Reconstruction:
     key = str(name).lower()
     key = ALIASES.get(key, key)
     if key not in RECONSTRUCTIONS:
-        raise ValueError(f"scheme.reconstruction: unknown {name!r}; choose one of "
-                         f"{', '.join(sorted(RECONSTRUCTIONS))}")
+        raise ValueError(
+            f"scheme.reconstruction: unknown {name!r}; choose one of "
+            f"{', '.join(sorted(RECONSTRUCTIONS))}"
+        )
     return RECONSTRUCTIONS[key]

@@ -30,8 +30,12 @@ class SSPRK:
 
     @property
     def ssp_coefficient(self) -> float:
-        ratios = [a / b for ra, rb in zip(self.alpha, self.beta, strict=True)
-                  for a, b in zip(ra, rb, strict=True) if b > 0]
+        ratios = [
+            a / b
+            for ra, rb in zip(self.alpha, self.beta, strict=True)
+            for a, b in zip(ra, rb, strict=True)
+            if b > 0
+        ]
         return float(min(ratios))
 
     @property
@@ -39,8 +43,12 @@ class SSPRK:
         """c_k: time of stage state u^(k) as a fraction of dt (k = 0 .. s-1)."""
         c = [0.0]
         for i in range(self.stages - 1):
-            c.append(sum(a * c[k] + b for k, (a, b) in
-                         enumerate(zip(self.alpha[i], self.beta[i], strict=True))))
+            c.append(
+                sum(
+                    a * c[k] + b
+                    for k, (a, b) in enumerate(zip(self.alpha[i], self.beta[i], strict=True))
+                )
+            )
         return np.array(c)
 
 
@@ -60,6 +68,7 @@ INTEGRATORS["euler"] = INTEGRATORS["ssprk1"]
 def get_integrator(name: str) -> SSPRK:
     key = str(name).lower()
     if key not in INTEGRATORS:
-        raise ValueError(f"scheme.integrator: unknown {name!r}; choose one of "
-                         f"{', '.join(sorted(INTEGRATORS))}")
+        raise ValueError(
+            f"scheme.integrator: unknown {name!r}; choose one of {', '.join(sorted(INTEGRATORS))}"
+        )
     return INTEGRATORS[key]

@@ -31,22 +31,24 @@ from tpde.variants.softmax import SoftmaxAttention
 def test_max_difference_is_numpys_largest_difference_and_skips_nan():
     rng = np.random.default_rng(3)
     values = np.cumsum(rng.normal(size=(6, 50)), axis=1)
-    values[2, 20] = np.nan                       # a node the table does not form
+    values[2, 20] = np.nan  # a node the table does not form
     rows = np.array([0, 2, 5])
     first = np.array([0, 3, 10])
     count = np.array([50, 40, 30])
     expected = 0.0
     for r, f, n in zip(rows, first, count, strict=True):
-        diff = np.diff(values[r, f:f + n], n=ORDER)
+        diff = np.diff(values[r, f : f + n], n=ORDER)
         expected = max(expected, np.nanmax(np.abs(diff)))
     assert np.isclose(max_difference(values, rows, first, count), expected, rtol=1e-12)
     # the NaN removes exactly the ORDER + 1 windows that hold it from row 2
     line = values[2, 3:43]
-    windows = np.array([np.abs(np.diff(line[s:s + ORDER + 1], n=ORDER)[0])
-                        for s in range(line.size - ORDER)])
+    windows = np.array(
+        [np.abs(np.diff(line[s : s + ORDER + 1], n=ORDER)[0]) for s in range(line.size - ORDER)]
+    )
     assert np.isnan(windows).sum() == ORDER + 1
-    assert np.isclose(max_difference(values, rows[1:2], first[1:2], count[1:2]),
-                      np.nanmax(windows), rtol=1e-12)
+    assert np.isclose(
+        max_difference(values, rows[1:2], first[1:2], count[1:2]), np.nanmax(windows), rtol=1e-12
+    )
 
 
 def smooth(u, v):
@@ -79,7 +81,7 @@ def test_pass_error_estimate_is_the_measured_error(name):
     for inner, measured, estimate in rows:
         print(f"  {inner:4d}  {measured:.2e}  {estimate:.2e}  {estimate / measured:.2f}")
     ratios = [estimate / measured for _, measured, estimate in rows if measured > 1e-13]
-    assert rows[-1][1] < 1e-10 < rows[0][1]          # the range the claim covers
+    assert rows[-1][1] < 1e-10 < rows[0][1]  # the range the claim covers
     assert all(0.5 <= r <= 1.05 for r in ratios)
     assert ratios[-1] >= 0.8
 
@@ -105,18 +107,28 @@ def velocity_error(rho: np.ndarray, grid: Grid, field: SoftmaxAttention, matrix)
 
 def table_inputs(rho: np.ndarray, grid: Grid, matrix: np.ndarray):
     lattices = [grid.lattice(o) for o in ([-0.5, 0.0], [0.0, -0.5])]
-    corners = np.array([[x, y] for x in (grid.lower[0], grid.upper[0])
-                        for y in (grid.lower[1], grid.upper[1])]) @ matrix.T
+    corners = (
+        np.array(
+            [[x, y] for x in (grid.lower[0], grid.upper[0]) for y in (grid.lower[1], grid.upper[1])]
+        )
+        @ matrix.T
+    )
     bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
     low, high = support_box(rho, grid)
     return bounds, high - low, float(np.abs([low, high]).max()), lattices
 
 
 def densities(grid: Grid) -> dict[str, np.ndarray]:
-    return {"gaussian": gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]]),
-            "two bumps": gaussian_mixture(grid, [0.45, 0.55], [[2.0, -1.0], [-2.0, 1.5]],
-                                          [[[0.3, 0.1], [0.1, 0.2]], [[0.5, 0.0], [0.0, 0.3]]]),
-            "three bumps": three_bumps(grid)}
+    return {
+        "gaussian": gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]]),
+        "two bumps": gaussian_mixture(
+            grid,
+            [0.45, 0.55],
+            [[2.0, -1.0], [-2.0, 1.5]],
+            [[[0.3, 0.1], [0.1, 0.2]], [[0.5, 0.0], [0.0, 0.3]]],
+        ),
+        "three bumps": three_bumps(grid),
+    }
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "two bumps", "three bumps"])
@@ -135,12 +147,19 @@ def test_adaptive_table_keeps_the_accuracy_on_fewer_nodes(kind):
     sums, _ = resolved_sums(rho, grid, bounds, extent, scale, matrix, lattices)
     nodes = np.ceil((bounds[:, 1] - bounds[:, 0]) / sums.step - 1e-9).astype(int) + 1
     bound = table_nodes(bounds, extent, matrix)
-    first = table_nodes(bounds, extent, matrix, separable_module.COARSE_RESOLUTION,
-                        separable_module.ADAPTIVE_MIN_NODES)
+    first = table_nodes(
+        bounds,
+        extent,
+        matrix,
+        separable_module.COARSE_RESOLUTION,
+        separable_module.ADAPTIVE_MIN_NODES,
+    )
     estimate = ESTIMATE_SAFETY * sums.pass_errors(lattices, matrix).max()
-    print(f"\n{kind} 128^2: velocity vs dense {error:.2e}; estimate {estimate / scale:.1e} of "
-          f"the means' size; nodes {nodes} (first guess {first}, bound {bound}: "
-          f"{np.prod(nodes) / np.prod(bound):.2f} of its table)")
+    print(
+        f"\n{kind} 128^2: velocity vs dense {error:.2e}; estimate {estimate / scale:.1e} of "
+        f"the means' size; nodes {nodes} (first guess {first}, bound {bound}: "
+        f"{np.prod(nodes) / np.prod(bound):.2f} of its table)"
+    )
     if kind == "three bumps":
         assert np.array_equal(nodes, bound) and estimate > TABLE_TOLERANCE * scale
         assert error <= 1e-9
@@ -175,15 +194,15 @@ def test_warm_start_keeps_refines_and_widens_the_spacing():
     # a Gaussian from the bumps' fine spacing: accepted there, a wider one offered next
     rho = densities(grid)["gaussian"]
     bounds, extent, scale, lattices = table_inputs(rho, grid, matrix)
-    smooth_sums, offered = resolved_sums(rho, grid, bounds, extent, scale, matrix, lattices,
-                                         step)
+    smooth_sums, offered = resolved_sums(rho, grid, bounds, extent, scale, matrix, lattices, step)
     assert np.allclose(smooth_sums.step, step, rtol=0.05)
     assert np.any(np.isclose(offered, COARSEN_STEP * smooth_sums.step))
 
 
 def smooth3(c0, c1, c2):
-    return (np.tanh(0.8 * c0 - 0.5 * c1 + 0.3 * c2 + 0.2)
-            + 0.3 * np.tanh(0.4 * c0 + 0.9 * c1 - 0.6 * c2))
+    return np.tanh(0.8 * c0 - 0.5 * c1 + 0.3 * c2 + 0.2) + 0.3 * np.tanh(
+        0.4 * c0 + 0.9 * c1 - 0.6 * c2
+    )
 
 
 @pytest.mark.parametrize("name", list(MATRICES_3D))
@@ -202,18 +221,23 @@ def test_pass_error_estimate_is_the_measured_error_3d(name):
     for inner in (20, 30, 45, 70):
         step = np.maximum(upper - lower, 1e-12) / (inner - 1)
         pad = np.full(3, ORDER // 2 + 1)
-        pad = pad + padding(np.full(3, inner) + 2 * pad, lower - pad * step, step, lattices,
-                            matrix, None)
+        pad = pad + padding(
+            np.full(3, inner) + 2 * pad, lower - pad * step, step, lattices, matrix, None
+        )
         start, counts = lower - pad * step, inner + 2 * pad
-        values = smooth3(*np.meshgrid(*[start[a] + step[a] * np.arange(counts[a])
-                                        for a in range(3)], indexing="ij"))[None]
+        values = smooth3(
+            *np.meshgrid(
+                *[start[a] + step[a] * np.arange(counts[a]) for a in range(3)], indexing="ij"
+            )
+        )[None]
         measured, estimate = 0.0, 0.0
         for coords in lattices:
             x = np.stack([m.ravel() for m in np.meshgrid(*coords, indexing="ij")], axis=1)
             out = sheared_on_lattice3(values, start, step, coords, matrix)
             measured = max(measured, np.abs(out[0].ravel() - smooth3(*(x @ matrix.T).T)).max())
-            estimate = max(estimate, pass_errors3(values, start, step, coords, matrix, None,
-                                                  stride=4).max())
+            estimate = max(
+                estimate, pass_errors3(values, start, step, coords, matrix, None, stride=4).max()
+            )
         rows.append((inner, measured, estimate))
     print(f"\n{name}: table nodes, measured error, estimate, ratio")
     for inner, measured, estimate in rows:
@@ -255,23 +279,37 @@ def test_3d_passes_apply_where_the_bound_exceeds_the_cap(monkeypatch):
     lattice = grid.lattice([-0.5, 0.0, 0.0])
     calls = []
     original = separable_module.sheared_on_lattice3
-    monkeypatch.setattr(separable_module, "sheared_on_lattice3",
-                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        separable_module,
+        "sheared_on_lattice3",
+        lambda *a, **k: calls.append(1) or original(*a, **k),
+    )
     for kind, rho in {
-            "gaussian": gaussian(grid, [0.5, -0.3, 0.2], 0.7 * np.eye(3)),
-            "two bumps": gaussian_mixture(grid, [0.5, 0.5], [[-2.5, 0.0, 0.0], [2.5, 0.5, 0.5]],
-                                          [0.3 * np.eye(3), 0.2 * np.eye(3) + 0.05])}.items():
+        "gaussian": gaussian(grid, [0.5, -0.3, 0.2], 0.7 * np.eye(3)),
+        "two bumps": gaussian_mixture(
+            grid,
+            [0.5, 0.5],
+            [[-2.5, 0.0, 0.0], [2.5, 0.5, 0.5]],
+            [0.3 * np.eye(3), 0.2 * np.eye(3) + 0.05],
+        ),
+    }.items():
         calls.clear()
         field = SoftmaxAttention(Head(A, C), engine="separable")
-        corners = np.stack(np.meshgrid(*[(c.min(), c.max()) for c in lattice], indexing="ij"),
-                           axis=-1).reshape(-1, 3) @ A.T
+        corners = (
+            np.stack(
+                np.meshgrid(*[(c.min(), c.max()) for c in lattice], indexing="ij"), axis=-1
+            ).reshape(-1, 3)
+            @ A.T
+        )
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         low, high = support_box(rho, grid)
         wanted = separable_module.wanted_nodes(bounds, high - low, A)
         error = dense_velocity_error(rho, grid, field, A, C)
         (step,) = field._table_steps.values()
-        print(f"\n3-D {kind} 32^3: a-priori nodes {wanted} (cap 160); "
-              f"{'pointwise' if step is POINTWISE else 'passes'}, vs dense {error:.2e}")
+        print(
+            f"\n3-D {kind} 32^3: a-priori nodes {wanted} (cap 160); "
+            f"{'pointwise' if step is POINTWISE else 'passes'}, vs dense {error:.2e}"
+        )
         assert np.any(wanted > separable_module.MAX_NODES[3])
         if kind == "gaussian":
             assert calls and step is not POINTWISE
@@ -300,8 +338,10 @@ def test_adaptive_log_table_for_sinkhorn(kind):
     reference = DirectSums(rho, grid, 256).log_partition(x @ matrix.T)
     error = np.abs(values[index[0], index[1]] - reference).max()
     bound = np.prod(table_nodes(*table_inputs(rho, grid, matrix)[:2], matrix))
-    print(f"\n{kind} 128^2 log M: vs dense {error:.2e} (absolute); table {sums.values.shape[1:]}"
-          f" (bound {bound} nodes)")
+    print(
+        f"\n{kind} 128^2 log M: vs dense {error:.2e} (absolute); table {sums.values.shape[1:]}"
+        f" (bound {bound} nodes)"
+    )
     assert sums.sheared and error <= 2e-12
 
 
@@ -321,13 +361,13 @@ def test_snapshots_drop_the_warm_starts(monkeypatch):
     fresh = SoftmaxAttention(Head(matrix, V1), engine="separable")
     expected = fresh.sums(rho, grid, lattices, matrix, sheared=True).count
     field = SoftmaxAttention(Head(matrix, V1), engine="separable")
-    field.sums(bumps, grid, lattices, matrix, sheared=True)       # a warm start from the bumps
+    field.sums(bumps, grid, lattices, matrix, sheared=True)  # a warm start from the bumps
     warm = field.sums(rho, grid, lattices, matrix, sheared=True).count
     field.sums(bumps, grid, lattices, matrix, sheared=True)
     field.reset()
     assert not field._table_steps
     assert np.array_equal(field.sums(rho, grid, lattices, matrix, sheared=True).count, expected)
-    assert not np.array_equal(warm, expected)                    # the warm start mattered
+    assert not np.array_equal(warm, expected)  # the warm start mattered
     sinkhorn = SinkhornAttention(SinkhornHead(A1, V1, eps=1.0), engine="separable")
     sinkhorn(rho, grid, 0.0)
     assert sinkhorn._previous is not None
@@ -335,6 +375,14 @@ def test_snapshots_drop_the_warm_starts(monkeypatch):
     assert sinkhorn._previous is None and not sinkhorn._table_steps
     calls = []
     monkeypatch.setattr(SoftmaxAttention, "reset", lambda self: calls.append(1))
-    Solver(Problem(grid, rho, SoftmaxAttention(Head(matrix, V1)), t_end=0.02, snapshots=3,
-                   scheme=Scheme(dt=0.005))).run()
+    Solver(
+        Problem(
+            grid,
+            rho,
+            SoftmaxAttention(Head(matrix, V1)),
+            t_end=0.02,
+            snapshots=3,
+            scheme=Scheme(dt=0.005),
+        )
+    ).run()
     assert len(calls) == 3

@@ -16,8 +16,11 @@ from tpde.config import build, dumps
 BASE = {
     "grid": {"lower": [-5.0, -5.0], "upper": [5.0, 5.0], "cells": [16, 16]},
     "initial": {"kind": "gaussian", "mean": [0.0, 0.0], "covariance": [[1.0, 0.3], [0.3, 0.5]]},
-    "attention": {"variant": "softmax", "A": [[-0.5, 0.2], [0.1, -0.4]],
-                  "V": [[1.0, 0.0], [0.0, 1.0]]},
+    "attention": {
+        "variant": "softmax",
+        "A": [[-0.5, 0.2], [0.1, -0.4]],
+        "V": [[1.0, 0.0], [0.0, 1.0]],
+    },
     "scheme": {"reconstruction": "weno5z", "cfl": 0.4},
     "run": {"t_end": 0.1, "snapshots": 2},
 }
@@ -29,6 +32,7 @@ def edit(section, key, value):
             raw[section].pop(key)
         else:
             raw.setdefault(section, {})[key] = value
+
     return apply
 
 
@@ -45,42 +49,61 @@ CASES = [  # (name, mutation or raw TOML text, key the message must name)
     ("lower not numbers", edit("grid", "lower", ["a", 0.0]), "grid.lower"),
     ("unknown boundary", edit("grid", "boundary", "reflective"), "grid.boundary"),
     ("unknown initial kind", edit("initial", "kind", "blob"), "initial.kind"),
-    ("covariance not SPD", edit("initial", "covariance", [[1.0, 2.0], [2.0, 1.0]]),
-     "initial.covariance"),
-    ("covariance wrong shape", edit("initial", "covariance", [[1.0, 0.0, 0.0]] * 3),
-     "initial.covariance"),
+    (
+        "covariance not SPD",
+        edit("initial", "covariance", [[1.0, 2.0], [2.0, 1.0]]),
+        "initial.covariance",
+    ),
+    (
+        "covariance wrong shape",
+        edit("initial", "covariance", [[1.0, 0.0, 0.0]] * 3),
+        "initial.covariance",
+    ),
     ("NaN in the mean", edit("initial", "mean", [math.nan, 0.0]), "initial.mean"),
     ("box too small", edit("grid", "upper", [1.0, 1.0]), "grid: the box holds only"),
-    ("missing tokens file", lambda raw: raw.update(initial={"kind": "tokens",
-                                                            "file": "/nonexistent/t.npy"}),
-     "initial.file"),
+    (
+        "missing tokens file",
+        lambda raw: raw.update(initial={"kind": "tokens", "file": "/nonexistent/t.npy"}),
+        "initial.file",
+    ),
     ("unknown variant", edit("attention", "variant", "cosine"), "attention.variant"),
     ("A wrong shape", edit("attention", "A", [[1.0, 0.0, 0.0]] * 3), "attention.A"),
     ("NaN in A", edit("attention", "A", [[math.nan, 0.0], [0.0, 1.0]]), "attention.A"),
     ("V missing", edit("attention", "V", DELETE), "attention.V: missing"),
     ("V wrong shape", edit("attention", "V", [[1.0, 0.0]]), "attention.V"),
     ("l2 without Q and K", edit("attention", "variant", "l2"), "attention.Q"),
-    ("sinkhorn epsilon 0", lambda raw: raw["attention"].update(variant="sinkhorn",
-                                                               epsilon=0.0),
-     "attention.epsilon"),
-    ("sigmoid infinite bias", lambda raw: raw["attention"].update(variant="sigmoid",
-                                                                  bias=math.inf),
-     "attention.bias"),
+    (
+        "sinkhorn epsilon 0",
+        lambda raw: raw["attention"].update(variant="sinkhorn", epsilon=0.0),
+        "attention.epsilon",
+    ),
+    (
+        "sigmoid infinite bias",
+        lambda raw: raw["attention"].update(variant="sigmoid", bias=math.inf),
+        "attention.bias",
+    ),
     ("unknown engine", edit("attention", "engine", "gpu"), "attention.engine"),
     ("heads not tables", edit("attention", "heads", [1, 2]), "attention.heads"),
     ("cfl above 1", edit("scheme", "cfl", 1.5), "scheme.cfl"),
-    ("unknown reconstruction", edit("scheme", "reconstruction", "weno7"),
-     "scheme.reconstruction"),
-    ("unknown face velocity", edit("scheme", "face_velocity", "spline"),
-     "scheme.face_velocity"),
+    ("unknown reconstruction", edit("scheme", "reconstruction", "weno7"), "scheme.reconstruction"),
+    ("unknown face velocity", edit("scheme", "face_velocity", "spline"), "scheme.face_velocity"),
     ("positions without a mask", edit("grid", "positions", 8), "grid.positions"),
     ("masked not a boolean", edit("attention", "masked", "yes"), "attention.masked"),
-    ("masked sinkhorn", lambda raw: raw["attention"].update(variant="sinkhorn", masked=True),
-     "attention.masked"),
-    ("sink mass 1", lambda raw: (raw["attention"].update(masked=True),
-                                 raw["grid"].update(sink_mass=1.0)), "grid.sink_mass"),
-    ("positions zero", lambda raw: (raw["attention"].update(masked=True),
-                                    raw["grid"].update(positions=0)), "grid.positions"),
+    (
+        "masked sinkhorn",
+        lambda raw: raw["attention"].update(variant="sinkhorn", masked=True),
+        "attention.masked",
+    ),
+    (
+        "sink mass 1",
+        lambda raw: (raw["attention"].update(masked=True), raw["grid"].update(sink_mass=1.0)),
+        "grid.sink_mass",
+    ),
+    (
+        "positions zero",
+        lambda raw: (raw["attention"].update(masked=True), raw["grid"].update(positions=0)),
+        "grid.positions",
+    ),
     ("mean drift unmasked", edit("initial", "mean_drift", [1.0, 0.0]), "initial.mean_drift"),
     ("t_end negative", edit("run", "t_end", -1.0), "run.t_end"),
     ("t_end missing", edit("run", "t_end", DELETE), "run.t_end: missing"),
@@ -117,10 +140,12 @@ def test_output_problems_exit_2_and_keep_existing_files(tmp_path, capsys):
     path.write_text(dumps(BASE))
     existing = tmp_path / "done.nc"
     existing.write_bytes(b"keep me")
-    cases = [(["-o", str(existing)], "--overwrite"),
-             (["-o", str(tmp_path / "no" / "dir" / "out.nc")], "run.output"),
-             (["-o", str(existing), "--resume", "--overwrite"], "exclude each other"),
-             ([], "config"), ]
+    cases = [
+        (["-o", str(existing)], "--overwrite"),
+        (["-o", str(tmp_path / "no" / "dir" / "out.nc")], "run.output"),
+        (["-o", str(existing), "--resume", "--overwrite"], "exclude each other"),
+        ([], "config"),
+    ]
     for args, key in cases[:3]:
         status = main(["run", str(path), *args, "--quiet"])
         err = capsys.readouterr().err.strip()
@@ -135,12 +160,16 @@ def test_output_problems_exit_2_and_keep_existing_files(tmp_path, capsys):
 def test_console_script_prints_no_traceback(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text(config_text(edit("scheme", "cfl", 2.0)))
-    run = subprocess.run([sys.executable, "-m", "tpde.cli", "run", str(path), "-o",
-                          str(tmp_path / "o.nc")], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "tpde.cli", "run", str(path), "-o", str(tmp_path / "o.nc")],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "scheme.cfl" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "tpde.cli", "frobnicate"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "tpde.cli", "frobnicate"], capture_output=True, text=True
+    )
     assert run.returncode == 2 and "Traceback" not in run.stderr
 
 

@@ -39,8 +39,13 @@ def step_size(recon: str, h: float, h0: float, base: float) -> float:
 
 
 def run(grid, density, velocity, t_end, recon, dt, **scheme):
-    problem = Problem(grid, density, velocity, t_end,
-                      scheme=Scheme(reconstruction=recon, dt=fixed_dt(t_end, dt), **scheme))
+    problem = Problem(
+        grid,
+        density,
+        velocity,
+        t_end,
+        scheme=Scheme(reconstruction=recon, dt=fixed_dt(t_end, dt), **scheme),
+    )
     return Solver(problem).run()
 
 
@@ -70,8 +75,14 @@ def test_order_1d_periodic_sin2(recon):
     for n in cells:
         grid = Grid([0.0], [1.0], [n], "periodic")
         h = grid.spacing[0]
-        result = run(grid, sin2_cell_averages(grid, [0.0]), ConstantVelocity([1.0]), t_end,
-                     recon, step_size(recon, h, 1 / 32, 0.4))
+        result = run(
+            grid,
+            sin2_cell_averages(grid, [0.0]),
+            ConstantVelocity([1.0]),
+            t_end,
+            recon,
+            step_size(recon, h, 1 / 32, 0.4),
+        )
         exact = sin2_cell_averages(grid, [t_end])
         errors.append(float(np.abs(result.final - exact).sum() * h))
     print_table(f"1-D periodic sin^2, u = 1, t = 1, {recon}: L1 error", cells, errors)
@@ -93,12 +104,19 @@ def test_order_2d_periodic_sin2(recon):
     for n in cells:
         grid = Grid([0.0, 0.0], [1.0, 1.0], [n, n], "periodic")
         h = grid.spacing[0]
-        result = run(grid, sin2_cell_averages(grid, [0.0, 0.0]), velocity, t_end, recon,
-                     step_size(recon, h, 1 / cells[0], 0.25))
+        result = run(
+            grid,
+            sin2_cell_averages(grid, [0.0, 0.0]),
+            velocity,
+            t_end,
+            recon,
+            step_size(recon, h, 1 / cells[0], 0.25),
+        )
         exact = sin2_cell_averages(grid, [t_end * 1.0, t_end * 0.5])
         errors.append(float(np.abs(result.final - exact).sum() * h * h))
-    print_table(f"2-D periodic sin^2 x sin^2, u = (1, 0.5), t = 0.5, {recon}: L1 error",
-                cells, errors)
+    print_table(
+        f"2-D periodic sin^2 x sin^2, u = (1, 0.5), t = 0.5, {recon}: L1 error", cells, errors
+    )
     orders = observed_orders(errors)
     lo, hi = EXPECTED[recon]
     if recon.startswith("weno"):
@@ -117,10 +135,17 @@ def test_weno5z_keeps_order_at_critical_points_where_js_drops():
         for n in cells:
             grid = Grid([-1.0], [1.0], [n], "periodic")
             h = grid.spacing[0]
-            result = run(grid, henrick_cell_averages(grid, 0.0), ConstantVelocity([1.0]),
-                         t_end, recon, step_size(recon, h, 2 / 40, 0.4))
-            errors.append(float(np.abs(result.final - henrick_cell_averages(grid, t_end))
-                                .sum() * h))
+            result = run(
+                grid,
+                henrick_cell_averages(grid, 0.0),
+                ConstantVelocity([1.0]),
+                t_end,
+                recon,
+                step_size(recon, h, 2 / 40, 0.4),
+            )
+            errors.append(
+                float(np.abs(result.final - henrick_cell_averages(grid, t_end)).sum() * h)
+            )
         table[recon] = errors
         print_table(f"Henrick profile, one period, {recon}: L1 error", cells, errors)
     z_orders = observed_orders(table["weno5z"])
@@ -140,12 +165,17 @@ def test_order_1d_affine_gaussian(recon):
     for n in cells:
         grid = Grid([-6.0], [6.0], [n], "outflow")
         h = grid.spacing[0]
-        result = run(grid, gaussian(grid, [mean0], [[var0]]), AffineVelocity([[a]], [b]),
-                     t_end, recon, step_size(recon, h, 12 / 64, 0.3))
+        result = run(
+            grid,
+            gaussian(grid, [mean0], [[var0]]),
+            AffineVelocity([[a]], [b]),
+            t_end,
+            recon,
+            step_size(recon, h, 12 / 64, 0.3),
+        )
         exact = gaussian(grid, mean_t, var_t)
         errors.append(float(np.abs(result.final - exact).sum() * h))
-    print_table(f"1-D affine u = {a} x + {b} on N({mean0}, {var0}), t = 1, {recon}",
-                cells, errors)
+    print_table(f"1-D affine u = {a} x + {b} on N({mean0}, {var0}), t = 1, {recon}", cells, errors)
     orders = observed_orders(errors)
     lo, hi = EXPECTED[recon]
     if recon.startswith("muscl"):
@@ -169,11 +199,18 @@ def affine_2d_run(recon: str, n: int, face_quadrature: str = "auto"):
     w = c["half_width"]
     grid = Grid([-w, -w], [w, w], [n, n], "outflow")
     h = grid.spacing[0]
-    result = run(grid, gaussian(grid, c["mean0"], c["cov0"]),
-                 AffineVelocity(c["matrix"], c["offset"]), c["t_end"], recon,
-                 step_size(recon, h, 2 * w / 32, 0.02), face_quadrature=face_quadrature)
-    mean_t, cov_t = affine_gaussian_moments(c["matrix"], c["offset"], c["mean0"], c["cov0"],
-                                            c["t_end"])
+    result = run(
+        grid,
+        gaussian(grid, c["mean0"], c["cov0"]),
+        AffineVelocity(c["matrix"], c["offset"]),
+        c["t_end"],
+        recon,
+        step_size(recon, h, 2 * w / 32, 0.02),
+        face_quadrature=face_quadrature,
+    )
+    mean_t, cov_t = affine_gaussian_moments(
+        c["matrix"], c["offset"], c["mean0"], c["cov0"], c["t_end"]
+    )
     exact = gaussian(grid, mean_t, cov_t)
     _, mean, cov = moments(result.final, grid)
     return {
@@ -190,9 +227,12 @@ def test_order_2d_affine_gaussian_with_moments(recon):
     cells = [48, 96, 192] if recon.startswith("weno") else [64, 128, 256]
     rows = [affine_2d_run(recon, n) for n in cells]
     errors = [r["l1"] for r in rows]
-    print_table(f"2-D affine field on a Gaussian, t = 0.5, {recon} (Gauss face quadrature)",
-                cells, errors, {"mean err": [r["mean"] for r in rows],
-                                "cov err": [r["cov"] for r in rows]})
+    print_table(
+        f"2-D affine field on a Gaussian, t = 0.5, {recon} (Gauss face quadrature)",
+        cells,
+        errors,
+        {"mean err": [r["mean"] for r in rows], "cov err": [r["cov"] for r in rows]},
+    )
     orders = observed_orders(errors)
     lo, hi = EXPECTED[recon]
     if recon.startswith("muscl"):
@@ -213,8 +253,7 @@ def test_midpoint_face_rule_is_second_order_for_sheared_fields():
     cells = [32, 64, 128]
     mid = [affine_2d_run("weno5z", n, "midpoint")["l1"] for n in cells]
     gauss = [affine_2d_run("weno5z", n, "gauss")["l1"] for n in cells]
-    print_table("2-D affine, weno5z, midpoint face rule", cells, mid,
-                {"gauss rule": gauss})
+    print_table("2-D affine, weno5z, midpoint face rule", cells, mid, {"gauss rule": gauss})
     assert observed_orders(mid)[-1] < 2.6
     assert observed_orders(gauss)[-1] > 4.5
 
@@ -225,6 +264,10 @@ def test_order_2d_affine_gaussian_weno5_js_fine():
     cells = [64, 128, 256]
     rows = [affine_2d_run("weno5", n) for n in cells]
     errors = [r["l1"] for r in rows]
-    print_table("2-D affine field on a Gaussian, weno5 (JS)", cells, errors,
-                {"cov err": [r["cov"] for r in rows]})
+    print_table(
+        "2-D affine field on a Gaussian, weno5 (JS)",
+        cells,
+        errors,
+        {"cov err": [r["cov"] for r in rows]},
+    )
     assert np.all(observed_orders(errors) >= 4.7)

@@ -42,7 +42,7 @@ Q_E1 = np.array([[0.45805, 0.30835], [0.23149, 0.27742]])
 A_E1 = -Q_E1.T @ Q_E1 / np.sqrt(2)
 V_E1 = np.array([[2.66938, -0.69153], [-0.69153, 2.68745]])
 
-A_SYM = np.array([[-0.4, 0.15], [0.15, 0.2]])          # symmetric, indefinite
+A_SYM = np.array([[-0.4, 0.15], [0.15, 0.2]])  # symmetric, indefinite
 MIX_W = [0.6, 0.4]
 MIX_MEANS = [np.array([-1.0, 0.5]), np.array([1.0, -0.3])]
 MIX_COVS = [0.5 * np.eye(2), np.array([[0.4, 0.1], [0.1, 0.3]])]
@@ -75,9 +75,11 @@ def log_pair_mgf(a, S, b, T, A) -> float:
 
 def mixture_energy(weights, means, covs, A) -> float:
     """1/2 iint e^{<A x, y>} dmu dmu for a Gaussian mixture (sum over pairs of components)."""
-    return 0.5 * sum(wi * wj * math.exp(log_pair_mgf(mi, Si, mj, Sj, A))
-                     for wi, mi, Si in zip(weights, means, covs, strict=True)
-                     for wj, mj, Sj in zip(weights, means, covs, strict=True))
+    return 0.5 * sum(
+        wi * wj * math.exp(log_pair_mgf(mi, Si, mj, Sj, A))
+        for wi, mi, Si in zip(weights, means, covs, strict=True)
+        for wj, mj, Sj in zip(weights, means, covs, strict=True)
+    )
 
 
 def dense_interaction(density, grid, A) -> float:
@@ -90,7 +92,7 @@ def dense_interaction(density, grid, A) -> float:
     c = x @ A.T
     u = 0.5 * c * np.asarray(grid.spacing)
     S = np.prod(np.where(u == 0, 1.0, np.sinh(u) / np.where(u == 0, 1.0, u)), axis=1)
-    kernel = np.exp(c @ x.T)                        # e^{<A x_i, y_j>}
+    kernel = np.exp(c @ x.T)  # e^{<A x_i, y_j>}
     h = grid.cell_volume
     return 0.5 * h * h * float(outer @ (kernel @ inner / S))
 
@@ -118,18 +120,25 @@ def strictly(values, direction: str, margin: float) -> bool:
 # ---- the functionals ------------------------------------------------------------------------
 def test_trace_lyapunov_and_the_box_factor():
     cov = np.array([[1.0, 0.3], [0.3, 0.5]])
-    assert trace_lyapunov(cov, V_E1) == pytest.approx(np.trace(np.linalg.inv(V_E1) @ cov),
-                                                       rel=1e-14)
+    assert trace_lyapunov(cov, V_E1) == pytest.approx(
+        np.trace(np.linalg.inv(V_E1) @ cov), rel=1e-14
+    )
     with pytest.raises(ValueError, match="singular"):
         trace_lyapunov(cov, [[1.0, 2.0], [2.0, 4.0]])
     c = np.array([[0.0, 1e-5], [3.0, -40.0], [-2000.0, 1e-3]])
     h = (0.5, 0.25)
     u = 0.5 * c * np.array(h)
-    plain = np.sum(np.log(np.where(u == 0, 1.0, np.sinh(np.where(np.abs(u) > 500, 1.0, u))
-                                   / np.where(u == 0, 1.0, u))), axis=1)
+    plain = np.sum(
+        np.log(
+            np.where(
+                u == 0, 1.0, np.sinh(np.where(np.abs(u) > 500, 1.0, u)) / np.where(u == 0, 1.0, u)
+            )
+        ),
+        axis=1,
+    )
     got = log_box_factor(c, h)
     assert np.allclose(got[:2], plain[:2], rtol=1e-14, atol=1e-16)
-    expected = 500 - math.log(1000) + (1.25e-4) ** 2 / 6     # sinh(500) overflows nothing
+    expected = 500 - math.log(1000) + (1.25e-4) ** 2 / 6  # sinh(500) overflows nothing
     assert np.isfinite(got[2]) and got[2] == pytest.approx(expected, rel=1e-14)
 
 
@@ -141,8 +150,7 @@ def test_interaction_energy_matches_the_dense_double_sum():
     reference = dense_interaction(rho, grid, A_SYM)
     for engine in ("direct", "separable"):
         value = interaction_energy(rho, grid, A_SYM, engine=engine)
-        print(f"\n{engine}: {value:.16f} vs dense {reference:.16f}: "
-              f"{value / reference - 1:.1e}")
+        print(f"\n{engine}: {value:.16f} vs dense {reference:.16f}: {value / reference - 1:.1e}")
         assert value == pytest.approx(reference, rel=1e-12)
 
 
@@ -157,7 +165,7 @@ def test_interaction_energy_of_gaussians_and_mixtures_against_the_closed_form():
     for n, err in rows:
         print(f"  {n:3d}^2  {err:+.2e}")
     assert abs(rows[-1][1]) <= 1e-9
-    assert abs(rows[0][1]) > 100 * abs(rows[-1][1])        # it converges (fast)
+    assert abs(rows[0][1]) > 100 * abs(rows[-1][1])  # it converges (fast)
 
     grid = Grid([-6, -6], [6, 6], [64, 64])
     mix = interaction_energy(gaussian_mixture(grid, MIX_W, MIX_MEANS, MIX_COVS), grid, A_SYM)
@@ -203,7 +211,7 @@ def test_sinkhorn_dual_value_is_the_primal_value(eps):
     y = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
     keep = q > 0
     q, y = q[keep], y[keep]
-    logits = y @ A.T @ y.T                                  # <A y_i, y_j>
+    logits = y @ A.T @ y.T  # <A y_i, y_j>
     kernel = np.exp((logits - logits.max()) / eps)
     u, v = np.ones(q.size), np.ones(q.size)
     for _ in range(5000):
@@ -212,11 +220,13 @@ def test_sinkhorn_dual_value_is_the_primal_value(eps):
     plan = (u * q)[:, None] * kernel * (v * q)[None, :]
     marginal = np.abs(plan.sum(axis=1) - q).sum() + np.abs(plan.sum(axis=0) - q).sum()
     primal = float(np.sum(plan * -logits) + eps * np.sum(plan * np.log(plan / np.outer(q, q))))
-    print(f"\neps {eps}: dual 1/2 (int f + int g) = {value:.16f}, primal / 2 = "
-          f"{primal / 2:.16f} (plan marginal error {marginal:.0e})")
+    print(
+        f"\neps {eps}: dual 1/2 (int f + int g) = {value:.16f}, primal / 2 = "
+        f"{primal / 2:.16f} (plan marginal error {marginal:.0e})"
+    )
     assert marginal <= 1e-13
     assert value == pytest.approx(primal / 2, rel=1e-12, abs=1e-14)
-    assert not value == pytest.approx(-primal / 2, rel=1e-3)   # the sign matters here
+    assert not value == pytest.approx(-primal / 2, rel=1e-3)  # the sign matters here
 
 
 @pytest.mark.parametrize("eps", [1.0, 0.5])
@@ -226,15 +236,19 @@ def test_sinkhorn_self_cost_of_a_gaussian_against_the_closed_form(eps):
     head = SinkhornHead(A, A, eps=eps)
     exact = gaussian_self_cost(mean, cov, A, eps)
     grid = Grid([-6, -6], [6, 6], [40, 40])
-    value = sinkhorn_self_cost(gaussian(grid, mean, cov), grid, head,
-                               SinkhornAttention(head, tol=1e-13))
+    value = sinkhorn_self_cost(
+        gaussian(grid, mean, cov), grid, head, SinkhornAttention(head, tol=1e-13)
+    )
     h1 = SinkhornHead([[-0.7]], [[-0.7]], eps=eps)
     exact1 = gaussian_self_cost(np.array([0.4]), np.array([[0.8]]), np.array([[-0.7]]), eps)
     grid1 = Grid([-7], [7], [96])
-    value1 = sinkhorn_self_cost(gaussian(grid1, [0.4], [[0.8]]), grid1, h1,
-                                SinkhornAttention(h1, tol=1e-13))
-    print(f"\neps {eps}: 2-D 40^2 {value:.12f} vs {exact:.12f} ({value - exact:.1e}); "
-          f"1-D 96 {value1:.14f} vs {exact1:.14f} ({value1 - exact1:.1e})")
+    value1 = sinkhorn_self_cost(
+        gaussian(grid1, [0.4], [[0.8]]), grid1, h1, SinkhornAttention(h1, tol=1e-13)
+    )
+    print(
+        f"\neps {eps}: 2-D 40^2 {value:.12f} vs {exact:.12f} ({value - exact:.1e}); "
+        f"1-D 96 {value1:.14f} vs {exact1:.14f} ({value1 - exact1:.1e})"
+    )
     assert abs(value - exact) <= 1e-9
     assert abs(value1 - exact1) <= 1e-11
 
@@ -242,24 +256,35 @@ def test_sinkhorn_self_cost_of_a_gaussian_against_the_closed_form(eps):
 # ---- which energies apply -------------------------------------------------------------------
 def test_applicable_follows_the_theory():
     assert applicable("softmax", Head(A_E1, V_E1), gaussian_data=True) == {
-        "trace_lyapunov": "decreasing", "interaction": "none"}     # V A^-1 not symmetric
-    assert applicable("softmax", Head(A_E1, V_E1)) == {"trace_lyapunov": "none",
-                                                       "interaction": "none"}
+        "trace_lyapunov": "decreasing",
+        "interaction": "none",
+    }  # V A^-1 not symmetric
+    assert applicable("softmax", Head(A_E1, V_E1)) == {
+        "trace_lyapunov": "none",
+        "interaction": "none",
+    }
     # A = -a I: the Lyapunov property holds for any data; M = -2 I: E decreases
     assert applicable("softmax", Head(-0.5 * np.eye(2), np.eye(2))) == {
-        "trace_lyapunov": "decreasing", "interaction": "decreasing"}
+        "trace_lyapunov": "decreasing",
+        "interaction": "decreasing",
+    }
     M = np.array([[1.5, 0.3], [0.3, 1.0]])
     assert applicable("multihead", [Head(A_SYM, M @ A_SYM)])["interaction"] == "increasing"
-    assert applicable("softmax", Head(A_SYM, np.eye(2))) == {"trace_lyapunov": "none",
-                                                              "interaction": "none"}
+    assert applicable("softmax", Head(A_SYM, np.eye(2))) == {
+        "trace_lyapunov": "none",
+        "interaction": "none",
+    }
     assert applicable("softmax", Head([[0, 1.0], [0, 0]], np.eye(2))) == {
-        "trace_lyapunov": "none"}                                   # A not symmetric
+        "trace_lyapunov": "none"
+    }  # A not symmetric
     assert applicable("softmax", Head(A_SYM, [[1.0, 2.0], [2.0, 4.0]])) == {"interaction": "none"}
     assert applicable("multihead", [Head(A_SYM, np.eye(2))] * 2) == {}
     assert applicable("linear", Head(A_E1, V_E1), True) == {"trace_lyapunov": "none"}
     assert applicable("l2", L2Head(Q_E1, -Q_E1, V_E1)) == {"trace_lyapunov": "none"}
     assert applicable("sinkhorn", SinkhornHead(A_SYM, A_SYM)) == {
-        "trace_lyapunov": "none", "sinkhorn_self_cost": "decreasing"}
+        "trace_lyapunov": "none",
+        "sinkhorn_self_cost": "decreasing",
+    }
     assert applicable("sinkhorn", SinkhornHead(A_SYM, np.eye(2))) == {"trace_lyapunov": "none"}
     assert applicable("sigmoid", Head(A_SYM, np.eye(2))) == {}
     grid = Grid([-4, -4], [4, 4], [16, 16])
@@ -269,8 +294,9 @@ def test_applicable_follows_the_theory():
     assert energies("softmax", Head(A_SYM, np.eye(2)), np.stack([rho, rho]), grid) == {}
     out = energies("softmax", Head(-0.5 * np.eye(2), np.eye(2)), rho, grid)
     assert isinstance(out["interaction"], Energy) and out["interaction"].monotone == "decreasing"
-    assert out["trace_lyapunov"].value == pytest.approx(trace_lyapunov(
-        moments(rho, grid)[2], np.eye(2)), rel=1e-15)
+    assert out["trace_lyapunov"].value == pytest.approx(
+        trace_lyapunov(moments(rho, grid)[2], np.eye(2)), rel=1e-15
+    )
 
 
 # ---- monotone along grid runs ---------------------------------------------------------------
@@ -286,10 +312,13 @@ def test_trace_lyapunov_decreases_along_a_softmax_run_and_matches_the_ode():
     head = Head(A_E1, V_E1)
     grid = Grid([-5, -5], [5, 5], [40, 40])
     mean0, cov0 = np.zeros(2), np.array([[1.0, 0.3], [0.3, 0.6]])
-    result, seconds = run(grid, gaussian(grid, mean0, cov0),
-                          SoftmaxAttention(head, engine="separable"), 2.0, 9)
-    values = [energies("softmax", head, s.density, grid, s.time, gaussian_data=True)
-              for s in result.snapshots]
+    result, seconds = run(
+        grid, gaussian(grid, mean0, cov0), SoftmaxAttention(head, engine="separable"), 2.0, 9
+    )
+    values = [
+        energies("softmax", head, s.density, grid, s.time, gaussian_data=True)
+        for s in result.snapshots
+    ]
     assert all(v["trace_lyapunov"].monotone == "decreasing" for v in values)
     trace = np.array([v["trace_lyapunov"].value for v in values])
     ode = solve("softmax", mean0, cov0, head, 2.0, times=result.times)
@@ -308,23 +337,34 @@ def test_interaction_energy_is_monotone_along_softmax_runs():
     mean0, cov0 = np.array([0.3, -0.2]), np.array([[0.8, 0.2], [0.2, 0.5]])
     A_neg = np.array([[-0.4, 0.1], [0.1, -0.3]])
     M = np.array([[3.0, 0.6], [0.6, 2.0]])
-    cases = [("decreasing", Head(-0.5 * np.eye(2), np.eye(2)), 1.0),
-             ("increasing", Head(A_neg, M @ A_neg), 0.5)]
+    cases = [
+        ("decreasing", Head(-0.5 * np.eye(2), np.eye(2)), 1.0),
+        ("increasing", Head(A_neg, M @ A_neg), 0.5),
+    ]
     for direction, head, t_end in cases:
-        result, seconds = run(grid, gaussian(grid, mean0, cov0),
-                              SoftmaxAttention(head, engine="separable"), t_end, 6)
-        values = [energies("softmax", head, s.density, grid, s.time, gaussian_data=True)
-                  for s in result.snapshots]
+        result, seconds = run(
+            grid, gaussian(grid, mean0, cov0), SoftmaxAttention(head, engine="separable"), t_end, 6
+        )
+        values = [
+            energies("softmax", head, s.density, grid, s.time, gaussian_data=True)
+            for s in result.snapshots
+        ]
         assert values[0]["interaction"].monotone == direction
         energy = np.array([v["interaction"].value for v in values])
         # the same energy on the ODE's Gaussians: the grid error
         ode = solve("softmax", mean0, cov0, head, t_end, times=result.times)
-        exact = np.array([0.5 * math.exp(log_pair_mgf(m, c, m, c, head.A))
-                          for m, c in zip(ode.means, ode.covariances, strict=True)])
+        exact = np.array(
+            [
+                0.5 * math.exp(log_pair_mgf(m, c, m, c, head.A))
+                for m, c in zip(ode.means, ode.covariances, strict=True)
+            ]
+        )
         error = float(np.abs(energy - exact).max())
-        print(f"\n{direction} (M = {np.round(head.C @ np.linalg.inv(head.A), 3).tolist()}, "
-              f"{seconds:.1f} s): E = {np.round(energy, 7)}; max |grid - Gaussian| = "
-              f"{error:.1e}")
+        print(
+            f"\n{direction} (M = {np.round(head.C @ np.linalg.inv(head.A), 3).tolist()}, "
+            f"{seconds:.1f} s): E = {np.round(energy, 7)}; max |grid - Gaussian| = "
+            f"{error:.1e}"
+        )
         assert error <= 2e-3
         assert strictly(energy, direction, 2 * error)
 
@@ -336,19 +376,25 @@ def test_sinkhorn_self_cost_decreases_along_a_run():
     head = SinkhornHead(A, A, eps=1.0)
     grid = Grid([-5, -5], [5, 5], [24, 24])
     mean0, cov0 = np.array([0.6, -0.4]), np.array([[0.8, 0.2], [0.2, 0.5]])
-    result, seconds = run(grid, gaussian(grid, mean0, cov0),
-                          SinkhornAttention(head, engine="separable"), 1.0, 5)
+    result, seconds = run(
+        grid, gaussian(grid, mean0, cov0), SinkhornAttention(head, engine="separable"), 1.0, 5
+    )
     field = SinkhornAttention(head)
-    values = [energies("sinkhorn", head, s.density, grid, s.time, sinkhorn=field)
-              for s in result.snapshots]
+    values = [
+        energies("sinkhorn", head, s.density, grid, s.time, sinkhorn=field)
+        for s in result.snapshots
+    ]
     assert values[0]["sinkhorn_self_cost"].monotone == "decreasing"
     cost = np.array([v["sinkhorn_self_cost"].value for v in values])
     ode = solve("sinkhorn", mean0, cov0, head, 1.0, times=result.times)
-    exact = np.array([gaussian_self_cost(m, c, A, 1.0)
-                      for m, c in zip(ode.means, ode.covariances, strict=True)])
+    exact = np.array(
+        [gaussian_self_cost(m, c, A, 1.0) for m, c in zip(ode.means, ode.covariances, strict=True)]
+    )
     error = float(np.abs(cost - exact).max())
-    print(f"\nSinkhorn, A = V negative definite, 24^2 ({seconds:.1f} s): 1/2 OT_eps = "
-          f"{np.round(cost, 8)}; max |grid - Gaussian| = {error:.1e}")
+    print(
+        f"\nSinkhorn, A = V negative definite, 24^2 ({seconds:.1f} s): 1/2 OT_eps = "
+        f"{np.round(cost, 8)}; max |grid - Gaussian| = {error:.1e}"
+    )
     assert error <= 1e-4
     assert strictly(cost, "decreasing", 2 * error)
 
@@ -356,10 +402,13 @@ def test_sinkhorn_self_cost_decreases_along_a_run():
 # ---- output files ---------------------------------------------------------------------------
 CONFIG = {
     "grid": {"lower": [-6.0, -6.0], "upper": [6.0, 6.0], "cells": [24, 24]},
-    "initial": {"kind": "gaussian", "mean": [0.2, -0.1], "covariance": [[0.8, 0.2],
-                                                                          [0.2, 0.5]]},
-    "attention": {"variant": "softmax", "A": [[-0.5, 0.0], [0.0, -0.5]],
-                  "V": [[1.0, 0.0], [0.0, 1.0]], "engine": "separable"},
+    "initial": {"kind": "gaussian", "mean": [0.2, -0.1], "covariance": [[0.8, 0.2], [0.2, 0.5]]},
+    "attention": {
+        "variant": "softmax",
+        "A": [[-0.5, 0.0], [0.0, -0.5]],
+        "V": [[1.0, 0.0], [0.0, 1.0]],
+        "engine": "separable",
+    },
     "run": {"t_end": 0.5, "snapshots": 6},
 }
 
@@ -416,8 +465,9 @@ def test_writer_energy_records(tmp_path):
         def __init__(self, t):
             self.time, self.density, self.outflow, self.max_speed, self.dt = t, rho, 0, 1, 0.1
 
-    answers = iter([{"a": 1.0, "b": Energy(2.0, "increasing", "bee", "b = 2")}, {"a": 3.0},
-                    {"c": 1.0}])
+    answers = iter(
+        [{"a": 1.0, "b": Energy(2.0, "increasing", "bee", "b = 2")}, {"a": 3.0}, {"c": 1.0}]
+    )
     path = tmp_path / "e.nc"
     writer = SnapshotWriter(path, grid, energies=lambda density, t: next(answers))
     writer.write(Snap(0.0))
@@ -449,31 +499,57 @@ def test_writer_energy_records(tmp_path):
     assert ds.attrs["energies"] == "" and not [v for v in ds.data_vars if "energy" in v]
 
 
-@pytest.mark.parametrize("variant, extra, names", [
-    ("softmax", {"A": [[-0.5, 0.1], [0.1, -0.3]], "V": [[1.0, 0.2], [0.2, 1.0]]},
-     {"trace_lyapunov": "decreasing", "interaction": "none"}),
-    ("linear", {"A": [[-0.5, 0.1], [0.1, -0.3]], "V": [[1.0, 0.2], [0.2, 1.0]]},
-     {"trace_lyapunov": "none"}),
-    ("l2", {"Q": [[0.5, 0.1], [0.0, 0.4]], "K": [[0.3, 0.0], [0.1, 0.5]],
-            "V": [[1.0, 0.0], [0.0, 1.0]]}, {"trace_lyapunov": "none"}),
-    ("sinkhorn", {"A": [[-0.3, 0.1], [0.1, -0.2]], "V": [[-0.3, 0.1], [0.1, -0.2]],
-                  "epsilon": 0.5}, {"trace_lyapunov": "none", "sinkhorn_self_cost": "decreasing"}),
-    ("sigmoid", {"A": [[-0.3, 0.1], [0.1, -0.2]], "V": [[1.0, 0.0], [0.0, 1.0]]}, {}),
-])
+@pytest.mark.parametrize(
+    "variant, extra, names",
+    [
+        (
+            "softmax",
+            {"A": [[-0.5, 0.1], [0.1, -0.3]], "V": [[1.0, 0.2], [0.2, 1.0]]},
+            {"trace_lyapunov": "decreasing", "interaction": "none"},
+        ),
+        (
+            "linear",
+            {"A": [[-0.5, 0.1], [0.1, -0.3]], "V": [[1.0, 0.2], [0.2, 1.0]]},
+            {"trace_lyapunov": "none"},
+        ),
+        (
+            "l2",
+            {
+                "Q": [[0.5, 0.1], [0.0, 0.4]],
+                "K": [[0.3, 0.0], [0.1, 0.5]],
+                "V": [[1.0, 0.0], [0.0, 1.0]],
+            },
+            {"trace_lyapunov": "none"},
+        ),
+        (
+            "sinkhorn",
+            {"A": [[-0.3, 0.1], [0.1, -0.2]], "V": [[-0.3, 0.1], [0.1, -0.2]], "epsilon": 0.5},
+            {"trace_lyapunov": "none", "sinkhorn_self_cost": "decreasing"},
+        ),
+        ("sigmoid", {"A": [[-0.3, 0.1], [0.1, -0.2]], "V": [[1.0, 0.0], [0.0, 1.0]]}, {}),
+    ],
+)
 def test_run_energies_of_each_variant(variant, extra, names):
     raw = dict(CONFIG, attention={"variant": variant, **extra})
     config = build(raw)
     out = run_energies(config)(config.problem.density, 0.0)
     assert {name: e.monotone for name, e in out.items()} == names
     assert all(np.isfinite(e.value) for e in out.values())
-    if variant == "sinkhorn":    # the energies' own Sinkhorn field, the run's options
+    if variant == "sinkhorn":  # the energies' own Sinkhorn field, the run's options
         grid = config.problem.grid
         head = SinkhornHead(extra["A"], extra["V"], eps=0.5)
         assert out["sinkhorn_self_cost"].value == pytest.approx(
-            sinkhorn_self_cost(config.problem.density, grid, head), rel=1e-12)
+            sinkhorn_self_cost(config.problem.density, grid, head), rel=1e-12
+        )
     # a Gaussian start that is not flagged as one: no Lyapunov expectation for general data
-    mixture = dict(raw, initial={"kind": "mixture", "weights": [0.5, 0.5],
-                                 "means": [[-1.0, 0.0], [1.0, 0.0]],
-                                 "covariances": [[[0.5, 0.0], [0.0, 0.5]]] * 2})
+    mixture = dict(
+        raw,
+        initial={
+            "kind": "mixture",
+            "weights": [0.5, 0.5],
+            "means": [[-1.0, 0.0], [1.0, 0.0]],
+            "covariances": [[[0.5, 0.0], [0.0, 0.5]]] * 2,
+        },
+    )
     flagged = run_energies(build(mixture))(config.problem.density, 0.0)
     assert all(e.monotone == "none" for name, e in flagged.items() if name == "trace_lyapunov")

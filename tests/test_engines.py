@@ -24,8 +24,9 @@ def densities(grid: Grid) -> dict[str, np.ndarray]:
     means = [[-1.5] + [0.0] * (d - 1), [1.5] + [0.5] * (d - 1)]
     cov_b = 0.3 * np.eye(d) + 0.1 * np.ones((d, d))
     return {
-        "gaussian": gaussian(grid, MEAN1[:d] if d <= 2 else [0.5, -0.3, 0.2],
-                             COV1 if d == 2 else 0.7 * np.eye(d)),
+        "gaussian": gaussian(
+            grid, MEAN1[:d] if d <= 2 else [0.5, -0.3, 0.2], COV1 if d == 2 else 0.7 * np.eye(d)
+        ),
         "two bumps": gaussian_mixture(grid, [0.5, 0.5], means, [0.4 * np.eye(d), cov_b]),
     }
 
@@ -40,8 +41,9 @@ def random_params(variant: str, d: int, seed: int = 7):
     return Head(A, V)
 
 
-def engine_error(variant: str, params, grid: Grid, rho: np.ndarray,
-                 nodes: int | None = None) -> float:
+def engine_error(
+    variant: str, params, grid: Grid, rho: np.ndarray, nodes: int | None = None
+) -> float:
     field = ATTENTION[variant]
     direct = field(params, engine="direct")(rho, grid, 0.0)
     fast = field(params, engine="separable", nodes=nodes)(rho, grid, 0.0)
@@ -69,15 +71,21 @@ def test_separable_engine_converges_in_the_table_nodes_2d(kind):
     rho = densities(grid)[kind]
     nodes = [64, 128, 256, 512]
     errors = [engine_error("softmax", Head(A1, V1), grid, rho, m) for m in nodes]
-    print_table(f"separable vs direct softmax velocity, 2-D 64^2, {kind}, interpolation order 12"
-                " (N = table nodes per axis)", nodes, errors)
+    print_table(
+        f"separable vs direct softmax velocity, 2-D 64^2, {kind}, interpolation order 12"
+        " (N = table nodes per axis)",
+        nodes,
+        errors,
+    )
     assert errors[-1] <= 1e-10
     assert errors[-1] < errors[0]
 
 
 def test_separable_multihead_with_rank_one_heads():
-    heads = [Head(0.5 * np.outer([0.8, 0.5], [0.4, 0.7]), V1[:1], np.eye(2)[:, :1]),
-             Head(0.5 * np.outer([-0.3, 0.6], [-0.6, 0.2]), V1[1:], np.eye(2)[:, 1:])]
+    heads = [
+        Head(0.5 * np.outer([0.8, 0.5], [0.4, 0.7]), V1[:1], np.eye(2)[:, :1]),
+        Head(0.5 * np.outer([-0.3, 0.6], [-0.6, 0.2]), V1[1:], np.eye(2)[:, 1:]),
+    ]
     grid = Grid([-8, -8], [8, 8], [48, 48])
     error = engine_error("multihead", heads, grid, densities(grid)["two bumps"])
     print(f"\nmulti-head rank-1 heads, separable vs direct: {error:.2e}")
@@ -96,7 +104,7 @@ def test_fft_engine_keeps_only_absolute_accuracy():
         direct = ATTENTION["softmax"](head, engine="direct")(rho, grid, 0.0)
         try:
             fft = ATTENTION["softmax"](head, engine="fft")(rho, grid, 0.0)
-        except ValueError as error:           # a kernel sum came out <= 0: reported, not NaN
+        except ValueError as error:  # a kernel sum came out <= 0: reported, not NaN
             assert "use engine='separable'" in str(error)
             errors[scale] = np.inf
             continue
@@ -104,20 +112,19 @@ def test_fft_engine_keeps_only_absolute_accuracy():
         errors[scale] = float(np.abs(fft - direct)[:, mask].max() / np.abs(direct[:, mask]).max())
     print(f"\nFFT engine vs direct, two bumps 48^2, A = s [[1, .3], [.3, .8]]: {errors}")
     assert errors[0.1] <= 1e-12 and errors[0.5] <= 1e-12
-    assert errors[2.0] > 1e-3 and errors[-0.5] > 1e-3   # large range: the small sums are lost
+    assert errors[2.0] > 1e-3 and errors[-0.5] > 1e-3  # large range: the small sums are lost
     with pytest.raises(ValueError, match="symmetric A"):
         ATTENTION["softmax"](Head(A1, V1), engine="fft")(rho, grid, 0.0)
 
 
 @pytest.mark.parametrize("variant", ["softmax", "l2", "sinkhorn"])
 @pytest.mark.parametrize("engine", ["direct", "separable"])
-def test_normalised_fields_ignore_the_density_scale_and_stay_in_the_support_box(variant,
-                                                                                 engine):
+def test_normalised_fields_ignore_the_density_scale_and_stay_in_the_support_box(variant, engine):
     """No overflow, underflow or NaN: a density scaled by 1e-250 (tails underflowing to 0)
     gives the same field; every tilted mean lies in the support box (MATH.md 9.4)."""
     grid = Grid([-6, -6], [6, 6], [40, 40])
     rho = densities(grid)["two bumps"]
-    rho[rho < 1e-30] = 0.0                       # compact support: a hard edge to respect
+    rho[rho < 1e-30] = 0.0  # compact support: a hard edge to respect
     params = random_params(variant, 2)
     field = ATTENTION[variant](params, engine=engine)
     u = field(rho, grid, 0.0)
@@ -127,7 +134,8 @@ def test_normalised_fields_ignore_the_density_scale_and_stay_in_the_support_box(
     support = np.flatnonzero(rho.sum(axis=1) > 0), np.flatnonzero(rho.sum(axis=0) > 0)
     bound = np.linalg.norm(params.C, 2) * np.hypot(
         max(abs(grid.edges(0)[support[0][0]]), abs(grid.edges(0)[support[0][-1] + 1])),
-        max(abs(grid.edges(1)[support[1][0]]), abs(grid.edges(1)[support[1][-1] + 1])))
-    speed = np.sqrt((u ** 2).sum(axis=0)).max()
+        max(abs(grid.edges(1)[support[1][0]]), abs(grid.edges(1)[support[1][-1] + 1])),
+    )
+    speed = np.sqrt((u**2).sum(axis=0)).max()
     print(f"\n{variant} {engine}: max |Gamma| {speed:.3f} <= bound {bound:.3f}")
     assert speed <= bound * (1 + 1e-12)

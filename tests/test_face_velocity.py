@@ -31,8 +31,10 @@ def test_point_interpolation_is_exact_for_degree_7_and_eighth_order():
     targets = np.arange(n)[None, :] + GAUSS3_NODES[:, None]
     x = np.arange(n, dtype=float)
     poly = np.polynomial.Polynomial([0.3, -1.0, 0.5, 0.2, -0.1, 0.05, 0.01, -0.002])
-    assert np.max(np.abs(apply(first, weights, poly(x)) - poly(targets))) < 1e-9 * np.abs(
-        poly(targets)).max()
+    assert (
+        np.max(np.abs(apply(first, weights, poly(x)) - poly(targets)))
+        < 1e-9 * np.abs(poly(targets)).max()
+    )
     assert np.array_equal(weights[1][np.arange(n), np.arange(n) - first[1]], np.ones(n))
     cells_list, errors = (16, 32, 64, 128), []
     for cells in cells_list:
@@ -42,8 +44,9 @@ def test_point_interpolation_is_exact_for_degree_7_and_eighth_order():
         exact = np.sin(centres[None, :] + GAUSS3_NODES[:, None] * h)
         errors.append(np.abs(apply(first, weights, np.sin(centres)) - exact).max())
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
-    print_table("8-point transverse interpolation of sin, max error (ends included)",
-                cells_list, errors)
+    print_table(
+        "8-point transverse interpolation of sin, max error (ends included)", cells_list, errors
+    )
     assert np.all(orders > 7.5), orders
     with pytest.raises(ValueError, match="needs >= 8 points"):
         point_interpolation(7, GAUSS3_NODES)
@@ -61,17 +64,19 @@ def test_interpolated_face_velocities_match_the_exact_nodes(variant):
     cells_list, gaps = (32, 64), []
     for cells in cells_list:
         grid = Grid([-6.0, -6.0], [6.0, 6.0], [cells, cells])
-        rho = gaussian_mixture(grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]],
-                               [0.6 * np.eye(2), [[0.5, 0.1], [0.1, 0.4]]])
+        rho = gaussian_mixture(
+            grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]], [0.6 * np.eye(2), [[0.5, 0.1], [0.1, 0.4]]]
+        )
         field = ATTENTION[variant](random_params(variant, 2), engine="separable")
         used, fast = face_values(field, grid, rho, "auto")
         _, exact = face_values(field, grid, rho, "exact")
         assert used
         scale = max(np.abs(v).max() for v in exact)
         gaps.append(max(np.abs(f - e).max() for f, e in zip(fast, exact, strict=True)) / scale)
-    print_table(f"{variant}: interpolated vs exact Gauss-node face velocities (relative)",
-                cells_list, gaps)
-    assert gaps[-1] < 1e-7 and gaps[0] / gaps[1] > 2 ** 6
+    print_table(
+        f"{variant}: interpolated vs exact Gauss-node face velocities (relative)", cells_list, gaps
+    )
+    assert gaps[-1] < 1e-7 and gaps[0] / gaps[1] > 2**6
 
 
 def test_face_velocity_mode_is_validated_and_small_grids_fall_back():
@@ -80,11 +85,12 @@ def test_face_velocity_mode_is_validated_and_small_grids_fall_back():
     grid = Grid([-3.0, -3.0], [3.0, 3.0], [6, 24])
     rho = gaussian(grid, MEAN1, COV1)
     used, _ = face_values(ATTENTION["softmax"](Head(A1, V1)), grid, rho, "interpolated")
-    assert not used   # 6 cells along axis 0: too few for the 8-point stencils
+    assert not used  # 6 cells along axis 0: too few for the 8-point stencils
 
 
-@pytest.mark.parametrize("variant", ["softmax", "softmax-fft", "multihead", "l2", "sinkhorn",
-                                     "linear", "sigmoid"])
+@pytest.mark.parametrize(
+    "variant", ["softmax", "softmax-fft", "multihead", "l2", "sinkhorn", "linear", "sigmoid"]
+)
 def test_one_component_equals_the_full_field(variant):
     """The separable engine tabulates C m (one field per component), the FFT engine
     convolves the combined numerator w (C y)_a: both against the full field. Each call on a
@@ -101,8 +107,9 @@ def test_one_component_equals_the_full_field(variant):
 
     def field():
         if variant == "softmax-fft":
-            return ATTENTION["softmax"](Head(0.3 * np.array([[1.0, 0.3], [0.3, 0.8]]), V1),
-                                        engine="fft")
+            return ATTENTION["softmax"](
+                Head(0.3 * np.array([[1.0, 0.3], [0.3, 0.8]]), V1), engine="fft"
+            )
         kwargs = {} if variant in ("linear", "sigmoid") else {"engine": "separable"}
         return ATTENTION[variant](params, **kwargs)
 

@@ -63,8 +63,10 @@ def check_printed(label: str, got, printed) -> None:
     printed = [printed] if isinstance(printed, str) else [str(p) for p in printed]
     errs = [abs(g - float(p)) for g, p in zip(got, printed, strict=True)]
     tols = [printed_tol(p) for p in printed]
-    print(f"  {label}: got {np.array2string(got, precision=9)}  MATH.md {list(printed)}  "
-          f"max|err| {max(errs):.2e}")
+    print(
+        f"  {label}: got {np.array2string(got, precision=9)}  MATH.md {list(printed)}  "
+        f"max|err| {max(errs):.2e}"
+    )
     assert all(e <= t for e, t in zip(errs, tols, strict=True)), (label, got, printed)
 
 
@@ -90,12 +92,15 @@ def test_vc1_scalar_blowup():
         exact = SIGMA0 @ np.linalg.inv(I2 - t * SIGMA0)
         e_cov = rel(sol.covariances[i], exact)
         e_mean = rel(sol.means[i], softmax_mean_scalar(ALPHA0, SIGMA0, 0.5, 1.0, t))
-        print(f"  t = {t}: ODE vs Sigma0 (I - t Sigma0)^-1 {e_cov:.1e}, "
-              f"vs mean formula {e_mean:.1e}")
+        print(
+            f"  t = {t}: ODE vs Sigma0 (I - t Sigma0)^-1 {e_cov:.1e}, vs mean formula {e_mean:.1e}"
+        )
         assert e_cov < 1e-11 and e_mean < 1e-11
     t_closed = softmax_blowup_time(SIGMA0, 0.5 * I2, 1.0)
-    print(f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
-          f"{t_closed:.10f}, MATH.md 0.801787283")
+    print(
+        f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
+        f"{t_closed:.10f}, MATH.md 0.801787283"
+    )
     assert sol.status == "blowup"
     assert abs(sol.status_time - 0.801787283) <= 1e-6
     assert abs(t_closed - 0.801787283) <= 1e-9
@@ -140,9 +145,11 @@ def test_vc3_rank_one_clustering():
     limit = softmax_rank_deficient_limit(S0, A)
     check_printed("Sigma_inf", limit, ["0.431746", "0.323810", "0.323810", "0.242857"])
     other = S0 - S0 @ q.T @ q @ S0 / (q @ S0 @ q.T)
-    print(f"  Sigma_inf vs Sigma0 - Sigma0 q^T q Sigma0 / (q Sigma0 q^T): {rel(limit, other):.1e}; "
-          f"|Sigma_inf q^T| = {np.linalg.norm(limit @ q.T):.1e}, "
-          f"rank {np.linalg.matrix_rank(limit, 1e-10)}")
+    print(
+        f"  Sigma_inf vs Sigma0 - Sigma0 q^T q Sigma0 / (q Sigma0 q^T): {rel(limit, other):.1e}; "
+        f"|Sigma_inf q^T| = {np.linalg.norm(limit @ q.T):.1e}, "
+        f"rank {np.linalg.matrix_rank(limit, 1e-10)}"
+    )
     assert rel(limit, other) < 1e-12 and np.linalg.norm(limit @ q.T) < 1e-12
     assert np.linalg.matrix_rank(limit, 1e-10) == 1
     times = [1.0, 10.0, 100.0, 1000.0]
@@ -150,8 +157,10 @@ def test_vc3_rank_one_clustering():
     dist = [np.linalg.norm(S - limit) for S in sol.covariances]
     check_printed("|Sigma(1) - Sigma_inf|_F", dist[0], "0.2399")
     check_printed("|Sigma(10) - Sigma_inf|_F", dist[1], "0.07130")
-    print(f"  |Sigma(t) - Sigma_inf|_F at t = 100, 1000: {dist[2]:.3e}, {dist[3]:.3e} "
-          "(MATH.md 6.3: 8.88e-3, 9.1e-4)")
+    print(
+        f"  |Sigma(t) - Sigma_inf|_F at t = 100, 1000: {dist[2]:.3e}, {dist[3]:.3e} "
+        "(MATH.md 6.3: 8.88e-3, 9.1e-4)"
+    )
     check_printed("|Sigma(100) - Sigma_inf|_F", dist[2], "0.00888")
     check_printed("|Sigma(1000) - Sigma_inf|_F", dist[3], "0.00091")
     for i, t in enumerate(times):
@@ -166,15 +175,17 @@ def test_vc4_indefinite():
     A = np.array([[0.3, -0.8], [0.5, -0.6]])
     check_printed("eig(A + A^T)", np.linalg.eigvalsh(A + A.T), ["-1.24868", "0.64868"])
     sol = solve("softmax", ALPHA0, SIGMA0, Head(A, I2), 3.0, times=[0.5, 1.0])
-    check_printed("Sigma(0.5)", sol.covariances[0],
-                  ["1.158676", "0.306169", "0.306169", "0.429004"])
-    check_printed("Sigma(1)", sol.covariances[1],
-                  ["1.522519", "0.267039", "0.267039", "0.334795"])
+    check_printed(
+        "Sigma(0.5)", sol.covariances[0], ["1.158676", "0.306169", "0.306169", "0.429004"]
+    )
+    check_printed("Sigma(1)", sol.covariances[1], ["1.522519", "0.267039", "0.267039", "0.334795"])
     check_printed("alpha(0.5)", sol.means[0], ["1.264121", "-0.208284"])
     check_printed("alpha(1)", sol.means[1], ["2.834328", "0.026487"])
     t_closed = softmax_blowup_time(SIGMA0, A, 1.0)
-    print(f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
-          f"{t_closed:.10f}, MATH.md 2.25459678")
+    print(
+        f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
+        f"{t_closed:.10f}, MATH.md 2.25459678"
+    )
     assert sol.status == "blowup"
     assert abs(sol.status_time - 2.25459678) <= 1e-6
     assert abs(t_closed - 2.25459678) <= printed_tol("2.25459678")
@@ -193,8 +204,10 @@ def test_inverse_covariance_closed_form_random():
         t_end = min(2.0, 0.5 * t_star)
         times = np.linspace(0, t_end, 5)[1:]
         sol = solve("softmax", a0, S0, Head(A, v * np.eye(3)), t_end, times=times)
-        errs = [rel(np.linalg.inv(S), softmax_scalar_v_inverse_covariance(S0, A, v, t))
-                for S, t in zip(sol.covariances, times, strict=True)]
+        errs = [
+            rel(np.linalg.inv(S), softmax_scalar_v_inverse_covariance(S0, A, v, t))
+            for S, t in zip(sol.covariances, times, strict=True)
+        ]
         line = f"  trial {trial}: v = {v:+.3f}, t* = {t_star:.5f}, max rel err {max(errs):.1e}"
         if math.isfinite(t_star):
             blow = solve("softmax", a0, S0, Head(A, v * np.eye(3)), 2 * t_star)
@@ -214,8 +227,7 @@ def test_scalar_mean_and_blowup_times():
         t = 0.5 * t_star
         sol = solve("softmax", ALPHA0, SIGMA0, Head(a * I2, v * I2), t, times=[t])
         e_mean = rel(sol.means[0], softmax_mean_scalar(ALPHA0, SIGMA0, a, v, t))
-        e_cov = rel(sol.covariances[0],
-                    SIGMA0 @ np.linalg.inv(I2 - 2 * v * a * t * SIGMA0))
+        e_cov = rel(sol.covariances[0], SIGMA0 @ np.linalg.inv(I2 - 2 * v * a * t * SIGMA0))
         print(f"    at t*/2: mean rel err {e_mean:.1e}, covariance rel err {e_cov:.1e}")
         assert e_mean <= 1e-10 and e_cov <= 1e-10
 
@@ -261,8 +273,9 @@ def test_vc7_l2_isotropic(v, q, k, printed):
 )
 def test_vc7_sinkhorn_isotropic(v, a, printed):
     print(f"\nVC7 Sinkhorn isotropic (v, a) = ({v}, {a}), Sigma0 = 0.7 I")
-    sol = solve("sinkhorn", np.zeros(2), 0.7 * I2, SinkhornHead(a * I2, v * I2), 3.0,
-                times=[1.0, 3.0])
+    sol = solve(
+        "sinkhorn", np.zeros(2), 0.7 * I2, SinkhornHead(a * I2, v * I2), 3.0, times=[1.0, 3.0]
+    )
     for i, t in enumerate([1.0, 3.0]):
         S = sol.covariances[i]
         assert abs(S[0, 1]) < 1e-12 * S[0, 0] and abs(S[0, 0] - S[1, 1]) < 1e-12 * S[0, 0]
@@ -323,31 +336,51 @@ def test_affine_field_equals_explicit_formulas():
         Q, K = rng.normal(size=(2, 2, d))
         scale = 0.7
         eps = rng.uniform(0.5, 2.0)
-        heads = [head_from_qk(rng.normal(size=(2, d)), rng.normal(size=(2, d)),
-                              rng.normal(size=(2, d)), rng.normal(size=(d, 2)), scale=0.5)
-                 for _ in range(2)]
+        heads = [
+            head_from_qk(
+                rng.normal(size=(2, d)),
+                rng.normal(size=(2, d)),
+                rng.normal(size=(2, d)),
+                rng.normal(size=(d, 2)),
+                scale=0.5,
+            )
+            for _ in range(2)
+        ]
         cases = {
             "softmax": (Head(A, V), explicit_softmax(alpha, S, A, V)),
             "linear": (Head(A, V), explicit_linear(alpha, S, A, V)),
             "l2": (L2Head(Q, K, V, scale), explicit_l2(alpha, S, scale * Q, K, V)),
-            "multihead": (heads, tuple(
-                sum(parts) for parts in zip(
-                    *[explicit_softmax(alpha, S, h.A, h.W @ h.V) for h in heads], strict=True))),
-            "sinkhorn": (SinkhornHead(A, V, eps=eps), (V @ alpha, V @ explicit_sinkhorn_C(
-                S, A, eps).T + explicit_sinkhorn_C(S, A, eps) @ V.T)),
+            "multihead": (
+                heads,
+                tuple(
+                    sum(parts)
+                    for parts in zip(
+                        *[explicit_softmax(alpha, S, h.A, h.W @ h.V) for h in heads], strict=True
+                    )
+                ),
+            ),
+            "sinkhorn": (
+                SinkhornHead(A, V, eps=eps),
+                (
+                    V @ alpha,
+                    V @ explicit_sinkhorn_C(S, A, eps).T + explicit_sinkhorn_C(S, A, eps) @ V.T,
+                ),
+            ),
         }
         for variant, (params, (da_ref, dS_ref)) in cases.items():
             da, dS = gaussian_rhs(variant, alpha, S, params)
             b, M = affine_field(variant, alpha, S, params)
-            worst[variant] = max(worst[variant], rel(da, da_ref), rel(dS, dS_ref),
-                                 rel(b + M @ alpha, da_ref))
+            worst[variant] = max(
+                worst[variant], rel(da, da_ref), rel(dS, dS_ref), rel(b + M @ alpha, da_ref)
+            )
         # authors' code form of Sinkhorn (eps = 1, invertible A)
         CS, dS_code = authors_sinkhorn_rhs(S, A, V)
         dS_ours = gaussian_rhs("sinkhorn", alpha, S, SinkhornHead(A, V))[1]
-        worst["sinkhorn [CODE] form"] = max(worst.get("sinkhorn [CODE] form", 0.0),
-                                            rel(dS_ours, dS_code),
-                                            rel(sinkhorn_cross_covariance(S, A),
-                                                CS @ np.linalg.inv(A)))
+        worst["sinkhorn [CODE] form"] = max(
+            worst.get("sinkhorn [CODE] form", 0.0),
+            rel(dS_ours, dS_code),
+            rel(sinkhorn_cross_covariance(S, A), CS @ np.linalg.inv(A)),
+        )
     for name, e in worst.items():
         print(f"  {name:22s} max rel diff {e:.1e}")
     assert all(e <= 1e-12 for name, e in worst.items() if "CODE" not in name)
@@ -371,8 +404,10 @@ def test_sinkhorn_cross_covariance_equation():
         e = np.linalg.norm(lhs - A.T / eps) / np.linalg.norm(A.T / eps)
         # the joint covariance [[S, C], [C^T, S]] of the plan must be positive definite
         joint = np.block([[S, C], [C.T, S]])
-        print(f"  d = {d}, eps = {eps}, rank A = {np.linalg.matrix_rank(A)}: residual {e:.1e}, "
-              f"lambda_min(joint) {np.linalg.eigvalsh(joint)[0]:.3f}")
+        print(
+            f"  d = {d}, eps = {eps}, rank A = {np.linalg.matrix_rank(A)}: residual {e:.1e}, "
+            f"lambda_min(joint) {np.linalg.eigvalsh(joint)[0]:.3f}"
+        )
         assert e <= 1e-10 and np.linalg.eigvalsh(joint)[0] > 0
 
 
@@ -380,22 +415,31 @@ def test_sinkhorn_cross_covariance_equation():
 def test_piecewise_layers_equal_restart():
     print("\nLayers: c1 on [0, 0.3), c2 on [0.3, 0.7] vs run + restart")
     p1, p2 = Head(C1_A, C1_V), Head(C2_A, C2_V)
-    for variant, q1, q2 in [("softmax", p1, p2),
-                            ("sinkhorn", SinkhornHead(C1_A, C1_V), SinkhornHead(C2_A, C2_V))]:
-        layered = solve(variant, ALPHA0, SIGMA0, Layers([(0.0, q1), (0.3, q2)]), 0.7,
-                        times=[0.2, 0.3, 0.7])
-        as_dict = solve(variant, ALPHA0, SIGMA0, {"layers": [(0.0, q1), (0.3, q2)]}, 0.7,
-                        times=[0.7])
+    for variant, q1, q2 in [
+        ("softmax", p1, p2),
+        ("sinkhorn", SinkhornHead(C1_A, C1_V), SinkhornHead(C2_A, C2_V)),
+    ]:
+        layered = solve(
+            variant, ALPHA0, SIGMA0, Layers([(0.0, q1), (0.3, q2)]), 0.7, times=[0.2, 0.3, 0.7]
+        )
+        as_dict = solve(
+            variant, ALPHA0, SIGMA0, {"layers": [(0.0, q1), (0.3, q2)]}, 0.7, times=[0.7]
+        )
         first = solve(variant, ALPHA0, SIGMA0, q1, 0.3, times=[0.2, 0.3])
-        second = solve(variant, first.means[-1], first.covariances[-1], q2, 0.7, t0=0.3,
-                       times=[0.7])
-        e = max(rel(layered.means[-1], second.means[0]),
-                rel(layered.covariances[-1], second.covariances[0]),
-                rel(layered.covariances[0], first.covariances[0]),
-                rel(layered.covariances[1], first.covariances[1]))
+        second = solve(
+            variant, first.means[-1], first.covariances[-1], q2, 0.7, t0=0.3, times=[0.7]
+        )
+        e = max(
+            rel(layered.means[-1], second.means[0]),
+            rel(layered.covariances[-1], second.covariances[0]),
+            rel(layered.covariances[0], first.covariances[0]),
+            rel(layered.covariances[1], first.covariances[1]),
+        )
         e_dict = rel(as_dict.covariances[0], layered.covariances[-1])
-        print(f"  {variant}: layered vs restart {e:.1e}; dict form vs Layers {e_dict:.1e}; "
-              f"params_at(0.3) is layer 2: {params_at(Layers([(0, q1), (0.3, q2)]), 0.3) is q2}")
+        print(
+            f"  {variant}: layered vs restart {e:.1e}; dict form vs Layers {e_dict:.1e}; "
+            f"params_at(0.3) is layer 2: {params_at(Layers([(0, q1), (0.3, q2)]), 0.3) is q2}"
+        )
         assert e <= 1e-10 and e_dict == 0.0
 
 
@@ -409,28 +453,44 @@ def test_callable_parameters():
     assert e <= 1e-14
     # A(t) = a(t) I, V = I: Sigma^-1(t) = Sigma0^-1 - 2 (int_0^t a) I (MATH.md 3.6 a with A(t))
     times = [0.5, 1.0]
-    sol = solve("softmax", ALPHA0, SIGMA0, lambda t: Head((0.2 + 0.3 * np.sin(t)) * I2, I2), 1.0,
-                times=times)
+    sol = solve(
+        "softmax",
+        ALPHA0,
+        SIGMA0,
+        lambda t: Head((0.2 + 0.3 * np.sin(t)) * I2, I2),
+        1.0,
+        times=times,
+    )
     errs = []
     for S, t in zip(sol.covariances, times, strict=True):
         integral = 0.2 * t + 0.3 * (1 - np.cos(t))
         errs.append(rel(np.linalg.inv(S), np.linalg.inv(SIGMA0) - 2 * integral * I2))
-    print(f"  A(t) = (0.2 + 0.3 sin t) I, t = 0.5, 1: Sigma^-1 vs Sigma0^-1 - 2 int a, "
-          f"max rel err {max(errs):.1e} ({sol.status})")
+    print(
+        f"  A(t) = (0.2 + 0.3 sin t) I, t = 0.5, 1: Sigma^-1 vs Sigma0^-1 - 2 int a, "
+        f"max rel err {max(errs):.1e} ({sol.status})"
+    )
     assert sol.status == "completed" and max(errs) <= 1e-10
 
 
 def test_parameter_validation_messages():
     print("\nValidation messages")
     cases = [
-        (lambda: solve("softmax", ALPHA0, SIGMA0, Head(np.eye(3), np.eye(3)), 1.0),
-         "attention.A: expected 2 x 2, got 3 x 3"),
+        (
+            lambda: solve("softmax", ALPHA0, SIGMA0, Head(np.eye(3), np.eye(3)), 1.0),
+            "attention.A: expected 2 x 2, got 3 x 3",
+        ),
         (lambda: Head(np.ones((2, 3)), I2), "Head.A: expected a square"),
         (lambda: Head(I2, [[np.nan, 0], [0, 1]]), "Head.V: entries must be finite"),
-        (lambda: solve("l2", ALPHA0, SIGMA0, Head(I2, I2), 1.0),
-         "attention: expected L2Head for variant 'l2', got Head"),
-        (lambda: solve("multihead", ALPHA0, SIGMA0, [Head(I2, I2), Head(np.eye(3), np.eye(3))],
-                       1.0), "attention.heads[1].A: expected 2 x 2"),
+        (
+            lambda: solve("l2", ALPHA0, SIGMA0, Head(I2, I2), 1.0),
+            "attention: expected L2Head for variant 'l2', got Head",
+        ),
+        (
+            lambda: solve(
+                "multihead", ALPHA0, SIGMA0, [Head(I2, I2), Head(np.eye(3), np.eye(3))], 1.0
+            ),
+            "attention.heads[1].A: expected 2 x 2",
+        ),
         (lambda: solve("softmax", ALPHA0, -SIGMA0, Head(I2, I2), 1.0), "cov0: not positive"),
         (lambda: solve("nope", ALPHA0, SIGMA0, Head(I2, I2), 1.0), "variant: expected one of"),
     ]
@@ -467,8 +527,7 @@ def test_gauss_hermite_tokens(kind):
 def test_sinkhorn_mean_closed_form_any_time():
     # alpha(t) = expm(t V) alpha0 also through a layer change (piecewise-constant V)
     p1, p2 = SinkhornHead(C1_A, C1_V), SinkhornHead(C2_A, C2_V)
-    sol = solve("sinkhorn", C2_ALPHA0, C2_SIGMA0, Layers([(0.0, p1), (0.4, p2)]), 1.0,
-                times=[1.0])
+    sol = solve("sinkhorn", C2_ALPHA0, C2_SIGMA0, Layers([(0.0, p1), (0.4, p2)]), 1.0, times=[1.0])
     exact = expm(0.6 * C2_V) @ expm(0.4 * C1_V) @ C2_ALPHA0
     e = rel(sol.means[0], exact)
     print(f"\nSinkhorn mean through a layer change vs expm(0.6 V2) expm(0.4 V1) alpha0: {e:.1e}")

@@ -65,12 +65,13 @@ def brute_force_3d(grid, mu, cov, nodes=20):
     t, w = np.polynomial.legendre.leggauss(nodes)
     pos = 0.5 * (t + 1.0)
     wts = 0.5 * w
-    ax = [grid.lower[a] + grid.spacing[a] * (np.arange(grid.cells[a])[:, None] + pos)
-          for a in range(3)]
+    ax = [
+        grid.lower[a] + grid.spacing[a] * (np.arange(grid.cells[a])[:, None] + pos)
+        for a in range(3)
+    ]
     out = np.empty(grid.shape)
     for i in range(grid.cells[0]):
-        pts = np.stack(np.meshgrid(ax[0][i], ax[1].ravel(), ax[2].ravel(), indexing="ij"),
-                       axis=-1)
+        pts = np.stack(np.meshgrid(ax[0][i], ax[1].ravel(), ax[2].ravel(), indexing="ij"), axis=-1)
         f = gauss_pdf(pts, mu, cov).reshape(nodes, grid.cells[1], nodes, grid.cells[2], nodes)
         out[i] = np.einsum("ajbkc,a,b,c->jk", f, wts, wts, wts)
     return out
@@ -83,8 +84,9 @@ def rel_err_above(value, ref, floor=1e-10):
 
 # ---- Grid ----------------------------------------------------------------------------------------
 def test_grid_geometry():
-    g = Grid([-1.0, 0.0, 2.0], [1.0, 3.0, 2.5], [4, 6, 5], boundary=["periodic", "outflow",
-                                                                       "noflux"])
+    g = Grid(
+        [-1.0, 0.0, 2.0], [1.0, 3.0, 2.5], [4, 6, 5], boundary=["periodic", "outflow", "noflux"]
+    )
     print("\nspacing", g.spacing, "cell_volume", g.cell_volume)
     assert g.ndim == 3 and g.shape == (4, 6, 5) and g.size == 120
     assert g.spacing == (0.5, 0.5, 0.1)
@@ -105,15 +107,18 @@ def test_grid_geometry():
     assert g1.shape == (8,) and g1.boundary == ("outflow",)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(lower=[0, 0, 0, 0], upper=[1, 1, 1, 1], cells=4), "grid.lower"),
-    (dict(lower=[0, 0], upper=[1, -1], cells=4), "grid.upper"),
-    (dict(lower=[0, 0], upper=[1, 1], cells=[4, 0]), "grid.cells"),
-    (dict(lower=[0, 0], upper=[1, 1], cells=[4, 4, 4]), "grid.cells"),
-    (dict(lower=[0, 0], upper=[1, 1], cells=4, boundary="wall"), "grid.boundary"),
-    (dict(lower=[0, 0], upper=[1, 1], cells=4, boundary=["periodic"] * 3), "grid.boundary"),
-    (dict(lower=[0, np.nan], upper=[1, 1], cells=4), "grid.lower"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(lower=[0, 0, 0, 0], upper=[1, 1, 1, 1], cells=4), "grid.lower"),
+        (dict(lower=[0, 0], upper=[1, -1], cells=4), "grid.upper"),
+        (dict(lower=[0, 0], upper=[1, 1], cells=[4, 0]), "grid.cells"),
+        (dict(lower=[0, 0], upper=[1, 1], cells=[4, 4, 4]), "grid.cells"),
+        (dict(lower=[0, 0], upper=[1, 1], cells=4, boundary="wall"), "grid.boundary"),
+        (dict(lower=[0, 0], upper=[1, 1], cells=4, boundary=["periodic"] * 3), "grid.boundary"),
+        (dict(lower=[0, np.nan], upper=[1, 1], cells=4), "grid.lower"),
+    ],
+)
 def test_grid_bad_input(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")) as exc:
         Grid(**kwargs)
@@ -128,8 +133,11 @@ def test_gaussian_1d_equals_erf_differences():
     a = (g.edges(0)[:-1] - mu) / (sd * math.sqrt(2))
     b = (g.edges(0)[1:] - mu) / (sd * math.sqrt(2))
     # erf differences in the core, erfc differences in the tails (no cancellation there)
-    ref = np.where(a > 1, 0.5 * (erfc(a) - erfc(b)),
-                   np.where(b < -1, 0.5 * (erfc(-b) - erfc(-a)), 0.5 * (erf(b) - erf(a))))
+    ref = np.where(
+        a > 1,
+        0.5 * (erfc(a) - erfc(b)),
+        np.where(b < -1, 0.5 * (erfc(-b) - erfc(-a)), 0.5 * (erf(b) - erf(a))),
+    )
     ref *= 2.5 / g.spacing[0]
     err = np.abs(rho - ref) / ref
     print(f"\n1-D gaussian vs erf: max rel err {err.max():.2e} (min cell {ref.min():.2e})")
@@ -163,8 +171,10 @@ def test_gaussian_2d_nondiagonal_vs_brute_force():
     rho = gaussian(g, [0.0, 0.0], cov)
     ref = brute_force_2d(g, np.zeros(2), cov, nodes=20, sub=6)
     err, n = rel_err_above(rho, ref)
-    print(f"2-D rho=0.97, h = {g.spacing[0] / math.sqrt(1 - 0.97**2):.1f} conditional sd: "
-          f"max rel err {err:.2e} over {n} cells")
+    print(
+        f"2-D rho=0.97, h = {g.spacing[0] / math.sqrt(1 - 0.97**2):.1f} conditional sd: "
+        f"max rel err {err:.2e} over {n} cells"
+    )
     assert err < 1e-12
 
 
@@ -197,12 +207,13 @@ def test_gaussian_narrow_conditional_window():
     g = Grid([-5.0, -5.0, -5.0], [5.0, 5.0, 5.0], [10, 12, 120])
     rho = gaussian(g, mu3, cov3)
     perm = [2, 0, 1]
-    gp = Grid([g.lower[a] for a in perm], [g.upper[a] for a in perm],
-              [g.cells[a] for a in perm])
+    gp = Grid([g.lower[a] for a in perm], [g.upper[a] for a in perm], [g.cells[a] for a in perm])
     rho_p = gaussian(gp, mu3[perm], cov3[np.ix_(perm, perm)])
     err, n = rel_err_above(rho, np.transpose(rho_p, (1, 2, 0)))
-    print(f"3-D narrow conditional (windowed) vs permuted axes: max rel err {err:.2e} over "
-          f"{n} cells; mass {g.integrate(rho):.15f}")
+    print(
+        f"3-D narrow conditional (windowed) vs permuted axes: max rel err {err:.2e} over "
+        f"{n} cells; mass {g.integrate(rho):.15f}"
+    )
     assert err < 1e-12
 
 
@@ -210,16 +221,19 @@ def test_gaussian_diagonal_is_product_and_far_tail():
     g = Grid([-30.0, -6.0], [10.0, 6.0], [40, 12])
     cov = np.diag([1.0, 2.0])
     rho = gaussian(g, [0.0, 0.0], cov)
-    ex = g.edges(0) / math.sqrt(2)                    # tail-safe erfc differences
-    px = np.where(ex[:-1] > 0, 0.5 * (erfc(ex[:-1]) - erfc(ex[1:])),
-                  0.5 * (erfc(-ex[1:]) - erfc(-ex[:-1])))
+    ex = g.edges(0) / math.sqrt(2)  # tail-safe erfc differences
+    px = np.where(
+        ex[:-1] > 0, 0.5 * (erfc(ex[:-1]) - erfc(ex[1:])), 0.5 * (erfc(-ex[1:]) - erfc(-ex[:-1]))
+    )
     py = gaussian(Grid([-6.0], [6.0], [12]), [0.0], [[2.0]]) * g.spacing[1]
     ref = np.outer(px / g.spacing[0], py / g.spacing[1])
     rel = np.abs(rho - ref) / ref
     core = np.abs(g.centres(0)) < 8
     err_core, err = rel[core].max(), rel.max()
-    print(f"\ndiagonal product: max rel err {err_core:.2e} within 8 sigma, {err:.2e} out to "
-          f"-30 sigma (value {rho[0, 6]:.3e}; erfc is conditioned ~2z^2 eps there)")
+    print(
+        f"\ndiagonal product: max rel err {err_core:.2e} within 8 sigma, {err:.2e} out to "
+        f"-30 sigma (value {rho[0, 6]:.3e}; erfc is conditioned ~2z^2 eps there)"
+    )
     assert err_core < 1e-13 and err < 1e-12 and rho[0, 6] > 0
 
 
@@ -232,18 +246,23 @@ def test_gaussian_performance_3d():
     assert dt < 5.0
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(mean=[0.0], covariance=np.eye(2)), "initial.mean"),
-    (dict(mean=[0.0, np.inf], covariance=np.eye(2)), "initial.mean"),
-    (dict(mean=[0.0, 0.0], covariance=np.eye(3)), "initial.covariance"),
-    (dict(mean=[0.0, 0.0], covariance=[[1.0, 0.5], [0.4, 1.0]]), "initial.covariance: not sym"),
-    (dict(mean=[0.0, 0.0], covariance=[[1.0, 2.0], [2.0, 1.0]]),
-     "initial.covariance: not positive definite"),
-    (dict(mean=[0.0, 0.0], covariance=[[1.0, np.nan], [np.nan, 1.0]]), "initial.covariance"),
-    (dict(mean=[0.0, 0.0], covariance=np.eye(2), mass=0.0), "initial.mass"),
-    (dict(mean=[0.0, 0.0], covariance=np.eye(2), nodes=1), "initial.nodes"),
-    (dict(mean=[1e4, 0.0], covariance=np.eye(2)), "initial.mean"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(mean=[0.0], covariance=np.eye(2)), "initial.mean"),
+        (dict(mean=[0.0, np.inf], covariance=np.eye(2)), "initial.mean"),
+        (dict(mean=[0.0, 0.0], covariance=np.eye(3)), "initial.covariance"),
+        (dict(mean=[0.0, 0.0], covariance=[[1.0, 0.5], [0.4, 1.0]]), "initial.covariance: not sym"),
+        (
+            dict(mean=[0.0, 0.0], covariance=[[1.0, 2.0], [2.0, 1.0]]),
+            "initial.covariance: not positive definite",
+        ),
+        (dict(mean=[0.0, 0.0], covariance=[[1.0, np.nan], [np.nan, 1.0]]), "initial.covariance"),
+        (dict(mean=[0.0, 0.0], covariance=np.eye(2), mass=0.0), "initial.mass"),
+        (dict(mean=[0.0, 0.0], covariance=np.eye(2), nodes=1), "initial.nodes"),
+        (dict(mean=[1e4, 0.0], covariance=np.eye(2)), "initial.mean"),
+    ],
+)
 def test_gaussian_bad_input(kwargs, field):
     g = Grid([-3.0, -3.0], [3.0, 3.0], 8)
     with pytest.raises(ValueError, match=field.replace(".", r"\.")) as exc:
@@ -261,13 +280,17 @@ def test_gaussian_mixture():
     err = np.max(np.abs(rho - ref)) / ref.max()
     m, mu, _ = moments(rho, g)
     exact_mu = 0.25 * np.array(means[0]) + 0.75 * np.array(means[1])
-    print(f"\nmixture vs weighted sum {err:.1e}; mass {m:.15f}; mean err "
-          f"{np.abs(mu - exact_mu).max():.1e}")
+    print(
+        f"\nmixture vs weighted sum {err:.1e}; mass {m:.15f}; mean err "
+        f"{np.abs(mu - exact_mu).max():.1e}"
+    )
     assert err < 1e-15
     assert abs(m - 2.0) < 1e-12 and np.abs(mu - exact_mu).max() < 1e-11
-    for bad, field in [(dict(weights=[1.0, -1.0]), "initial.weights"),
-                       (dict(weights=[1.0]), "initial.means"),
-                       (dict(covariances=[C2, -C2]), r"initial.covariances\[1\]")]:
+    for bad, field in [
+        (dict(weights=[1.0, -1.0]), "initial.weights"),
+        (dict(weights=[1.0]), "initial.means"),
+        (dict(covariances=[C2, -C2]), r"initial.covariances\[1\]"),
+    ]:
         kw = dict(weights=[1.0, 1.0], means=means, covariances=covs) | bad
         with pytest.raises(ValueError, match=field):
             gaussian_mixture(g, **kw)
@@ -285,18 +308,22 @@ def _box_average_exact(coeffs: list[Fraction], x: Fraction, h: Fraction) -> Frac
 def test_deconvolved_monomials_exact():
     # q_k as coefficient lists in x for a given h (rational), then check B * q_k = x^k exactly
     for h in (Fraction(1), Fraction(3, 7), Fraction(5, 2)):
-        qs = [[Fraction(1)], [Fraction(0), Fraction(1)],
-              [-h**2 / 12, Fraction(0), Fraction(1)],
-              [Fraction(0), -h**2 / 4, Fraction(0), Fraction(1)],
-              [7 * h**4 / 240, Fraction(0), -h**2 / 2, Fraction(0), Fraction(1)]]
+        qs = [
+            [Fraction(1)],
+            [Fraction(0), Fraction(1)],
+            [-(h**2) / 12, Fraction(0), Fraction(1)],
+            [Fraction(0), -(h**2) / 4, Fraction(0), Fraction(1)],
+            [7 * h**4 / 240, Fraction(0), -(h**2) / 2, Fraction(0), Fraction(1)],
+        ]
         for k, q in enumerate(qs):
             for x in (Fraction(0), Fraction(2, 3), Fraction(-11, 5)):
                 assert _box_average_exact(q, x, h) == x**k
             # the implementation evaluates the same polynomial
             xf = np.array([0.0, 2 / 3, -2.2])
             ref = sum(float(c) * xf**j for j, c in enumerate(q))
-            np.testing.assert_allclose(deconvolved_monomial(xf, float(h), k), ref,
-                                       rtol=1e-14, atol=1e-14)
+            np.testing.assert_allclose(
+                deconvolved_monomial(xf, float(h), k), ref, rtol=1e-14, atol=1e-14
+            )
     # numerical check too: 8-point Gauss-Legendre is exact for degree 4
     t, w = np.polynomial.legendre.leggauss(8)
     x, h = 0.37, 0.9
@@ -317,14 +344,20 @@ def test_moments_2d_corrected_vs_naive():
     w = rho * g.cell_volume
     naive_mu = np.array([np.sum(w * x), np.sum(w * y)]) / w.sum()
     dx, dy = x - naive_mu[0], y - naive_mu[1]
-    naive_cov = np.array([[np.sum(w * dx * dx), np.sum(w * dx * dy)],
-                          [np.sum(w * dx * dy), np.sum(w * dy * dy)]]) / w.sum()
+    naive_cov = (
+        np.array(
+            [[np.sum(w * dx * dx), np.sum(w * dx * dy)], [np.sum(w * dx * dy), np.sum(w * dy * dy)]]
+        )
+        / w.sum()
+    )
     err_mu = np.abs(mu - MU2).max()
     err_cov = np.abs(cov - C2).max()
     err_naive = np.abs(naive_cov - C2).max()
-    print(f"\n2-D 32^2 (h = {g.spacing[0]:.3f}, {g.spacing[1]:.3f}): mass err {abs(m - 1.7):.1e}, "
-          f"mean err {err_mu:.1e}, cov err {err_cov:.1e}; naive cov err {err_naive:.2e} "
-          f"(h^2/12 = {g.spacing[0] ** 2 / 12:.2e})")
+    print(
+        f"\n2-D 32^2 (h = {g.spacing[0]:.3f}, {g.spacing[1]:.3f}): mass err {abs(m - 1.7):.1e}, "
+        f"mean err {err_mu:.1e}, cov err {err_cov:.1e}; naive cov err {err_naive:.2e} "
+        f"(h^2/12 = {g.spacing[0] ** 2 / 12:.2e})"
+    )
     assert abs(m - 1.7) < 1e-12
     assert err_mu < 1e-10 and err_cov < 1e-10
     assert err_naive > 1e-4 and err_cov < err_naive / 1000
@@ -346,8 +379,10 @@ def test_moments_3d():
             naive[a, b] = np.sum(rho * (xs[a] - mu[a]) * (xs[b] - mu[b])) * g.cell_volume / m
     err_cov = np.abs(cov - C3).max()
     err_naive = np.abs(naive - C3).max()
-    print(f"\n3-D: mass err {abs(m - 1):.1e}, mean err {np.abs(mu - MU3).max():.1e}, cov err "
-          f"{err_cov:.1e}, naive cov err {err_naive:.2e}")
+    print(
+        f"\n3-D: mass err {abs(m - 1):.1e}, mean err {np.abs(mu - MU3).max():.1e}, cov err "
+        f"{err_cov:.1e}, naive cov err {err_naive:.2e}"
+    )
     assert abs(m - 1) < 1e-12 and np.abs(mu - MU3).max() < 1e-10 and err_cov < 1e-10
     assert err_naive > 1e-4 and err_cov < err_naive / 1000
 
@@ -375,8 +410,11 @@ def test_raw_moment_fourth_order():
         got = raw_moment(rho, g, powers)
         worst = max(worst, abs(got - ref) / max(1.0, abs(ref)))
     # central fourth moments by Isserlis: E[x^4] = 3 s^4, E[x^2 y^2] = s_x^2 s_y^2 + 2 s_xy^2
-    iss = {(4, 0): 3 * C2[0, 0] ** 2, (2, 2): C2[0, 0] * C2[1, 1] + 2 * C2[0, 1] ** 2,
-           (3, 1): 3 * C2[0, 0] * C2[0, 1]}
+    iss = {
+        (4, 0): 3 * C2[0, 0] ** 2,
+        (2, 2): C2[0, 0] * C2[1, 1] + 2 * C2[0, 1] ** 2,
+        (3, 1): 3 * C2[0, 0] * C2[0, 1],
+    }
     for powers, ref in iss.items():
         got = raw_moment(rho, g, powers, origin=MU2) / 2.0
         worst = max(worst, abs(got - ref) / ref)
@@ -384,8 +422,9 @@ def test_raw_moment_fourth_order():
     x, _ = g.mesh()
     naive = np.sum(rho * x**4) * g.cell_volume
     naive_err = abs(naive - 2.0 * _gauss_hermite_moment(MU2, C2, (4, 0)))
-    print(f"\nraw_moment up to 4th order: worst rel err {worst:.1e} (naive x^4 err "
-          f"{naive_err:.1e})")
+    print(
+        f"\nraw_moment up to 4th order: worst rel err {worst:.1e} (naive x^4 err {naive_err:.1e})"
+    )
     assert worst < 1e-10 and naive_err > 1e-3
     sd = np.sqrt(np.diag(C3))
     g3 = Grid(MU3 - 9 * sd, MU3 + 9 * sd, 30)
@@ -412,7 +451,7 @@ def test_moments_bad_input():
 
 # ---- uniform box and ball ------------------------------------------------------------------------
 def test_uniform_box_exact():
-    g = Grid([0.0, 0.0], [4.0, 2.0], [4, 4])          # h = (1, 0.5)
+    g = Grid([0.0, 0.0], [4.0, 2.0], [4, 4])  # h = (1, 0.5)
     rho = uniform_box(g, [0.5, 0.25], [2.25, 1.5], mass=3.0)
     density = 3.0 / (1.75 * 1.25)
     fx = np.array([0.5, 1.0, 0.25, 0.0])
@@ -435,8 +474,12 @@ def test_uniform_box_exact():
 def test_uniform_ball_1d_2d():
     g1 = Grid([-2.0], [2.0], 10)
     rho = uniform_ball(g1, [0.13], 0.77, mass=2.0)
-    ref = 2.0 / 1.54 * np.clip(np.minimum(g1.edges(0)[1:], 0.9)
-                               - np.maximum(g1.edges(0)[:-1], -0.64), 0, None) / 0.4
+    ref = (
+        2.0
+        / 1.54
+        * np.clip(np.minimum(g1.edges(0)[1:], 0.9) - np.maximum(g1.edges(0)[:-1], -0.64), 0, None)
+        / 0.4
+    )
     assert np.abs(rho - ref).max() < 1e-14
     g = Grid([-2.0, -2.0], [2.0, 2.0], [23, 19])
     c, r = np.array([0.137, -0.291]), 1.234
@@ -450,14 +493,34 @@ def test_uniform_ball_1d_2d():
     for i in range(g.cells[0]):
         for j in range(g.cells[1]):
             if 0 < rho[i, j] < full:
+
                 def chord(x, j=j):
                     s = math.sqrt(max(r * r - x * x, 0.0))
                     return max(0.0, min(ey[j + 1], s) - max(ey[j], -s))
-                pts = [p for p in (-r, r, *[sgn * math.sqrt(r * r - e * e) for e in
-                                            (ey[j], ey[j + 1]) if abs(e) < r for sgn in (1, -1)])
-                       if ex[i] < p < ex[i + 1]]
-                v = quad(chord, ex[i], ex[i + 1], points=pts or None, epsabs=1e-15,
-                         epsrel=1e-13, limit=200)[0]
+
+                pts = [
+                    p
+                    for p in (
+                        -r,
+                        r,
+                        *[
+                            sgn * math.sqrt(r * r - e * e)
+                            for e in (ey[j], ey[j + 1])
+                            if abs(e) < r
+                            for sgn in (1, -1)
+                        ],
+                    )
+                    if ex[i] < p < ex[i + 1]
+                ]
+                v = quad(
+                    chord,
+                    ex[i],
+                    ex[i + 1],
+                    points=pts or None,
+                    epsabs=1e-15,
+                    epsrel=1e-13,
+                    limit=200,
+                )[0]
                 worst = max(worst, abs(rho[i, j] / full - v / (h[0] * h[1])))
     print(f"\n2-D ball: area rel err {area_err:.1e}; cut cells vs adaptive quad {worst:.1e}")
     assert area_err < 1e-14 and worst < 1e-12
@@ -466,7 +529,7 @@ def test_uniform_ball_1d_2d():
 
 def test_uniform_ball_3d():
     g = Grid([-1.0] * 3, [1.0] * 3, 40)
-    c, r = np.array([0.011, -0.023, 0.037]), 0.27     # r = 5.4 h
+    c, r = np.array([0.011, -0.023, 0.037]), 0.27  # r = 5.4 h
     t0 = time.perf_counter()
     rho = uniform_ball(g, c, r, mass=1.0)
     dt = time.perf_counter() - t0
@@ -479,26 +542,47 @@ def test_uniform_ball_3d():
     rng = np.random.default_rng(0)
     worst = 0.0
     for i, j, k in cut[rng.choice(len(cut), 25, replace=False)]:
+
         def slice_area(x, j=j, k=k):
             s = math.sqrt(max(r * r - x * x, 0.0))
-            return float(_disk_rect_area(np.array(s), e[1][j], e[1][j + 1], e[2][k],
-                                         e[2][k + 1]))
-        crit = [0.0, *np.abs([e[1][j], e[1][j + 1], e[2][k], e[2][k + 1]]),
-                *[math.hypot(p, q) for p in (e[1][j], e[1][j + 1]) for q in (e[2][k],
-                                                                             e[2][k + 1])]]
+            return float(_disk_rect_area(np.array(s), e[1][j], e[1][j + 1], e[2][k], e[2][k + 1]))
+
+        crit = [
+            0.0,
+            *np.abs([e[1][j], e[1][j + 1], e[2][k], e[2][k + 1]]),
+            *[math.hypot(p, q) for p in (e[1][j], e[1][j + 1]) for q in (e[2][k], e[2][k + 1])],
+        ]
         pts = [sg * math.sqrt(r * r - v * v) for v in crit if v < r for sg in (1, -1)]
         pts = [p for p in pts if e[0][i] < p < e[0][i + 1]]
-        v = quad(slice_area, e[0][i], e[0][i + 1], points=pts or None, epsabs=1e-16,
-                 epsrel=1e-13, limit=200)[0]
+        v = quad(
+            slice_area,
+            e[0][i],
+            e[0][i + 1],
+            points=pts or None,
+            epsabs=1e-16,
+            epsrel=1e-13,
+            limit=200,
+        )[0]
         worst = max(worst, abs(rho[i, j, k] / full - v / g.cell_volume))
     # the slice area formula itself, against the chord-length integral, on one slice
     s, y0, y1, z0, z1 = 0.8, -0.3, 0.5, 0.2, 1.1
-    chord = quad(lambda y: max(0.0, min(z1, math.sqrt(max(s * s - y * y, 0.0)))
-                               - max(z0, -math.sqrt(max(s * s - y * y, 0.0)))), y0, y1,
-                 points=[math.sqrt(s * s - z0 * z0)], epsabs=1e-15, limit=200)[0]
+    chord = quad(
+        lambda y: max(
+            0.0,
+            min(z1, math.sqrt(max(s * s - y * y, 0.0)))
+            - max(z0, -math.sqrt(max(s * s - y * y, 0.0))),
+        ),
+        y0,
+        y1,
+        points=[math.sqrt(s * s - z0 * z0)],
+        epsabs=1e-15,
+        limit=200,
+    )[0]
     area = float(_disk_rect_area(np.array(s), y0, y1, z0, z1))
-    print(f"\n3-D ball (40^3, r = 5.4h, {dt:.2f} s): volume rel err {vol_err:.1e}; 25 cut cells "
-          f"vs adaptive quad {worst:.1e}; slice area vs chord {abs(area - chord):.1e}")
+    print(
+        f"\n3-D ball (40^3, r = 5.4h, {dt:.2f} s): volume rel err {vol_err:.1e}; 25 cut cells "
+        f"vs adaptive quad {worst:.1e}; slice area vs chord {abs(area - chord):.1e}"
+    )
     assert vol_err < 1e-13 and worst < 1e-12 and abs(area - chord) < 1e-14
     with pytest.raises(ValueError, match="initial.radius"):
         uniform_ball(g, c, -1.0)
@@ -550,17 +634,19 @@ def test_from_tokens_dropped_and_bad_input():
     assert abs(g.integrate(rho) - 0.75) < 1e-15
     with pytest.raises(ValueError, match="initial.tokens: all 2 tokens"):
         from_tokens(g, [[2.0, 2.0], [-1.0, 0.5]])
-    for kwargs, field in [(dict(tokens=[[0.1, 0.1, 0.1]]), "initial.tokens"),
-                          (dict(tokens=[[0.1, np.nan]]), "initial.tokens"),
-                          (dict(tokens=[[0.1, 0.1]], weights=[-1.0]), "initial.weights"),
-                          (dict(tokens=[[0.1, 0.1]], weights=[1.0, 2.0]), "initial.weights"),
-                          (dict(tokens=[[0.1, 0.1]], method="tsc"), "initial.method"),
-                          (dict(tokens=[[0.1, 0.1]], mass=-1.0), "initial.mass")]:
+    for kwargs, field in [
+        (dict(tokens=[[0.1, 0.1, 0.1]]), "initial.tokens"),
+        (dict(tokens=[[0.1, np.nan]]), "initial.tokens"),
+        (dict(tokens=[[0.1, 0.1]], weights=[-1.0]), "initial.weights"),
+        (dict(tokens=[[0.1, 0.1]], weights=[1.0, 2.0]), "initial.weights"),
+        (dict(tokens=[[0.1, 0.1]], method="tsc"), "initial.method"),
+        (dict(tokens=[[0.1, 0.1]], mass=-1.0), "initial.mass"),
+    ]:
         with pytest.raises(ValueError, match=field):
             from_tokens(g, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from_tokens(g, [[1.0, 1.0], [0.0, 0.0]])      # closed box: no warning
+        from_tokens(g, [[1.0, 1.0], [0.0, 0.0]])  # closed box: no warning
 
 
 def test_from_array():
@@ -570,9 +656,11 @@ def test_from_array():
     assert out.dtype == np.float64 and np.array_equal(out, src)
     out2 = from_array(g, out)
     assert out2 is not out and not np.shares_memory(out, out2)
-    for bad, msg in [(np.zeros((2, 3)), "initial.values: expected shape"),
-                     (np.full((3, 2), np.nan), "initial.values: contains NaN"),
-                     (-np.ones((3, 2)), "initial.values: negative")]:
+    for bad, msg in [
+        (np.zeros((2, 3)), "initial.values: expected shape"),
+        (np.full((3, 2), np.nan), "initial.values: contains NaN"),
+        (-np.ones((3, 2)), "initial.values: negative"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             from_array(g, bad)
     with pytest.raises(ValueError, match="initial.rho0"):

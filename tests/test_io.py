@@ -40,8 +40,9 @@ GRIDS = {
 RECORDS = ("density", "mass", "mean", "covariance", "outflow", "max_speed", "dt")
 
 
-def snap(t: float, density: np.ndarray, outflow: float = 0.0, max_speed: float = 1.0,
-         dt: float = 0.1) -> SimpleNamespace:
+def snap(
+    t: float, density: np.ndarray, outflow: float = 0.0, max_speed: float = 1.0, dt: float = 0.1
+) -> SimpleNamespace:
     return SimpleNamespace(time=t, density=density, outflow=outflow, max_speed=max_speed, dt=dt)
 
 
@@ -51,9 +52,15 @@ def gaussian_snaps(grid: Grid, n: int) -> list[SimpleNamespace]:
     for i in range(n):
         cov = np.diag(np.linspace(0.6, 1.2, d)) * (1 + 0.2 * i)
         mean = np.linspace(-0.4, 0.3, d) + 0.1 * i
-        out.append(snap(0.25 * i, gaussian(grid, mean, cov), outflow=1e-5 * i,
-                        max_speed=math.nan if i == 0 else 1.0 + i,
-                        dt=math.nan if i == 0 else 0.01 * i))
+        out.append(
+            snap(
+                0.25 * i,
+                gaussian(grid, mean, cov),
+                outflow=1e-5 * i,
+                max_speed=math.nan if i == 0 else 1.0 + i,
+                dt=math.nan if i == 0 else 0.01 * i,
+            )
+        )
     return out
 
 
@@ -92,8 +99,7 @@ def test_round_trip(tmp_path, d):
     assert_records(ds, grid, snaps)
     names = grid.axis_names
     assert ds["density"].dims == ("time", *names)
-    assert ds["mean"].dims == ("time", "dim") and ds["covariance"].dims == ("time", "dim",
-                                                                              "dim2")
+    assert ds["mean"].dims == ("time", "dim") and ds["covariance"].dims == ("time", "dim", "dim2")
     for a, name in enumerate(names):
         coord = ds[name]
         assert np.array_equal(coord.values, grid.centres(a))
@@ -126,9 +132,15 @@ def test_round_trip(tmp_path, d):
     with netCDF4.Dataset(path) as nc:
         assert nc.dimensions["time"].isunlimited()
         assert {k: len(v) for k, v in nc.dimensions.items() if k != "time"} == {
-            "nv": 2, "dim": d, "dim2": d, **dict(zip(names, grid.cells, strict=True))}
-    print(f"\nd={d}: {len(snaps)} snapshots of {grid.shape} round-trip bit for bit, "
-          f"file {os.path.getsize(path) / 1e3:.1f} kB")
+            "nv": 2,
+            "dim": d,
+            "dim2": d,
+            **dict(zip(names, grid.cells, strict=True)),
+        }
+    print(
+        f"\nd={d}: {len(snaps)} snapshots of {grid.shape} round-trip bit for bit, "
+        f"file {os.path.getsize(path) / 1e3:.1f} kB"
+    )
 
 
 def test_ncdump_header(tmp_path):
@@ -138,8 +150,9 @@ def test_ncdump_header(tmp_path):
     ncdump = shutil.which("ncdump")
     if ncdump is None:
         pytest.skip("ncdump is not installed")
-    header = subprocess.run([ncdump, "-h", str(path)], capture_output=True, text=True,
-                            check=True).stdout
+    header = subprocess.run(
+        [ncdump, "-h", str(path)], capture_output=True, text=True, check=True
+    ).stdout
     assert "Conventions" in header and "density(time, x, y)" in header
 
 
@@ -151,8 +164,13 @@ def test_solver_callback(tmp_path):
     grid = Grid([-6.0], [6.0], [64])
     path = tmp_path / "solve.nc"
     writer = SnapshotWriter(path, grid, config_text="[run]\nt_end = 0.5\n")
-    problem = Problem(grid, gaussian(grid, [0.0], [[1.0]]),
-                      AffineVelocity(matrix=[[-0.1]], offset=[0.2]), t_end=0.5, snapshots=4)
+    problem = Problem(
+        grid,
+        gaussian(grid, [0.0], [[1.0]]),
+        AffineVelocity(matrix=[[-0.1]], offset=[0.2]),
+        t_end=0.5,
+        snapshots=4,
+    )
     result = Solver(problem, on_snapshot=writer).run()
     writer.close(result.status, result.status_time, result.status_message)
     ds = read(path)
@@ -176,9 +194,11 @@ def test_write_cost(tmp_path):
             pass
     reopen = (time.perf_counter() - start) / 10
     median = float(np.median(costs))
-    print(f"\nwrite of one 128x128 snapshot (open, append, compress, close): median "
-          f"{1e3 * median:.1f} ms, max {1e3 * max(costs):.1f} ms; open+close alone "
-          f"{1e3 * reopen:.2f} ms")
+    print(
+        f"\nwrite of one 128x128 snapshot (open, append, compress, close): median "
+        f"{1e3 * median:.1f} ms, max {1e3 * max(costs):.1f} ms; open+close alone "
+        f"{1e3 * reopen:.2f} ms"
+    )
     assert median < 0.25 and reopen < 0.05
 
 
@@ -203,8 +223,9 @@ CHILD = textwrap.dedent("""
 
 def run_and_kill(path, pause: float, after: int, extra_delay: float = 0.0) -> int:
     """Start the writer child, SIGKILL it once it reported >= after snapshots."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(pause)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), str(pause)], stdout=subprocess.PIPE, text=True
+    )
     try:
         reported = 0
         while reported < after:
@@ -260,8 +281,10 @@ def test_sigkill_during_writes(tmp_path):
         path = tmp_path / f"burst{trial}.nc"
         reported = run_and_kill(path, pause=0.0, after=3, extra_delay=rng.uniform(0, 0.1))
         n = check_killed_file(path)
-        print(f"\ntrial {trial}: killed mid-burst after >= {reported} reported, "
-              f"{n} complete records read")
+        print(
+            f"\ntrial {trial}: killed mid-burst after >= {reported} reported, "
+            f"{n} complete records read"
+        )
         assert n >= reported
 
 
@@ -398,8 +421,10 @@ def test_existing_file_is_kept(tmp_path):
 
 def test_unwritable_targets(tmp_path, monkeypatch):
     grid = GRIDS[1]
-    for target, reason in [(tmp_path / "no" / "such" / "dir" / "out.nc", "does not exist"),
-                           (tmp_path, "is a directory")]:
+    for target, reason in [
+        (tmp_path / "no" / "such" / "dir" / "out.nc", "does not exist"),
+        (tmp_path, "is a directory"),
+    ]:
         with pytest.raises(ValueError, match=f"^run.output: cannot write .*{reason}"):
             SnapshotWriter(target, grid)
     assert not (tmp_path / "no").exists()
@@ -410,8 +435,9 @@ def test_unwritable_targets(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="root writes into read-only directories")
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories"
+)
 def test_read_only_directory(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -440,8 +466,9 @@ def test_writer_waits_for_a_reader(tmp_path):
     path = tmp_path / "locked.nc"
     writer = SnapshotWriter(path, grid)
     writer.write(snaps[0])
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), "1.0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), "1.0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "open"
         writer.lock_timeout = 0.1
@@ -474,7 +501,8 @@ def sliced_snaps(n: int, empty: int | None = None) -> list[SimpleNamespace]:
     for i in range(n):
         cov = np.diag([0.8, 0.5]) * (1 + 0.2 * i)
         density = POSITIONS.sliced(
-            lambda s, i=i, cov=cov: gaussian(grid, [s - 0.5 + 0.1 * i, 0.3 * s], cov), grid)
+            lambda s, i=i, cov=cov: gaussian(grid, [s - 0.5 + 0.1 * i, 0.3 * s], cov), grid
+        )
         if empty is not None and i == n - 1:
             density[empty] = 0.0
         out.append(snap(0.25 * i, density, outflow=1e-5 * i))

@@ -24,7 +24,7 @@ def test_point_values_are_eighth_order():
     for n in (16, 32, 64):
         grid = Grid([-6.0], [6.0], [n])
         rho = gaussian(grid, [0.3], [[0.8]])
-        exact = np.exp(-(grid.centres(0) - 0.3) ** 2 / 1.6) / np.sqrt(2 * np.pi * 0.8)
+        exact = np.exp(-((grid.centres(0) - 0.3) ** 2) / 1.6) / np.sqrt(2 * np.pi * 0.8)
         errors.append(np.abs(point_values(rho, grid) - exact).max())
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
     print(f"\npoint values from cell averages: errors {errors}, orders {orders}")
@@ -49,8 +49,9 @@ def test_l2_velocity_on_gaussian_cell_averages_is_the_affine_field():
 
 def test_l2_engines_agree_on_a_two_bump_density():
     grid = Grid([-8, -8], [8, 8], [48, 48])
-    rho = gaussian_mixture(grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]],
-                           [0.4 * np.eye(2), [[0.4, 0.1], [0.1, 0.3]]])
+    rho = gaussian_mixture(
+        grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]], [0.4 * np.eye(2), [[0.4, 0.1], [0.1, 0.3]]]
+    )
     direct = L2Attention(HEAD, engine="direct")(rho, grid, 0.0)
     fast = L2Attention(HEAD, engine="separable")(rho, grid, 0.0)
     mask = rho > 1e-8 * rho.max()

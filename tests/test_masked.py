@@ -35,16 +35,25 @@ def params_for(variant: str):
 
 def drifting(positions: Positions, grid: Grid) -> np.ndarray:
     """Position-dependent data: two bumps whose weights and centres move with s."""
-    return positions.sliced(lambda s: gaussian_mixture(
-        grid, [0.7 - 0.4 * s, 0.3 + 0.4 * s], [[-1.0 + s, 0.0], [1.0, 0.5 - s]],
-        [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]]), grid)
+    return positions.sliced(
+        lambda s: gaussian_mixture(
+            grid,
+            [0.7 - 0.4 * s, 0.3 + 0.4 * s],
+            [[-1.0 + s, 0.0], [1.0, 0.5 - s]],
+            [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]],
+        ),
+        grid,
+    )
 
 
 def masked_run(variant, grid, positions, density, t_end, dt=None, snapshots=2):
     field = CausalAttention(ATTENTION[variant](params_for(variant)))
     scheme = Scheme(dt=dt) if dt else Scheme()
-    return Solver(Problem(grid, density, field, t_end, scheme=scheme, snapshots=snapshots,
-                          positions=positions)).run()
+    return Solver(
+        Problem(
+            grid, density, field, t_end, scheme=scheme, snapshots=snapshots, positions=positions
+        )
+    ).run()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -59,10 +68,9 @@ def test_masked_velocity_is_the_field_of_the_slices_before(variant):
     offsets = [[0.5, 0.0], [0.0, 0.5]]
     masked = CausalAttention(base).at_many(density, grid, 0.2, offsets)
     for k in range(positions.count):
-        reference = base.at_many(density[:k + 1].sum(axis=0), grid, 0.2, offsets)
+        reference = base.at_many(density[: k + 1].sum(axis=0), grid, 0.2, offsets)
         for got, want in zip(masked, reference, strict=True):
-            np.testing.assert_allclose(got[:, k], want, rtol=0,
-                                       atol=1e-13 * np.abs(want).max())
+            np.testing.assert_allclose(got[:, k], want, rtol=0, atol=1e-13 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -74,9 +82,11 @@ def test_changing_later_positions_leaves_earlier_slices_bit_for_bit(variant):
     positions = Positions(4, 0.1)
     density = drifting(positions, grid)
     changed = density.copy()
-    changed[3:] = drifting(positions, grid)[::-1][:2] * 1.7   # other laws, other masses
-    runs = [masked_run(variant, grid, positions, d, 0.3, dt=0.01, snapshots=4)
-            for d in (density, changed)]
+    changed[3:] = drifting(positions, grid)[::-1][:2] * 1.7  # other laws, other masses
+    runs = [
+        masked_run(variant, grid, positions, d, 0.3, dt=0.01, snapshots=4)
+        for d in (density, changed)
+    ]
     for a, b in zip(runs[0].snapshots, runs[1].snapshots, strict=True):
         assert np.array_equal(a.density[:3], b.density[:3])
     assert not np.array_equal(runs[0].final[3:], runs[1].final[3:])
@@ -93,8 +103,15 @@ def test_position_marginal_is_invariant_and_the_sink_feels_only_itself():
         assert np.max(np.abs(positions.marginal(snap.density, grid) - marginal0)) < 1e-14
     # the sink slice alone, unmasked, with the same steps (fixed dt)
     fixed = masked_run("softmax", grid, positions, density, 0.5, dt=0.01)
-    alone = Solver(Problem(grid, density[0], ATTENTION["softmax"](params_for("softmax")), 0.5,
-                           scheme=Scheme(dt=0.01))).run()
+    alone = Solver(
+        Problem(
+            grid,
+            density[0],
+            ATTENTION["softmax"](params_for("softmax")),
+            0.5,
+            scheme=Scheme(dt=0.01),
+        )
+    ).run()
     assert np.array_equal(fixed.final[0], alone.final)
 
 
@@ -108,23 +125,27 @@ def test_position_independent_gaussian_follows_the_softmax_ode():
     rho = gaussian(grid, MEAN1, COV1)
     positions = Positions(3, 0.25)
     field = CausalAttention(ATTENTION["softmax"](head))
-    masked = Solver(Problem(grid, positions.product(rho, grid), field, t_end,
-                            positions=positions)).run()
+    masked = Solver(
+        Problem(grid, positions.product(rho, grid), field, t_end, positions=positions)
+    ).run()
     plain = Solver(Problem(grid, rho, ATTENTION["softmax"](head), t_end)).run()
     _, mean, cov = moments(plain.final, grid)
     plain_errors = relative_errors(mean, cov, solution.at(t_end))
-    print(f"\nmasked softmax, 64^2, t = {t_end}: unmasked run covariance error "
-          f"{plain_errors[1]:.2e}")
+    print(
+        f"\nmasked softmax, 64^2, t = {t_end}: unmasked run covariance error {plain_errors[1]:.2e}"
+    )
     for k in range(positions.count):
         slice_k = masked.final[k] / positions.weights[k]
         _, mean, cov = moments(slice_k, grid)
         errors = relative_errors(mean, cov, solution.at(t_end))
         gap = np.abs(slice_k - plain.final).max() / plain.final.max()
-        print(f"  slice s = {positions.s[k]:.3f}: covariance error {errors[1]:.2e}, "
-              f"gap to the unmasked run {gap:.1e}")
+        print(
+            f"  slice s = {positions.s[k]:.3f}: covariance error {errors[1]:.2e}, "
+            f"gap to the unmasked run {gap:.1e}"
+        )
         assert gap < 1e-9
-        assert errors[1] < 1.01 * plain_errors[1] + 1e-12   # as accurate as unmasked
-        assert errors[1] < 5e-4   # the 64^2 level of tests/test_runs.py (2.2e-4 measured)
+        assert errors[1] < 1.01 * plain_errors[1] + 1e-12  # as accurate as unmasked
+        assert errors[1] < 5e-4  # the 64^2 level of tests/test_runs.py (2.2e-4 measured)
 
 
 def test_masked_inputs_are_checked():
@@ -135,9 +156,13 @@ def test_masked_inputs_are_checked():
     with pytest.raises(ValueError, match="grid.sink_mass"):
         Positions(4, 0.0)
     with pytest.raises(ValueError, match="initial density: expected shape"):
-        Problem(grid, gaussian(grid, [0.0], [[1.0]]),
-                CausalAttention(ATTENTION["softmax"](Head([[0.5]], [[1.0]]))), 1.0,
-                positions=positions)
+        Problem(
+            grid,
+            gaussian(grid, [0.0], [[1.0]]),
+            CausalAttention(ATTENTION["softmax"](Head([[0.5]], [[1.0]]))),
+            1.0,
+            positions=positions,
+        )
     with pytest.raises(ValueError, match="attention.masked"):
         CausalAttention(ATTENTION["sinkhorn"](random_params("sinkhorn", 1)))
 
@@ -153,21 +178,31 @@ def test_grid_and_masked_tokens_agree_in_the_conditional_distance():
 
     grid = Grid([-6.0], [6.0], [240])
     positions = Positions(3, 0.2)
-    density = positions.sliced(lambda s: gaussian_mixture(
-        grid, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s], [1.2]], [[[0.3]], [[0.25]]]), grid)
+    density = positions.sliced(
+        lambda s: gaussian_mixture(
+            grid, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s], [1.2]], [[[0.3]], [[0.25]]]
+        ),
+        grid,
+    )
     head = Head([[0.6]], [[-1.0]])
-    runs = {n: masked_grid_vs_tokens("softmax", head, grid, positions, density, n, 1.0, 0.02,
-                                     seed=1) for n in (250, 1000)}
+    runs = {
+        n: masked_grid_vs_tokens("softmax", head, grid, positions, density, n, 1.0, 0.02, seed=1)
+        for n in (250, 1000)
+    }
     for n, r in runs.items():
-        print(f"\n{n} tokens per slice: W2,nu at t = 0 {r['distance_start']:.3e}, "
-              f"at t = 1 {r['distance_end']:.3e}")
+        print(
+            f"\n{n} tokens per slice: W2,nu at t = 0 {r['distance_start']:.3e}, "
+            f"at t = 1 {r['distance_end']:.3e}"
+        )
         assert r["distance_end"] <= r["distance_start"]
-    assert runs[1000]["distance_end"] < 0.7 * runs[250]["distance_end"]   # ~ n^{-1/2}: 0.5
+    assert runs[1000]["distance_end"] < 0.7 * runs[250]["distance_end"]  # ~ n^{-1/2}: 0.5
     tokens, token_s, weights = sample_sliced_tokens(density, grid, positions, 1000, 1)
-    unmasked = simulate(TokenSystem("softmax", head), tokens, 1.0, 0.02, weights=weights,
-                        method="ssprk3").tokens[-1]
-    gap = conditional_wasserstein_tokens(runs[1000]["final"], grid, unmasked, token_s,
-                                         positions.s, token_weights=weights, p=2)
+    unmasked = simulate(
+        TokenSystem("softmax", head), tokens, 1.0, 0.02, weights=weights, method="ssprk3"
+    ).tokens[-1]
+    gap = conditional_wasserstein_tokens(
+        runs[1000]["final"], grid, unmasked, token_s, positions.s, token_weights=weights, p=2
+    )
     print(f"unmasked tokens vs the masked grid: {gap:.3e}")
     assert gap > 2.5 * runs[1000]["distance_end"]
 
@@ -179,13 +214,28 @@ def test_masked_config_runs_end_to_end(tmp_path):
     from tpde.config import dumps
     from tpde.io import read
 
-    raw = {"grid": {"lower": [-5.0, -5.0], "upper": [7.0, 6.0], "cells": [24, 24],
-                    "positions": 3, "sink_mass": 0.2},
-           "initial": {"kind": "gaussian", "mean": [0.5, -0.3],
-                       "covariance": [[1.0, 0.4], [0.4, 0.6]], "mean_drift": [1.0, 0.5]},
-           "attention": {"variant": "softmax", "A": [[-0.6, 0.8], [-0.2, -0.3]],
-                         "V": [[1.0, 0.5], [-0.3, 0.8]], "masked": True},
-           "run": {"t_end": 0.2, "snapshots": 3}}
+    raw = {
+        "grid": {
+            "lower": [-5.0, -5.0],
+            "upper": [7.0, 6.0],
+            "cells": [24, 24],
+            "positions": 3,
+            "sink_mass": 0.2,
+        },
+        "initial": {
+            "kind": "gaussian",
+            "mean": [0.5, -0.3],
+            "covariance": [[1.0, 0.4], [0.4, 0.6]],
+            "mean_drift": [1.0, 0.5],
+        },
+        "attention": {
+            "variant": "softmax",
+            "A": [[-0.6, 0.8], [-0.2, -0.3]],
+            "V": [[1.0, 0.5], [-0.3, 0.8]],
+            "masked": True,
+        },
+        "run": {"t_end": 0.2, "snapshots": 3},
+    }
     config = tmp_path / "masked.toml"
     config.write_text(dumps(raw))
     out = tmp_path / "masked.nc"
@@ -193,13 +243,15 @@ def test_masked_config_runs_end_to_end(tmp_path):
     ds = read(out)
     assert ds["density"].dims == ("time", "s", "x", "y")
     assert np.allclose(ds["s"].values, [0.0, 1 / 3, 2 / 3, 1.0])
-    np.testing.assert_allclose(ds["slice_mass"].values[-1], ds["slice_mass"].values[0],
-                               rtol=0, atol=1e-6)   # outflow only (the box is tight)
+    np.testing.assert_allclose(
+        ds["slice_mass"].values[-1], ds["slice_mass"].values[0], rtol=0, atol=1e-6
+    )  # outflow only (the box is tight)
     means = ds["slice_mean"].values[0]
     np.testing.assert_allclose(means[2] - means[1], [1 / 3, 1 / 6], atol=1e-6)  # the drift
     particles = tmp_path / "particles.nc"
     assert main(["particles", str(config), "--tokens", "400", "-o", str(particles)]) == 0
     import xarray as xr
+
     tokens = xr.load_dataset(particles)
     assert tokens["token_position"].shape == (400,)
     assert main(["gaussian", str(config), "-o", str(tmp_path / "ode.nc")]) == 2

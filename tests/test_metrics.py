@@ -32,7 +32,7 @@ from tpde.validation.metrics import (
 )
 from tpde.validation.particles import sample_sliced_tokens
 
-M1, S1, M2, S2 = 0.3, 0.8, -0.5, 1.3          # two 1-D Gaussians
+M1, S1, M2, S2 = 0.3, 0.8, -0.5, 1.3  # two 1-D Gaussians
 MA, SA = np.array([0.3, -0.2]), np.array([[1.0, 0.3], [0.3, 0.6]])
 MB, SB = np.array([-0.4, 0.5]), np.array([[0.5, -0.1], [-0.1, 0.9]])
 
@@ -40,8 +40,15 @@ MB, SB = np.array([-0.4, 0.5]), np.array([[0.5, -0.1], [-0.1, 0.9]])
 def _w1_gaussians_1d() -> float:
     """``int |Phi((x-m1)/s1) - Phi((x-m2)/s2)| dx`` by adaptive quadrature (one crossing)."""
     cross = (M1 * S2 - M2 * S1) / (S2 - S1)
-    val, err = quad(lambda x: abs(norm.cdf(x, M1, S1) - norm.cdf(x, M2, S2)), -40, 40,
-                    points=[cross], limit=400, epsabs=1e-14, epsrel=1e-13)
+    val, err = quad(
+        lambda x: abs(norm.cdf(x, M1, S1) - norm.cdf(x, M2, S2)),
+        -40,
+        40,
+        points=[cross],
+        limit=400,
+        epsabs=1e-14,
+        epsrel=1e-13,
+    )
     assert err < 1e-11
     return val
 
@@ -60,7 +67,7 @@ def test_1d_gaussians_converge_to_closed_form():
         e1.append(abs(wasserstein_1d(a, b, g, p=1) - w1_ref))
         print(f"  {n:5d}  {e2[-1]:.3e}  {e1[-1]:.3e}")
     for e in (e2, e1):
-        assert all(e[i + 1] < e[i] / 3.5 for i in range(len(e) - 1))   # O(h^2)
+        assert all(e[i + 1] < e[i] / 3.5 for i in range(len(e) - 1))  # O(h^2)
     assert e2[-1] < 2e-5 and e1[-1] < 2e-5
 
 
@@ -72,14 +79,28 @@ def test_1d_exact_on_a_fixed_grid_vs_quadrature():
     fa = np.concatenate(([0], np.cumsum(a))) / a.sum()
     fb = np.concatenate(([0], np.cumsum(b))) / b.sum()
     assert np.all(np.diff(fa) > 0) and np.all(np.diff(fb) > 0)
-    w1, _ = quad(lambda x: abs(np.interp(x, e, fa) - np.interp(x, e, fb)), e[0], e[-1],
-                 points=e[1:-1], limit=500, epsabs=1e-14, epsrel=1e-13)
-    w2sq, _ = quad(lambda u: (np.interp(u, fa, e) - np.interp(u, fb, e)) ** 2, 0, 1,
-                   points=np.unique(np.concatenate((fa, fb)))[1:-1], limit=500, epsabs=1e-14,
-                   epsrel=1e-13)
+    w1, _ = quad(
+        lambda x: abs(np.interp(x, e, fa) - np.interp(x, e, fb)),
+        e[0],
+        e[-1],
+        points=e[1:-1],
+        limit=500,
+        epsabs=1e-14,
+        epsrel=1e-13,
+    )
+    w2sq, _ = quad(
+        lambda u: (np.interp(u, fa, e) - np.interp(u, fb, e)) ** 2,
+        0,
+        1,
+        points=np.unique(np.concatenate((fa, fb)))[1:-1],
+        limit=500,
+        epsabs=1e-14,
+        epsrel=1e-13,
+    )
     got1, got2 = wasserstein_1d(a, b, g, 1), wasserstein_1d(a, b, g, 2)
-    print(f"\n37 cells: W1 {got1:.15f} (quad {w1:.15f}), W2 {got2:.15f} "
-          f"(quad {math.sqrt(w2sq):.15f})")
+    print(
+        f"\n37 cells: W1 {got1:.15f} (quad {w1:.15f}), W2 {got2:.15f} (quad {math.sqrt(w2sq):.15f})"
+    )
     assert abs(got1 - w1) < 1e-12
     assert abs(got2 - math.sqrt(w2sq)) < 1e-12
 
@@ -88,7 +109,7 @@ def test_1d_translation_is_exact():
     g = Grid([-10], [10], [200])
     h = g.spacing[0]
     a = gaussian(g, [M1], [[S1**2]])
-    b = gaussian(g, [M1 + 7 * h], [[S1**2]])           # exact cell averages, 7 cells over
+    b = gaussian(g, [M1 + 7 * h], [[S1**2]])  # exact cell averages, 7 cells over
     box_a = uniform_box(g, [-2.0], [1.0])
     box_b = uniform_box(g, [-2.0 - 13 * h], [1.0 - 13 * h])
     for p in (1, 2):
@@ -99,7 +120,7 @@ def test_1d_translation_is_exact():
 
 
 def test_1d_tokens_hand_computed():
-    g = Grid([-1], [2], [30])                           # box [0, 1] on cell edges
+    g = Grid([-1], [2], [30])  # box [0, 1] on cell edges
     u = uniform_box(g, [0.0], [1.0])
     cases = [  # (tokens, weights, W1, W2)
         ([0.5], None, 0.25, math.sqrt(1 / 12)),
@@ -109,8 +130,10 @@ def test_1d_tokens_hand_computed():
     for x, w, w1, w2 in cases:
         got1 = wasserstein_1d_tokens(u, g, x, w, p=1)
         got2 = wasserstein_1d_tokens(u, g, np.reshape(x, (-1, 1)), w, p=2)
-        print(f"\nU[0,1] vs {np.round(x, 3).tolist()}: W1 {got1:.15f} ({w1:.15f}), "
-              f"W2 {got2:.15f} ({w2:.15f})")
+        print(
+            f"\nU[0,1] vs {np.round(x, 3).tolist()}: W1 {got1:.15f} ({w1:.15f}), "
+            f"W2 {got2:.15f} ({w2:.15f})"
+        )
         assert abs(got1 - w1) < 1e-14 and abs(got2 - w2) < 1e-14
         d = wasserstein_tokens(u, g, x, w, p=2)
         assert isinstance(d, Distance) and d.value == got2 and d.bound == 0.0
@@ -123,15 +146,17 @@ def test_1d_tokens_vs_scipy_and_pot_on_subdivided_cells():
     dens = gaussian(g, [0.4], [[1.1]])
     x = rng.normal(-0.2, 0.7, size=500)
     w = rng.random(500)
-    m = 400     # points per cell: W_p(cell, m midpoints) <= h / (4 m) (p=1), h / (m sqrt12)
+    m = 400  # points per cell: W_p(cell, m midpoints) <= h / (4 m) (p=1), h / (m sqrt12)
     sub = (g.edges(0)[:-1, None] + h * (np.arange(m) + 0.5)[None, :] / m).ravel()
     sub_w = np.repeat(dens / dens.sum() / m, m)
     ref1 = wasserstein_distance(sub, x, sub_w, w)
     ref2 = math.sqrt(ot.wasserstein_1d(sub, x, sub_w, w / w.sum(), p=2))
     got1 = wasserstein_1d_tokens(dens, g, x, w, p=1)
     got2 = wasserstein_1d_tokens(dens, g, x, w, p=2)
-    print(f"\n50 cells vs 500 tokens: W1 {got1:.10f} (scipy {ref1:.10f}, bound {h / (4 * m):.1e})"
-          f", W2 {got2:.10f} (POT {ref2:.10f}, bound {h / (m * math.sqrt(12)):.1e})")
+    print(
+        f"\n50 cells vs 500 tokens: W1 {got1:.10f} (scipy {ref1:.10f}, bound {h / (4 * m):.1e})"
+        f", W2 {got2:.10f} (POT {ref2:.10f}, bound {h / (m * math.sqrt(12)):.1e})"
+    )
     assert abs(got1 - ref1) <= h / (4 * m)
     assert abs(got2 - ref2) <= h / (m * math.sqrt(12)) + 1e-12
 
@@ -152,8 +177,10 @@ def test_translation_exact_2d_3d():
         d3 = wasserstein(a3, b3, g3, p=p)
         e2 = abs(d2.value - np.linalg.norm(shift))
         e3 = abs(d3.value - np.linalg.norm(shift3))
-        print(f"\ntranslation p={p}: 2-D |W - |s|| = {e2:.2e} ({d2.support_a} atoms), "
-              f"3-D {e3:.2e} ({d3.support_a} atoms)")
+        print(
+            f"\ntranslation p={p}: 2-D |W - |s|| = {e2:.2e} ({d2.support_a} atoms), "
+            f"3-D {e3:.2e} ({d3.support_a} atoms)"
+        )
         assert e2 < 1e-12 and e3 < 1e-12
         assert d2.method == "exact" and d2.reg is None and d2.coarsening == 1
 
@@ -169,7 +196,7 @@ def test_2d_gaussians_vs_bures_wasserstein():
         print(f"  {n:4d}²  {d.support_a:5d}  {errs[-1]:.3e}  (bound {d.bound:.2f})")
         assert errs[-1] <= d.bound
     assert errs[1] < errs[0] and errs[2] < errs[1]
-    assert errs[0] / errs[2] > 3.0 and errs[2] < 0.02       # ~O(h^2)
+    assert errs[0] / errs[2] > 3.0 and errs[2] < 0.02  # ~O(h^2)
 
 
 def test_entropic_above_exact_and_converging():
@@ -186,7 +213,7 @@ def test_entropic_above_exact_and_converging():
         print(f"  {r:5.2f}    {gaps[-1]:.3e}")
     assert all(gap > -1e-9 for gap in gaps)
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 0.02
-    assert wasserstein(a, b, g, method="entropic").reg == h2      # default eps = h^p
+    assert wasserstein(a, b, g, method="entropic").reg == h2  # default eps = h^p
 
 
 def test_coarsening_within_its_bound():
@@ -196,8 +223,10 @@ def test_coarsening_within_its_bound():
     coarse = wasserstein(a, b, g, p=1, max_cells=300)
     k = coarse.coarsening
     diag = float(np.linalg.norm(g.spacing))
-    print(f"\n32² W1: fine {fine.value:.6f} ({fine.support_a} atoms), k={k} "
-          f"{coarse.value:.6f} ({coarse.support_a} atoms), bound (k-1)|h| = {(k - 1) * diag:.3f}")
+    print(
+        f"\n32² W1: fine {fine.value:.6f} ({fine.support_a} atoms), k={k} "
+        f"{coarse.value:.6f} ({coarse.support_a} atoms), bound (k-1)|h| = {(k - 1) * diag:.3f}"
+    )
     assert k == 2 and max(coarse.support_a, coarse.support_b) <= 300
     assert abs(coarse.value - fine.value) <= (k - 1) * diag
 
@@ -205,7 +234,7 @@ def test_coarsening_within_its_bound():
 def test_tokens_2d_one_atom_and_consistency():
     g = Grid([-2, -2], [2, 2], [16, 16])
     h = g.spacing[0]
-    cell = uniform_box(g, [0.0, 0.0], [h, h])           # one cell -> one atom at (h/2, h/2)
+    cell = uniform_box(g, [0.0, 0.0], [h, h])  # one cell -> one atom at (h/2, h/2)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 2))
     w = rng.random(40)
@@ -234,18 +263,19 @@ def test_bures_wasserstein_closed_forms():
     diag = bures_wasserstein(m1, np.diag(a), m2, np.diag(b))
     ref = math.sqrt(np.sum((m1 - m2) ** 2) + np.sum((np.sqrt(a) - np.sqrt(b)) ** 2))
     r = sqrtm(SA)
-    general = math.sqrt(np.sum((MA - MB) ** 2)
-                        + np.trace(SA + SB - 2 * np.real(sqrtm(r @ SB @ r))))
+    general = math.sqrt(np.sum((MA - MB) ** 2) + np.trace(SA + SB - 2 * np.real(sqrtm(r @ SB @ r))))
     got = bures_wasserstein(MA, SA, MB, SB)
-    print(f"\nBures: 1-D {one:.15f}, diagonal {diag:.15f} ({ref:.15f}), "
-          f"general {got:.15f} (scipy sqrtm {general:.15f})")
+    print(
+        f"\nBures: 1-D {one:.15f}, diagonal {diag:.15f} ({ref:.15f}), "
+        f"general {got:.15f} (scipy sqrtm {general:.15f})"
+    )
     assert abs(diag - ref) < 1e-14 and abs(got - general) < 1e-12
-    assert bures_wasserstein(MA, SA, MA, SA) < 1e-7           # sqrt of round-off
+    assert bures_wasserstein(MA, SA, MA, SA) < 1e-7  # sqrt of round-off
 
 
 # ---- error norms ---------------------------------------------------------------------------------
 def test_density_and_moment_errors():
-    g = Grid([-9, -9], [9, 9], [64, 64])                # tails below 1e-18
+    g = Grid([-9, -9], [9, 9], [64, 64])  # tails below 1e-18
     ref = gaussian(g, MA, SA)
     a = ref.copy()
     a[30, 31] += 0.01
@@ -260,7 +290,7 @@ def test_density_and_moment_errors():
     assert abs(exact["mass"] - 1) < 1e-12
     assert exact["mean_error"] < 1e-12 and exact["cov_error"] < 1e-12
     off = moment_errors(ref, g, [0.0, 0.0], 1.01 * SA)
-    assert abs(off["mean_error"] - np.linalg.norm(MA)) < 1e-12       # absolute at m_ref = 0
+    assert abs(off["mean_error"] - np.linalg.norm(MA)) < 1e-12  # absolute at m_ref = 0
     assert abs(off["cov_error"] - 0.01 / 1.01) < 1e-12
 
 
@@ -303,8 +333,9 @@ def test_bad_input_names_the_argument():
 def _drifting(grid: Grid, positions: Positions, shift: float = 0.0) -> np.ndarray:
     """Sliced density (S, *grid.shape): slice k a Gaussian whose mean drifts with s_k."""
     d = grid.ndim
-    return positions.sliced(lambda s: gaussian(grid, np.full(d, s - 0.3 + shift),
-                                               0.4 * np.eye(d)), grid)
+    return positions.sliced(
+        lambda s: gaussian(grid, np.full(d, s - 0.3 + shift), 0.4 * np.eye(d)), grid
+    )
 
 
 @pytest.mark.parametrize("d", [1, 2])
@@ -327,8 +358,9 @@ def test_conditional_1d_two_shifted_slices():
     g = Grid([-5], [5], [1000])
     sigma, nu = 0.5, np.array([0.25, 0.75])
     a = np.stack([m * gaussian(g, [0.0], [[sigma**2]]) for m in nu])
-    b = np.stack([m * gaussian(g, [shift], [[sigma**2]])
-                  for m, shift in zip(nu, (0.3, 0.5), strict=True)])
+    b = np.stack(
+        [m * gaussian(g, [shift], [[sigma**2]]) for m, shift in zip(nu, (0.3, 0.5), strict=True)]
+    )
     w2 = conditional_wasserstein(a, b, g)
     w1 = conditional_wasserstein(a, b, g, p=1)
     flat = conditional_wasserstein(a, b, g, slice_weights=[1.0, 1.0])
@@ -338,7 +370,7 @@ def test_conditional_1d_two_shifted_slices():
     assert abs(w1 - (0.25 * 0.3 + 0.75 * 0.5)) <= 1e-12
     assert abs(flat - math.sqrt(0.5 * 0.3**2 + 0.5 * 0.5**2)) <= 1e-12
     a3, b3 = np.insert(a, 1, 0.0, axis=0), np.insert(b, 1, 0.0, axis=0)
-    assert conditional_wasserstein(a3, b3, g) == w2              # empty in both: skipped
+    assert conditional_wasserstein(a3, b3, g) == w2  # empty in both: skipped
     b3[1] = b3[0]
     with pytest.raises(ValueError, match=r"^metrics\.density_a: slice 1"):
         conditional_wasserstein(a3, b3, g)
@@ -362,12 +394,20 @@ def test_conditional_tokens_1d_decreases_with_the_sample_size():
         rows[per] = float(np.mean(values))
     x, s, w = sample_sliced_tokens(rho, g, positions, 200, seed=0)
     nu = positions.marginal(rho, g)
-    by_hand = math.sqrt(sum(nu[k] / nu.sum() * wasserstein_1d_tokens(
-        rho[k], g, x[k * 200:(k + 1) * 200], p=2) ** 2 for k in range(positions.count)))
-    print(f"\n1-D conditional W_2 of sliced tokens: 200/slice {rows[200]:.2e}, "
-          f"5000/slice {rows[5000]:.2e}")
+    by_hand = math.sqrt(
+        sum(
+            nu[k]
+            / nu.sum()
+            * wasserstein_1d_tokens(rho[k], g, x[k * 200 : (k + 1) * 200], p=2) ** 2
+            for k in range(positions.count)
+        )
+    )
+    print(
+        f"\n1-D conditional W_2 of sliced tokens: 200/slice {rows[200]:.2e}, "
+        f"5000/slice {rows[5000]:.2e}"
+    )
     assert abs(conditional_wasserstein_tokens(rho, g, x, s, positions.s, w) - by_hand) <= 1e-14
-    assert rows[5000] < rows[200] / 2.5                 # sqrt(25) = 5 expected
+    assert rows[5000] < rows[200] / 2.5  # sqrt(25) = 5 expected
     with pytest.raises(ValueError, match=r"^metrics\.token_positions: "):
         conditional_wasserstein_tokens(rho, g, x, s + 0.1, positions.s, w)
 
@@ -378,8 +418,12 @@ def test_conditional_tokens_2d_is_the_distance_to_the_binned_tokens():
     rho = _drifting(g, positions)
     per = 300
     x, s, w = sample_sliced_tokens(rho, g, positions, per, seed=2)
-    binned = np.stack([from_tokens(g, x[k * per:(k + 1) * per], w[k * per:(k + 1) * per])
-                       for k in range(positions.count)])
+    binned = np.stack(
+        [
+            from_tokens(g, x[k * per : (k + 1) * per], w[k * per : (k + 1) * per])
+            for k in range(positions.count)
+        ]
+    )
     got = conditional_wasserstein_tokens(rho, g, x, s, positions.s, w)
     ref = conditional_wasserstein(rho, binned, g)
     print(f"\n2-D conditional W_2, {per} tokens/slice: {got:.6f} (binned grid {ref:.6f})")

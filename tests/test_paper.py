@@ -19,13 +19,13 @@ from tpde.paper import (
 
 def test_initial_covariances_are_the_authors_trace_one_grid():
     covs = initial_covariances((-0.5, 0.5, -0.5, 0.5), 10, 10)
-    assert len(covs) == 100   # every point of [-.5, .5]^2 is inside the disc u^2 + w^2 < 1
+    assert len(covs) == 100  # every point of [-.5, .5]^2 is inside the disc u^2 + w^2 < 1
     for c in covs:
         assert np.isclose(np.trace(c), 1.0) and np.linalg.eigvalsh(c)[0] > 0
     wide = initial_covariances((-1, 1, -1, 1), 20, 20)
     assert 0 < len(wide) < 400
     xyz = authors_coordinates(np.array(wide))
-    assert np.all(xyz[:, 2] > np.hypot(xyz[:, 0], xyz[:, 1]))   # inside the PSD cone
+    assert np.all(xyz[:, 2] > np.hypot(xyz[:, 0], xyz[:, 1]))  # inside the PSD cone
 
 
 def test_rank_histogram_draws_give_the_exact_limit_counts_of_math_5_2():
@@ -46,15 +46,18 @@ def test_ode_limit_ranks_agree_with_the_exact_limits():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,variant", [("E2", "softmax"), ("E2", "l2"), ("E5", "softmax"),
-                                          ("E5", "l2")])
+@pytest.mark.parametrize(
+    "name,variant", [("E2", "softmax"), ("E2", "l2"), ("E5", "softmax"), ("E5", "l2")]
+)
 def test_grid_follows_the_ode_in_the_normalised_covariance(name, variant):
     """Issue 8: |Sigma/tr - Sigma_ode/tr| <= 1e-3 at every snapshot, E2 to t = 20, E5 to
     half the blow-up time (l2 does not blow up: to t = 2), two initial covariances each."""
     trajectories = run_experiment(name, variant, count=2, cells=128, snapshots=11)
     for t in trajectories:
         gap = t.normalised_gap()
-        print(f"\n{name} {variant}: Sigma_0 = {t.cov0.tolist()}, grid to t = "
-              f"{t.grid_times[-1]:.3g} (ODE blow-up {t.ode_event:.3g}): gap {gap:.2e}")
+        print(
+            f"\n{name} {variant}: Sigma_0 = {t.cov0.tolist()}, grid to t = "
+            f"{t.grid_times[-1]:.3g} (ODE blow-up {t.ode_event:.3g}): gap {gap:.2e}"
+        )
         assert gap <= 1e-3
     assert EXPERIMENTS[name].params[variant] is trajectories[0].params

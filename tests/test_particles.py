@@ -33,17 +33,20 @@ CASES = dict(PARAMS, **{"multihead c1": multihead_c1()})
 def test_gauss_hermite_tokens_follow_the_gaussian_odes(case):
     variant = case.split()[0]
     params = CASES[case]
-    nodes = 16 if variant == "sinkhorn" else 30        # Sinkhorn iterates on n^2 pairs
+    nodes = 16 if variant == "sinkhorn" else 30  # Sinkhorn iterates on n^2 pairs
     tokens, weights = gauss_hermite_tokens(MEAN1, COV1, nodes)
     system = TokenSystem(variant, params)
     solution = simulate(system, tokens, 0.5, 0.01, weights=weights)
     mean, cov = token_moments(solution.tokens[-1], weights)
     reference = solve(variant, MEAN1, COV1, params, 0.5).at(0.5)
     mean_err, cov_err = relative_errors(mean, cov, reference)
-    iters = (f", Sinkhorn iterations {np.mean(system.iterations):.1f}/eval"
-             if system.iterations else "")
-    print(f"\n{case}: {nodes}^2 Gauss-Hermite tokens, RK4 dt 0.01, t = 0.5 vs ODE: mean "
-          f"{mean_err:.1e}, cov {cov_err:.1e}{iters}")
+    iters = (
+        f", Sinkhorn iterations {np.mean(system.iterations):.1f}/eval" if system.iterations else ""
+    )
+    print(
+        f"\n{case}: {nodes}^2 Gauss-Hermite tokens, RK4 dt 0.01, t = 0.5 vs ODE: mean "
+        f"{mean_err:.1e}, cov {cov_err:.1e}{iters}"
+    )
     assert mean_err <= 1e-8 and cov_err <= 1e-8
 
 
@@ -61,16 +64,19 @@ def test_sinkhorn_tokens_keep_the_mean_identity_for_any_cloud():
 
 def test_sampled_tokens_have_the_grid_moments_and_round_trip_through_npy(tmp_path):
     grid = Grid([-5, -5], [5, 5], [40, 40])
-    rho = gaussian_mixture(grid, [0.6, 0.4], [[-1.5, 0.0], [1.5, 0.5]],
-                           [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]])
+    rho = gaussian_mixture(
+        grid, [0.6, 0.4], [[-1.5, 0.0], [1.5, 0.5]], [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]]
+    )
     n = 200_000
     tokens = sample_tokens(rho, grid, n, seed=3)
     _, mean, cov = moments(rho, grid)
     t_mean, t_cov = token_moments(tokens)
     sigma = np.sqrt(np.diag(cov))
-    print(f"\n{n} sampled tokens: mean error {np.abs(t_mean - mean).max():.1e} "
-          f"(sigma/sqrt(n) = {sigma.max() / np.sqrt(n):.1e}), cov error "
-          f"{np.abs(t_cov - cov).max():.1e}")
+    print(
+        f"\n{n} sampled tokens: mean error {np.abs(t_mean - mean).max():.1e} "
+        f"(sigma/sqrt(n) = {sigma.max() / np.sqrt(n):.1e}), cov error "
+        f"{np.abs(t_cov - cov).max():.1e}"
+    )
     assert np.all(np.abs(t_mean - mean) <= 5 * sigma / np.sqrt(n))
     assert np.abs(t_cov - cov).max() <= 5 * 2 * sigma.max() ** 2 / np.sqrt(n)
     np.save(tmp_path / "tokens.npy", tokens)
@@ -82,8 +88,13 @@ def test_sampled_tokens_have_the_grid_moments_and_round_trip_through_npy(tmp_pat
 
 
 # ---- masked (causal) attention --------------------------------------------------------------
-MASKABLE = {"softmax": PARAMS["softmax"], "l2": PARAMS["l2"], "linear": PARAMS["linear"],
-            "sigmoid": SigmoidHead(A1, V1, bias=-0.5), "multihead": PARAMS["multihead"]}
+MASKABLE = {
+    "softmax": PARAMS["softmax"],
+    "l2": PARAMS["l2"],
+    "linear": PARAMS["linear"],
+    "sigmoid": SigmoidHead(A1, V1, bias=-0.5),
+    "multihead": PARAMS["multihead"],
+}
 
 
 def _cloud(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +117,7 @@ def test_masked_velocity_with_one_position_is_the_unmasked_velocity(variant):
 def test_masked_velocity_is_causal_bit_for_bit(variant):
     """Moving the tokens after s0 leaves every velocity at positions <= s0 unchanged."""
     tokens, weights = _cloud(90, 2)
-    positions = np.random.default_rng(3).integers(0, 7, 90) / 6     # 7 levels, ties included
+    positions = np.random.default_rng(3).integers(0, 7, 90) / 6  # 7 levels, ties included
     system = TokenSystem(variant, MASKABLE[variant], positions=positions)
     before = system.velocity(tokens, weights, 0.0)
     later = positions > 0.5
@@ -127,9 +138,9 @@ def test_masked_softmax_is_the_brute_force_causal_sum():
     u = masked.velocity(tokens, weights, 0.0)
     unmasked = TokenSystem("softmax", Head(A1, V1))
     for i in range(n):
-        prefix = unmasked.velocity(tokens[:i + 1], weights[:i + 1], 0.0)[i]
-        kernel = weights[:i + 1] * np.exp(tokens[:i + 1] @ (A1 @ tokens[i]))
-        formula = V1 @ (kernel @ tokens[:i + 1]) / kernel.sum()
+        prefix = unmasked.velocity(tokens[: i + 1], weights[: i + 1], 0.0)[i]
+        kernel = weights[: i + 1] * np.exp(tokens[: i + 1] @ (A1 @ tokens[i]))
+        formula = V1 @ (kernel @ tokens[: i + 1]) / kernel.sum()
         assert np.abs(u[i] - prefix).max() <= 1e-13
         assert np.abs(u[i] - formula).max() <= 1e-13 * max(1.0, np.abs(formula).max())
 
@@ -142,7 +153,7 @@ def test_masked_sigmoid_is_the_unmasked_sum_over_the_prefix():
     head = MASKABLE["sigmoid"]
     u = TokenSystem("sigmoid", head, positions=causal_positions(n)).velocity(tokens, weights, 0)
     for i in range(n):
-        prefix = TokenSystem("sigmoid", head).velocity(tokens[:i + 1], weights[:i + 1], 0.0)
+        prefix = TokenSystem("sigmoid", head).velocity(tokens[: i + 1], weights[: i + 1], 0.0)
         assert np.abs(u[i] - prefix[i]).max() <= 1e-13
 
 
@@ -155,8 +166,9 @@ def test_the_sink_moves_under_its_own_attention_only():
     u = system.velocity(tokens, weights, 0.0)
     alone = TokenSystem("softmax", Head(A1, V1)).velocity(tokens[:3], weights[:3], 0.0)
     assert np.allclose(u[:3], alone, rtol=1e-14, atol=1e-15)
-    single = TokenSystem("softmax", Head(A1, V1),
-                         positions=np.concatenate([[0.0], causal_positions(49)]))
+    single = TokenSystem(
+        "softmax", Head(A1, V1), positions=np.concatenate([[0.0], causal_positions(49)])
+    )
     assert np.allclose(single.velocity(tokens, weights, 0.0)[0], V1 @ tokens[0], rtol=1e-14)
 
 
@@ -169,7 +181,8 @@ def test_masked_system_integrates_and_rejects_bad_positions():
         TokenSystem("sinkhorn", SinkhornHead(A1, V1, eps=1.0), positions=causal_positions(30))
     with pytest.raises(ValueError, match="tokens.positions"):
         TokenSystem("softmax", Head(A1, V1), positions=causal_positions(29)).velocity(
-            tokens, weights, 0.0)
+            tokens, weights, 0.0
+        )
     with pytest.raises(ValueError, match="tokens.positions"):
         TokenSystem("softmax", Head(A1, V1), positions=np.full(30, 1.5))
     assert np.array_equal(causal_positions(4), [0.25, 0.5, 0.75, 1.0])
@@ -179,7 +192,7 @@ def test_sample_sliced_tokens_shapes_positions_and_weights():
     grid = Grid([-5, -5], [5, 5], [40, 40])
     positions = Positions(3, sink_mass=0.2)
     density = positions.sliced(lambda s: gaussian(grid, [s, -s], 0.3 * np.eye(2)), grid)
-    density[2] *= 0.5                                   # a slice that lost half its mass
+    density[2] *= 0.5  # a slice that lost half its mass
     per = 4000
     tokens, s, w = sample_sliced_tokens(density, grid, positions, per, seed=9)
     count = positions.count
@@ -188,12 +201,12 @@ def test_sample_sliced_tokens_shapes_positions_and_weights():
     masses = positions.marginal(density, grid)
     assert np.allclose(w, np.repeat(masses / masses.sum() / per, per), rtol=1e-14)
     assert abs(w.sum() - 1.0) <= 1e-14
-    for k in range(count):                              # each slice samples its own law
-        mean = token_moments(tokens[k * per:(k + 1) * per])[0]
+    for k in range(count):  # each slice samples its own law
+        mean = token_moments(tokens[k * per : (k + 1) * per])[0]
         _, ref, cov = moments(density[k], grid)
         assert np.all(np.abs(mean - ref) <= 5 * np.sqrt(np.diag(cov) / per))
     again = sample_sliced_tokens(density, grid, positions, per, seed=9)[0]
     assert np.array_equal(again, tokens)
     same = positions.product(gaussian(grid, [0, 0], np.eye(2)), grid)
     x = sample_sliced_tokens(same, grid, positions, 10, seed=1)[0]
-    assert not np.array_equal(x[:10], x[10:20])          # a different seed per slice
+    assert not np.array_equal(x[:10], x[10:20])  # a different seed per slice

@@ -43,8 +43,9 @@ def exact_moments(d: int, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def make_dataset(d: int, nt: int = NT, title: str = "synthetic") -> xr.Dataset:
     """A run-shaped Dataset (DESIGN.md 4) holding a moving Gaussian with consistent moments."""
     names = AXES[:d]
-    edges = [np.linspace(lo, hi, n + 1) for lo, hi, n in zip(LOWER[d], UPPER[d], CELLS[d],
-                                                               strict=True)]
+    edges = [
+        np.linspace(lo, hi, n + 1) for lo, hi, n in zip(LOWER[d], UPPER[d], CELLS[d], strict=True)
+    ]
     centres = [0.5 * (e[1:] + e[:-1]) for e in edges]
     volume = float(np.prod([e[1] - e[0] for e in edges]))
     grids = np.meshgrid(*centres, indexing="ij")
@@ -71,21 +72,29 @@ def make_dataset(d: int, nt: int = NT, title: str = "synthetic") -> xr.Dataset:
     coords = {"time": ("time", times, {"units": "1", "long_name": "time"})}
     data = {}
     for a, name in enumerate(names):
-        coords[name] = (name, centres[a], {"units": "1", "axis": name.upper(),
-                                           "long_name": f"cell centre {name}",
-                                           "bounds": f"{name}_bounds"})
+        coords[name] = (
+            name,
+            centres[a],
+            {
+                "units": "1",
+                "axis": name.upper(),
+                "long_name": f"cell centre {name}",
+                "bounds": f"{name}_bounds",
+            },
+        )
         data[f"{name}_bounds"] = ((name, "nv"), np.stack([edges[a][:-1], edges[a][1:]], axis=1))
-    data.update({
-        "density": (("time", *names), density),
-        "mass": ("time", mass),
-        "mean": (("time", "dim"), mean),
-        "covariance": (("time", "dim", "dim2"), cov),
-        "outflow": ("time", LEAK * times),
-        "max_speed": ("time", np.full(nt, 1.0)),
-        "dt": ("time", np.full(nt, 0.01)),
-    })
-    attrs = {"title": title, "status": "completed", "status_time": float(times[-1]),
-             "config": ""}
+    data.update(
+        {
+            "density": (("time", *names), density),
+            "mass": ("time", mass),
+            "mean": (("time", "dim"), mean),
+            "covariance": (("time", "dim", "dim2"), cov),
+            "outflow": ("time", LEAK * times),
+            "max_speed": ("time", np.full(nt, 1.0)),
+            "dt": ("time", np.full(nt, 0.01)),
+        }
+    )
+    attrs = {"title": title, "status": "completed", "status_time": float(times[-1]), "config": ""}
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
@@ -120,16 +129,14 @@ def check_animation(path) -> None:
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_plot_all_writes_every_file(tmp_path, d):
     ds = make_dataset(d)
-    written = plots.plot_all(ds, tmp_path / "figs", reference=reference(d),
-                             animate_density=True)
+    written = plots.plot_all(ds, tmp_path / "figs", reference=reference(d), animate_density=True)
     names = ["density.png", "moments.png", "mass.png"] + (["projections.png"] if d == 3 else [])
     assert [p.name for p in written[:-1]] == names
     for path in written[:-1]:
         check_png(path)
     assert written[-1].stem == "density"
     check_animation(written[-1])
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(
-        p.name for p in written)
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(p.name for p in written)
 
 
 def test_plot_all_without_reference_or_animation(tmp_path):
@@ -166,8 +173,7 @@ def test_2d_images_use_bounds_and_reference_ellipses():
     mean, cov = exact_moments(2, np.array([1.0]))
     assert np.allclose(xy.mean(axis=1), mean[0], atol=1e-2)
     radii = np.linalg.norm(xy - mean[0][:, None], axis=0)
-    assert np.allclose([radii.min(), radii.max()], np.sqrt(np.linalg.eigvalsh(cov[0])),
-                       rtol=1e-3)
+    assert np.allclose([radii.min(), radii.max()], np.sqrt(np.linalg.eigvalsh(cov[0])), rtol=1e-3)
     # shared colour scale
     assert len({ax.collections[0].get_clim() for ax in images}) == 1
 
@@ -193,7 +199,8 @@ def test_projection_integrates_to_mass():
     mass = float(ds.mass.sel(time=0.5))
     for ax, (a, b) in zip(images, plots.PLANES, strict=True):
         assert np.asarray(ax.collections[0].get_array()).sum() * widths[a] * widths[b] == (
-            pytest.approx(mass, rel=1e-12))
+            pytest.approx(mass, rel=1e-12)
+        )
     with pytest.raises(ValueError, match="3-D"):
         plots.projection_figure(make_dataset(2))
 
@@ -249,8 +256,10 @@ def test_bad_datasets():
     four = xr.Dataset({"density": (("time", "x", "y", "z", "w"), np.zeros((1, 2, 2, 2, 2)))})
     with pytest.raises(ValueError, match="expected"):
         plots.density_figure(four)
-    for bad in (xr.Dataset({"density": (("time", "y"), np.zeros((2, 3)))}),
-                xr.Dataset({"density": (("x",), np.zeros(3))})):
+    for bad in (
+        xr.Dataset({"density": (("time", "y"), np.zeros((2, 3)))}),
+        xr.Dataset({"density": (("x",), np.zeros(3))}),
+    ):
         with pytest.raises(ValueError, match="dims"):
             plots.moments_figure(bad)
     with pytest.raises(ValueError, match="reference"):
@@ -260,14 +269,21 @@ def test_bad_datasets():
 
 
 def test_no_pyplot_and_no_backend_switch(tmp_path):
-    code = ("import sys, matplotlib; matplotlib.use('svg'); import tpde.plots as p; "
-            "assert 'matplotlib.pyplot' not in sys.modules; "
-            "sys.path.insert(0, 'tests'); from test_plots import make_dataset; "
-            f"p.plot_all(make_dataset(1, nt=2), {str(tmp_path)!r}, animate_density=True); "
-            "assert 'matplotlib.pyplot' not in sys.modules; "
-            "assert matplotlib.get_backend() == 'svg'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=Path(__file__).parent.parent)
+    code = (
+        "import sys, matplotlib; matplotlib.use('svg'); import tpde.plots as p; "
+        "assert 'matplotlib.pyplot' not in sys.modules; "
+        "sys.path.insert(0, 'tests'); from test_plots import make_dataset; "
+        f"p.plot_all(make_dataset(1, nt=2), {str(tmp_path)!r}, animate_density=True); "
+        "assert 'matplotlib.pyplot' not in sys.modules; "
+        "assert matplotlib.get_backend() == 'svg'"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent.parent,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -284,10 +300,14 @@ def make_sliced_dataset(d: int, directory: Path, nt: int = 3) -> xr.Dataset:
         for i, t in enumerate(np.linspace(0.0, 1.0, nt)):
             shift = np.array([0.8, -0.5, 0.3][:d])
             density = POSITIONS.sliced(
-                lambda s, t=t, shift=shift: gaussian(grid, (s + 0.3 * t) * shift,
-                                                     0.5 * np.eye(d)), grid)
-            writer.write(SimpleNamespace(time=float(t), density=density, outflow=0.0,
-                                         max_speed=1.0, dt=0.01 * (i + 1)))
+                lambda s, t=t, shift=shift: gaussian(grid, (s + 0.3 * t) * shift, 0.5 * np.eye(d)),
+                grid,
+            )
+            writer.write(
+                SimpleNamespace(
+                    time=float(t), density=density, outflow=0.0, max_speed=1.0, dt=0.01 * (i + 1)
+                )
+            )
     return read(path)
 
 
@@ -296,8 +316,11 @@ def test_plot_all_sliced(tmp_path, d):
     ds = make_sliced_dataset(d, tmp_path)
     assert ds["density"].dims[:2] == ("time", "s")
     written = plots.plot_all(ds, tmp_path / "figs", reference=reference(d))
-    names = (["density.png", "moments.png", "mass.png"] + (["projections.png"] if d == 3 else [])
-             + ["slices.png", "position_marginal.png"])
+    names = (
+        ["density.png", "moments.png", "mass.png"]
+        + (["projections.png"] if d == 3 else [])
+        + ["slices.png", "position_marginal.png"]
+    )
     assert [p.name for p in written] == names
     for path in written:
         check_png(path)
@@ -326,10 +349,12 @@ def test_sliced_figures_draw_marginal_and_slices(tmp_path):
     # without the slice records the figures compute them from the density
     bare = ds.drop_vars(["slice_mass", "slice_mean", "slice_covariance"])
     ax_mass, ax_mean = plots.position_marginal_figure(bare).axes
-    np.testing.assert_allclose(ax_mass.lines[1].get_ydata(), ds["slice_mass"].values[-1],
-                               rtol=1e-12)
-    np.testing.assert_allclose(ax_mean.lines[1].get_ydata(), ds["slice_mean"].values[-1, :, 0],
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        ax_mass.lines[1].get_ydata(), ds["slice_mass"].values[-1], rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        ax_mean.lines[1].get_ydata(), ds["slice_mean"].values[-1, :, 0], rtol=1e-10, atol=1e-12
+    )
 
 
 def test_slice_figures_need_positions():

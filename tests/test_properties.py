@@ -21,8 +21,8 @@ def cases(draw):
     grid = Grid([-1.0] * ndim, [1.0 + draw(st.floats(0.0, 2.0))] * ndim, cells, boundary)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     data = rng.random(grid.shape) ** draw(st.sampled_from([1, 4, 16]))  # from smooth to spiky
-    data[rng.random(grid.shape) < draw(st.floats(0.0, 0.9))] = 0.0      # holes of vacuum
-    data.flat[rng.integers(grid.size)] += 10.0                           # one loaded cell
+    data[rng.random(grid.shape) < draw(st.floats(0.0, 0.9))] = 0.0  # holes of vacuum
+    data.flat[rng.integers(grid.size)] += 10.0  # one loaded cell
     if draw(st.booleans()):
         matrix = rng.uniform(-2, 2, (ndim, ndim))
         velocity = AffineVelocity(matrix, rng.uniform(-1, 1, ndim))
@@ -31,13 +31,16 @@ def cases(draw):
         amp = rng.uniform(-2, 2, ndim)
 
         def func(x, t, k=k, amp=amp):
-            return [amp[a] * np.sin(sum(k[a, b] * x[b] for b in range(ndim)) + t)
-                    for a in range(ndim)]
+            return [
+                amp[a] * np.sin(sum(k[a, b] * x[b] for b in range(ndim)) + t) for a in range(ndim)
+            ]
 
         velocity = FunctionVelocity(func)
-    scheme = Scheme(reconstruction=draw(st.sampled_from(sorted(RECONSTRUCTIONS))),
-                    integrator=draw(st.sampled_from(["ssprk1", "ssprk2", "ssprk3"])),
-                    cfl=draw(st.floats(0.25, 1.0)))
+    scheme = Scheme(
+        reconstruction=draw(st.sampled_from(sorted(RECONSTRUCTIONS))),
+        integrator=draw(st.sampled_from(["ssprk1", "ssprk2", "ssprk3"])),
+        cfl=draw(st.floats(0.25, 1.0)),
+    )
     return grid, data, velocity, scheme
 
 

@@ -24,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
     "grid": {"lower": [-5.5, -5.25], "upper": [6.5, 4.5], "cells": [24, 24]},
     "initial": {"kind": "gaussian", "mean": [0.5, -0.3], "covariance": [[1.0, 0.4], [0.4, 0.6]]},
-    "attention": {"variant": "softmax", "A": [[-0.6, 0.8], [-0.2, -0.3]],
-                  "V": [[1.0, 0.5], [-0.3, 0.8]]},
+    "attention": {
+        "variant": "softmax",
+        "A": [[-0.6, 0.8], [-0.2, -0.3]],
+        "V": [[1.0, 0.5], [-0.3, 0.8]],
+    },
     "run": {"t_end": 0.5, "snapshots": 6},
 }
 
@@ -55,10 +58,13 @@ def test_killed_run_is_readable_and_resume_matches_an_uninterrupted_run(tmp_path
     config.write_text(dumps(raw))
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
-    process = subprocess.Popen([sys.executable, "-m", "tpde.cli", "run", str(config), "-o",
-                                str(cut)], stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = 0
-    while seen < 5:                       # one log line per snapshot (stderr is not a tty)
+    while seen < 5:  # one log line per snapshot (stderr is not a tty)
         line = process.stderr.readline()
         assert line, "the run ended before it could be killed"
         seen += line.startswith("[")
@@ -73,8 +79,10 @@ def test_killed_run_is_readable_and_resume_matches_an_uninterrupted_run(tmp_path
     assert main(["run", str(config), "-o", str(cut), "--resume", "--quiet"]) == 0
     resumed, reference = read(cut), read(full)
     gap = float(np.abs(resumed["density"].values - reference["density"].values).max())
-    print(f"\nkilled after {done} of 41 snapshots; resumed in {time.perf_counter() - start:.1f}"
-          f" s; max |resumed - uninterrupted| = {gap:.1e}")
+    print(
+        f"\nkilled after {done} of 41 snapshots; resumed in {time.perf_counter() - start:.1f}"
+        f" s; max |resumed - uninterrupted| = {gap:.1e}"
+    )
     assert resumed.sizes["time"] == 41 and resumed.attrs["status"] == "completed"
     assert np.array_equal(resumed["time"].values, reference["time"].values)
     # warm starts are dropped at every snapshot (VelocityField.reset): 0 when run alone,
@@ -110,15 +118,18 @@ def test_gaussian_and_particle_references_match_the_run(tmp_path):
     paths = {name: tmp_path / f"{name}.nc" for name in ("run", "gaussian", "particles")}
     assert main(["run", str(config), "-o", str(paths["run"]), "--quiet"]) == 0
     assert main(["gaussian", str(config), "-o", str(paths["gaussian"])]) == 0
-    assert main(["particles", str(config), "--tokens", "4000", "-o",
-                 str(paths["particles"])]) == 0
-    run, ode, tokens = (read(paths["run"]), xr.load_dataset(paths["gaussian"]),
-                        xr.load_dataset(paths["particles"]))
+    assert main(["particles", str(config), "--tokens", "4000", "-o", str(paths["particles"])]) == 0
+    run, ode, tokens = (
+        read(paths["run"]),
+        xr.load_dataset(paths["gaussian"]),
+        xr.load_dataset(paths["particles"]),
+    )
     assert np.array_equal(run["time"].values, ode["time"].values)
     grid_err = float(np.abs(run["covariance"][-1] - ode["covariance"][-1]).max())
     token_err = float(np.abs(tokens["covariance"][-1] - ode["covariance"][-1]).max())
-    print(f"\ncovariance at t = 0.5: grid vs ODE {grid_err:.1e}, 4000 tokens vs ODE "
-          f"{token_err:.1e}")
+    print(
+        f"\ncovariance at t = 0.5: grid vs ODE {grid_err:.1e}, 4000 tokens vs ODE {token_err:.1e}"
+    )
     assert grid_err <= 1e-3 and token_err <= 5 * 2 / np.sqrt(4000)
     assert tokens["tokens"].shape == (6, 4000, 2)
     assert main(["gaussian", str(config), "-o", str(paths["gaussian"])]) == 2

@@ -36,15 +36,16 @@ PARAMS = {
     "linear": Head(A1, V1),
     "multihead": [Head(A1, 0.5 * V1), Head(0.5 * A1.T, [[0.3, -0.2], [0.4, 0.5]])],
 }
-SIGMAS = {"softmax": 7.0, "multihead": 7.0}   # box half-widths in sigma_a; default 6
+SIGMAS = {"softmax": 7.0, "multihead": 7.0}  # box half-widths in sigma_a; default 6
 
 
 def run(variant: str, params, cells: int, t_end: float = T_END):
     solution = solve(variant, MEAN1, COV1, params, t_end)
     grid = Grid(*fitted_box(solution, t_end, SIGMAS.get(variant, 6.0)), [cells, cells])
     field = ATTENTION[variant](params)
-    result = Solver(Problem(grid, gaussian(grid, MEAN1, COV1), field, t_end,
-                            max_outflow=1e-5)).run()
+    result = Solver(
+        Problem(grid, gaussian(grid, MEAN1, COV1), field, t_end, max_outflow=1e-5)
+    ).run()
     assert result.status == "completed", result.status
     _, mean, cov = moments(result.final, grid)
     field.outflow = result.snapshots[-1].outflow
@@ -60,8 +61,12 @@ def refinement(variant: str, cells: list[int], params=None) -> list[tuple[float,
         extra.setdefault("outflow", []).append(field.outflow)
         if hasattr(field, "iterations"):
             extra.setdefault("mean iters", []).append(float(np.mean(field.iterations)))
-    print_table(f"{variant} run vs Gaussian ODE (c1), 2-D, t = {T_END}: relative covariance "
-                "error", cells, [r[1] for r in rows], {"mean err": [r[0] for r in rows], **extra})
+    print_table(
+        f"{variant} run vs Gaussian ODE (c1), 2-D, t = {T_END}: relative covariance error",
+        cells,
+        [r[1] for r in rows],
+        {"mean err": [r[0] for r in rows], **extra},
+    )
     return rows
 
 
@@ -75,7 +80,7 @@ def test_runs_follow_the_gaussian_odes(variant):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(PARAMS) + ["multihead c1"])
 def test_runs_follow_the_gaussian_odes_to_256(variant):
-    if variant == "multihead c1":   # MATH.md 6: rank-one heads, a long box (h = 0.34 at 64^2)
+    if variant == "multihead c1":  # MATH.md 6: rank-one heads, a long box (h = 0.34 at 64^2)
         rows = refinement("multihead", [64, 128, 256], multihead_c1())
     else:
         rows = refinement(variant, [64, 128, 256])
@@ -97,10 +102,13 @@ def test_layerwise_and_continuous_parameters_follow_the_odes(variant):
         mean, cov, _, reference = run(variant, spec, 64)
         _, cov_err = relative_errors(mean, cov, reference)
         # the mean passes near 0 here: measure its error in units of the standard deviation
-        mean_err = float(np.linalg.norm(mean - reference[0])
-                         / np.sqrt(np.linalg.eigvalsh(reference[1])[-1]))
+        mean_err = float(
+            np.linalg.norm(mean - reference[0]) / np.sqrt(np.linalg.eigvalsh(reference[1])[-1])
+        )
         change = float(np.linalg.norm(constant - reference[1]) / np.linalg.norm(reference[1]))
-        print(f"\n{variant} {name} run 64^2 vs ODE: mean {mean_err:.2e} sigma, cov "
-              f"{cov_err:.2e} (time dependence changes the covariance by {change:.2e})")
-        assert cov_err <= 2e-3 and mean_err <= 1e-3   # the 64^2 error of these cases
+        print(
+            f"\n{variant} {name} run 64^2 vs ODE: mean {mean_err:.2e} sigma, cov "
+            f"{cov_err:.2e} (time dependence changes the covariance by {change:.2e})"
+        )
+        assert cov_err <= 2e-3 and mean_err <= 1e-3  # the 64^2 error of these cases
         assert change > 20 * cov_err

@@ -31,9 +31,14 @@ MATRICES = {
 
 def table_for(matrix, grid: Grid, inner=(80, 80)):
     """start, step, node counts of a table covering c = matrix x over the box, padded."""
-    corners = np.array([[x, y] for x in grid.lower for y in grid.upper]
-                       + [[x, y] for x in grid.upper for y in grid.lower]
-                       + [list(grid.lower), list(grid.upper)]) @ matrix.T
+    corners = (
+        np.array(
+            [[x, y] for x in grid.lower for y in grid.upper]
+            + [[x, y] for x in grid.upper for y in grid.lower]
+            + [list(grid.lower), list(grid.upper)]
+        )
+        @ matrix.T
+    )
     lower, upper = corners.min(axis=0), corners.max(axis=0)
     step = np.maximum(upper - lower, 1e-12) / (np.asarray(inner) - 1)
     pad = ORDER // 2 + 1 + extra_nodes(matrix, step)
@@ -77,7 +82,7 @@ def test_nodes_read_is_exactly_what_the_passes_read(name):
         for i in range(passes.a.size):
             for k in range(passes.first_node[i], passes.last_node[i] + 1):
                 first = int(np.floor(passes.a[i] + passes.b * k)) - LOW
-                marked[k, first:first + ORDER] = True
+                marked[k, first : first + ORDER] = True
     for k in range(marked.shape[0]):
         read = np.flatnonzero(marked[k])
         if read.size:
@@ -87,13 +92,16 @@ def test_nodes_read_is_exactly_what_the_passes_read(name):
 
 
 def three_bumps(grid: Grid) -> np.ndarray:
-    return gaussian_mixture(grid, [0.3, 0.4, 0.3], [[-3.0, -1.0], [2.5, 1.0], [0.0, 3.0]],
-                            [0.3 * np.eye(2), [[0.5, 0.2], [0.2, 0.3]],
-                             [[0.2, 0.0], [0.0, 0.6]]])
+    return gaussian_mixture(
+        grid,
+        [0.3, 0.4, 0.3],
+        [[-3.0, -1.0], [2.5, 1.0], [0.0, 3.0]],
+        [0.3 * np.eye(2), [[0.5, 0.2], [0.2, 0.3]], [[0.2, 0.0], [0.0, 0.6]]],
+    )
 
 
 def test_banded_table_is_the_full_table_where_the_passes_read():
-    grid = Grid([-7.0, -7.0], [7.0, 7.0], [128, 128])   # the band applies from 128 cells
+    grid = Grid([-7.0, -7.0], [7.0, 7.0], [128, 128])  # the band applies from 128 cells
     rho = three_bumps(grid)
     matrix = np.asarray(A1)
     lattices = [grid.lattice(o) for o in ([-0.5, 0.0], [0.0, -0.5])]
@@ -110,7 +118,7 @@ def test_banded_table_is_the_full_table_where_the_passes_read():
             read[index] = True
     assert 0.3 < read.mean() < 0.8
     assert np.all(np.isfinite(banded[:, read]))
-    assert np.isnan(banded[:, ~read]).mean() > 0.5        # formed only near the band
+    assert np.isnan(banded[:, ~read]).mean() > 0.5  # formed only near the band
     assert np.abs(banded[:, read] - full[:, read]).max() <= 1e-13 * np.abs(full).max()
 
 
@@ -131,10 +139,11 @@ def test_sheared_engine_is_as_accurate_as_the_pointwise_stencils(monkeypatch):
         matrix = scale * np.asarray(A1)
         errors = {}
         for route in ("sheared", "pointwise"):
-            if route == "pointwise":   # the engine before the passes: no shear, no refinement
+            if route == "pointwise":  # the engine before the passes: no shear, no refinement
                 monkeypatch.setattr(separable, "sheared_on_lattice", lambda *a, **k: None)
-                monkeypatch.setattr(separable, "resolution_factor",
-                                    lambda matrix, extent: np.ones(len(extent)))
+                monkeypatch.setattr(
+                    separable, "resolution_factor", lambda matrix, extent: np.ones(len(extent))
+                )
             field = SoftmaxAttention(Head(matrix, V1), engine="separable")
             values = field.components(rho, grid, 0.0, offsets, [0, 1])
             worst = 0.0
@@ -149,8 +158,10 @@ def test_sheared_engine_is_as_accurate_as_the_pointwise_stencils(monkeypatch):
                 worst = max(worst, np.abs(got - reference).max() / np.abs(reference).max())
             errors[route] = worst
             monkeypatch.undo()
-        print(f"\nthree bumps 128^2, A = {scale} c1: sheared {errors['sheared']:.2e}, "
-              f"pointwise {errors['pointwise']:.2e} (vs dense)")
+        print(
+            f"\nthree bumps 128^2, A = {scale} c1: sheared {errors['sheared']:.2e}, "
+            f"pointwise {errors['pointwise']:.2e} (vs dense)"
+        )
         all_errors[scale] = errors
     for errors in all_errors.values():
         assert errors["sheared"] <= 1e-8
@@ -198,8 +209,9 @@ def test_sheared_passes_3d_interpolate_like_the_pointwise_stencils(name):
     pad = np.full(3, ORDER // 2 + 1)
     pad = pad + padding(inner + 2 * pad, lower - pad * step, step, lattices, matrix, None)
     start, counts = lower - pad * step, inner + 2 * pad
-    nodes = np.meshgrid(*[start[a] + step[a] * np.arange(counts[a]) for a in range(3)],
-                        indexing="ij")
+    nodes = np.meshgrid(
+        *[start[a] + step[a] * np.arange(counts[a]) for a in range(3)], indexing="ij"
+    )
 
     def f(c0, c1, c2):
         return np.sin(0.7 * c0 + 0.3) * np.cos(0.4 * c1) + 0.1 * c0 * c2 + np.exp(0.2 * c1)
@@ -221,8 +233,12 @@ def test_sheared_engine_3d_is_as_accurate_as_the_pointwise_stencils(monkeypatch)
     import tpde.variants.separable as separable
 
     grid = Grid([-5.0] * 3, [5.0] * 3, [32] * 3)
-    rho = gaussian_mixture(grid, [0.5, 0.5], [[-1.5, 0.0, 0.0], [1.5, 0.5, 0.5]],
-                           [0.4 * np.eye(3), 0.3 * np.eye(3) + 0.1])
+    rho = gaussian_mixture(
+        grid,
+        [0.5, 0.5],
+        [[-1.5, 0.0, 0.0], [1.5, 0.5, 0.5]],
+        [0.4 * np.eye(3), 0.3 * np.eye(3) + 0.1],
+    )
     matrix = 0.15 * np.random.default_rng(4).normal(size=(3, 3)) + 0.1 * np.eye(3)
     C = np.random.default_rng(5).normal(0.0, 0.7, (3, 3))
     offset = np.array([-0.5, 0.0, 0.0])
@@ -234,20 +250,24 @@ def test_sheared_engine_3d_is_as_accurate_as_the_pointwise_stencils(monkeypatch)
     reference = (np.clip(means, *support_box(rho, grid)) @ C.T)[:, 0]
     calls = []
     original = separable.sheared_on_lattice3
-    monkeypatch.setattr(separable, "sheared_on_lattice3",
-                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        separable, "sheared_on_lattice3", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     errors = {}
     for route in ("sheared", "pointwise"):
         if route == "pointwise":
             monkeypatch.setattr(separable, "sheared_on_lattice3", lambda *a, **k: None)
-            monkeypatch.setattr(separable, "resolution_factor3",
-                                lambda matrix, extent: np.ones(len(extent)))
+            monkeypatch.setattr(
+                separable, "resolution_factor3", lambda matrix, extent: np.ones(len(extent))
+            )
         field = SoftmaxAttention(Head(matrix, C), engine="separable")
         values = field.components(rho, grid, 0.0, [offset], [0])[0]
         got = values[index[0], index[1], index[2]]
         errors[route] = np.abs(got - reference).max() / np.abs(reference).max()
-    print(f"\nthree-pass 3-D engine vs dense: {errors['sheared']:.2e} "
-          f"(pointwise {errors['pointwise']:.2e})")
-    assert calls   # the passes ran
+    print(
+        f"\nthree-pass 3-D engine vs dense: {errors['sheared']:.2e} "
+        f"(pointwise {errors['pointwise']:.2e})"
+    )
+    assert calls  # the passes ran
     assert errors["sheared"] <= 1e-9
     assert errors["sheared"] <= 2.0 * errors["pointwise"] + 1e-14

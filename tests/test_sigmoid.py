@@ -27,8 +27,9 @@ def test_sigmoid_1d_matches_adaptive_quadrature_spectrally():
 
     def exact(x):
         def integrand(y):
-            density = np.exp(-(y - mean) ** 2 / (2 * var)) / np.sqrt(2 * np.pi * var)
+            density = np.exp(-((y - mean) ** 2) / (2 * var)) / np.sqrt(2 * np.pi * var)
             return sigma(a * x * y + b) * y * density
+
         return v * integrate.quad(integrand, -12, 12, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
 
     cells, errors = [32, 64, 128], []
@@ -46,11 +47,11 @@ def test_sigmoid_1d_matches_adaptive_quadrature_spectrally():
 
 def test_sigmoid_2d_matches_gauss_hermite_expectation():
     head = SigmoidHead(A1, V1, bias=-np.log(50.0))
-    nodes, weights = np.polynomial.hermite_e.hermegauss(160)    # probabilists' Hermite
+    nodes, weights = np.polynomial.hermite_e.hermegauss(160)  # probabilists' Hermite
     weights = weights / weights.sum()
     z = np.stack(np.meshgrid(nodes, nodes, indexing="ij"), axis=-1).reshape(-1, 2)
     w = np.outer(weights, weights).reshape(-1)
-    y = MEAN1 + z @ np.linalg.cholesky(COV1).T                      # Y ~ N(MEAN1, COV1)
+    y = MEAN1 + z @ np.linalg.cholesky(COV1).T  # Y ~ N(MEAN1, COV1)
     cells, errors = [32, 64, 128], []
     for n in cells:
         grid = Grid([-8, -8], [8, 8], [n, n])
@@ -60,8 +61,9 @@ def test_sigmoid_2d_matches_gauss_hermite_expectation():
         bulk = np.einsum("pi,ij,pj->p", diff, np.linalg.inv(COV1), diff) <= 9.0
         reference = ((sigma(x[bulk] @ A1.T @ y.T + head.bias) * w) @ y) @ V1.T
         errors.append(float(np.abs(u[:, bulk].T - reference).max() / np.abs(reference).max()))
-    print_table("sigmoid 2-D velocity vs 160x160 Gauss-Hermite expectation, 3-sigma bulk",
-                cells, errors)
+    print_table(
+        "sigmoid 2-D velocity vs 160x160 Gauss-Hermite expectation, 3-sigma bulk", cells, errors
+    )
     assert errors[-1] <= 1e-9
     assert np.all(np.diff(np.log(errors)) < 0)
 
@@ -71,14 +73,15 @@ def test_sigmoid_is_unnormalised_and_bounded():
     rho = gaussian(grid, MEAN1, COV1)
     field = SigmoidAttention(SigmoidHead(5 * A1, V1, bias=3.0))
     u, half = field(rho, grid, 0.0), field(0.5 * rho, grid, 0.0)
-    assert np.allclose(half, 0.5 * u, rtol=1e-13, atol=1e-15)      # scales with the mass
+    assert np.allclose(half, 0.5 * u, rtol=1e-13, atol=1e-15)  # scales with the mass
     y = np.stack(grid.mesh(sparse=False), axis=0)
-    first_moment = float((np.sqrt((y ** 2).sum(axis=0)) * rho).sum() * grid.cell_volume)
-    bound = np.linalg.norm(V1, 2) * first_moment * (1 + 1e-6)      # MATH.md 9.4
+    first_moment = float((np.sqrt((y**2).sum(axis=0)) * rho).sum() * grid.cell_volume)
+    bound = np.linalg.norm(V1, 2) * first_moment * (1 + 1e-6)  # MATH.md 9.4
     assert np.all(np.isfinite(u))
-    assert np.sqrt((u ** 2).sum(axis=0)).max() <= bound
+    assert np.sqrt((u**2).sum(axis=0)).max() <= bound
     with pytest.raises(ValueError, match="SigmoidHead.bias"):
         SigmoidHead(A1, V1, bias=np.inf)
     with pytest.raises(ValueError, match="needs a SigmoidHead"):
         from tpde.variants import Head
+
         SigmoidAttention(Head(A1, V1))(rho, grid, 0.0)

@@ -25,8 +25,13 @@ def test_sinkhorn_velocity_on_a_gaussian_is_the_closed_form_field():
         u = field(gaussian(grid, MEAN1, COV1), grid, 0.0)
         errors.append(bulk_error(u, affine_exact(grid, b, m), grid, MEAN1, COV1))
         iterations.append(field.iterations[-1])
-    print_table("Sinkhorn velocity vs V(alpha + C^T Sigma^-1 (x - alpha)) (3.5), 3-sigma bulk, "
-                "box +-10, tol 1e-11", cells, errors, {"iterations": iterations})
+    print_table(
+        "Sinkhorn velocity vs V(alpha + C^T Sigma^-1 (x - alpha)) (3.5), 3-sigma bulk, "
+        "box +-10, tol 1e-11",
+        cells,
+        errors,
+        {"iterations": iterations},
+    )
     assert errors[-1] <= 1e-8
     assert np.all(np.diff(np.log(errors)) < 0)
 
@@ -50,8 +55,10 @@ def test_plan_marginals_and_the_mean_identity(eps):
     mean_velocity = u @ q.reshape(-1)
     identity = V1 @ (y.T @ q.reshape(-1))
     gap = float(np.abs(mean_velocity - identity).max() / np.abs(identity).max())
-    print(f"\neps {eps}: {field.iterations} iterations, plan marginal errors {row_err:.1e} / "
-          f"{col_err:.1e}, int Gamma dmu vs V int y dmu: {gap:.1e}")
+    print(
+        f"\neps {eps}: {field.iterations} iterations, plan marginal errors {row_err:.1e} / "
+        f"{col_err:.1e}, int Gamma dmu vs V int y dmu: {gap:.1e}"
+    )
     assert row_err <= 1e-11 and col_err <= 1e-11
     assert gap <= 1e-11
 
@@ -79,6 +86,7 @@ def test_sinkhorn_rejects_bad_parameters():
         SinkhornAttention(HEAD, tol=-1.0)
     with pytest.raises(ValueError, match="needs a SinkhornHead"):
         from tpde.variants import Head
+
         SinkhornAttention(Head(A1, V1))(np.ones((8, 8)), grid, 0.0)
     with pytest.raises(ValueError, match="no mass"):
         SinkhornAttention(HEAD)(np.zeros((8, 8)), grid, 0.0)

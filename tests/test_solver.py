@@ -40,14 +40,25 @@ def swirl(x, t):
 @pytest.mark.parametrize("recon", ["upwind", "muscl", "weno5z"])
 def test_mass_conserved_to_round_off(boundary, recon):
     grid = Grid([-3.0, -3.0], [3.0, 3.0], [40, 36], boundary)
-    rho0 = uniform_box(grid, [-1.5, -1.0], [0.5, 2.0]) + gaussian(grid, [1.0, 0.0],
-                                                                   [[0.3, 0.1], [0.1, 0.2]])
-    result = Solver(Problem(grid, rho0, FunctionVelocity(swirl), 1.5,
-                            scheme=Scheme(reconstruction=recon), snapshots=4)).run()
+    rho0 = uniform_box(grid, [-1.5, -1.0], [0.5, 2.0]) + gaussian(
+        grid, [1.0, 0.0], [[0.3, 0.1], [0.1, 0.2]]
+    )
+    result = Solver(
+        Problem(
+            grid,
+            rho0,
+            FunctionVelocity(swirl),
+            1.5,
+            scheme=Scheme(reconstruction=recon),
+            snapshots=4,
+        )
+    ).run()
     masses = np.array([s.mass for s in result.snapshots])
     drift = np.abs(masses - masses[0]).max() / masses[0]
-    print(f"\n{boundary} {recon}: relative mass drift {drift:.2e} over {result.steps} steps, "
-          f"{result.limited_stages} limited stages")
+    print(
+        f"\n{boundary} {recon}: relative mass drift {drift:.2e} over {result.steps} steps, "
+        f"{result.limited_stages} limited stages"
+    )
     assert drift <= 1e-13
     assert result.snapshots[-1].outflow == 0.0
 
@@ -56,8 +67,17 @@ def test_mass_conserved_to_round_off(boundary, recon):
 def test_outflow_counts_the_mass_that_leaves(recon):
     grid = Grid([-2.0, -2.0], [2.0, 2.0], [48, 48], "outflow")
     rho0 = gaussian(grid, [0.5, 0.0], [[0.2, 0.05], [0.05, 0.3]])
-    result = Solver(Problem(grid, rho0, ConstantVelocity([1.2, -0.4]), 1.5, snapshots=4,
-                            max_outflow=1.0, scheme=Scheme(reconstruction=recon))).run()
+    result = Solver(
+        Problem(
+            grid,
+            rho0,
+            ConstantVelocity([1.2, -0.4]),
+            1.5,
+            snapshots=4,
+            max_outflow=1.0,
+            scheme=Scheme(reconstruction=recon),
+        )
+    ).run()
     mass0 = result.snapshots[0].mass
     for snap in result.snapshots:
         assert abs(snap.mass + snap.outflow - mass0) <= 1e-13 * mass0
@@ -89,8 +109,14 @@ def discontinuous_data(grid: Grid, kind: str) -> np.ndarray:
 @pytest.mark.parametrize("ndim", [1, 2])
 def test_density_nonnegative_at_every_stage(kind, recon, ndim):
     grid = Grid([-2.0] * ndim, [2.0] * ndim, [50] * ndim, "outflow")
-    problem = Problem(grid, discontinuous_data(grid, kind), FunctionVelocity(swirl), 0.6,
-                      scheme=Scheme(reconstruction=recon, cfl=1.0), max_outflow=1.0)
+    problem = Problem(
+        grid,
+        discontinuous_data(grid, kind),
+        FunctionVelocity(swirl),
+        0.6,
+        scheme=Scheme(reconstruction=recon, cfl=1.0),
+        max_outflow=1.0,
+    )
     solver = Solver(problem)
     minima = stage_minimum_recorder(solver)
     result = solver.run()
@@ -110,9 +136,15 @@ def test_weno_without_limiter_undershoots_and_with_limiter_does_not(case):
         rho0, cfl = discontinuous_data(grid, "pulse"), 0.9
     mins = {}
     for positivity in (False, True):
-        solver = Solver(Problem(grid, rho0, ConstantVelocity([1.0]), 0.5,
-                                scheme=Scheme(reconstruction="weno5z", positivity=positivity,
-                                              cfl=cfl)))
+        solver = Solver(
+            Problem(
+                grid,
+                rho0,
+                ConstantVelocity([1.0]),
+                0.5,
+                scheme=Scheme(reconstruction="weno5z", positivity=positivity, cfl=cfl),
+            )
+        )
         minima = stage_minimum_recorder(solver)
         solver.run()
         mins[positivity] = min(minima)
@@ -129,8 +161,15 @@ def total_variation(rho: np.ndarray) -> float:
 def test_muscl_is_tvd_in_1d(recon):
     grid = Grid([0.0], [1.0], [100], "periodic")
     rho0 = uniform_box(grid, [0.2], [0.45]) + 0.5 * sin2_cell_averages(grid, [0.0])
-    solver = Solver(Problem(grid, rho0, ConstantVelocity([1.0]), 1.0,
-                            scheme=Scheme(reconstruction=recon, integrator="ssprk3")))
+    solver = Solver(
+        Problem(
+            grid,
+            rho0,
+            ConstantVelocity([1.0]),
+            1.0,
+            scheme=Scheme(reconstruction=recon, integrator="ssprk3"),
+        )
+    )
     tv = [total_variation(solver.density)]
     for _ in range(250):  # cfl = 0.4
         solver.step(0.4 * grid.spacing[0])
@@ -144,8 +183,9 @@ def test_muscl_is_tvd_in_1d(recon):
 def test_snapshots_land_exactly_on_requested_times():
     grid = Grid([-3.0], [3.0], [60], "outflow")
     times = [0.0, 0.1, 0.35, 0.7, 1.0]
-    result = Solver(Problem(grid, gaussian(grid, [0.0], [[0.2]]), ConstantVelocity([0.3]),
-                            1.0, snapshots=times)).run()
+    result = Solver(
+        Problem(grid, gaussian(grid, [0.0], [[0.2]]), ConstantVelocity([0.3]), 1.0, snapshots=times)
+    ).run()
     assert result.times.tolist() == times
     assert result.status == "completed"
 
@@ -153,8 +193,9 @@ def test_snapshots_land_exactly_on_requested_times():
 def test_adaptive_dt_respects_the_cfl_number():
     grid = Grid([-1.0, -1.0], [1.0, 1.0], [40, 40], "periodic")
     u = (0.8, -0.6)
-    solver = Solver(Problem(grid, np.ones(grid.shape), ConstantVelocity(u), 1.0,
-                            scheme=Scheme(cfl=0.5)))
+    solver = Solver(
+        Problem(grid, np.ones(grid.shape), ConstantVelocity(u), 1.0, scheme=Scheme(cfl=0.5))
+    )
     solver.advance_to(0.5)
     cfl = solver.last_dt * sum(abs(v) / h for v, h in zip(u, grid.spacing, strict=True))
     assert cfl == pytest.approx(0.5, rel=1e-12) or solver.t == 0.5
@@ -165,13 +206,26 @@ def test_time_dependent_velocity_is_evaluated_at_stage_times():
     errors = []
     for dt in (0.012, 0.006, 0.003):
         grid = Grid([0.0], [1.0], [64], "periodic")
-        field = FunctionVelocity(lambda x, t: [np.full_like(x[0], np.cos(t))],
-                                 face_constant=True)
-        result = Solver(Problem(grid, sin2_cell_averages(grid, [0.0]), field, 1.0,
-                                scheme=Scheme(reconstruction="upwind", dt=dt))).run()
+        field = FunctionVelocity(lambda x, t: [np.full_like(x[0], np.cos(t))], face_constant=True)
+        result = Solver(
+            Problem(
+                grid,
+                sin2_cell_averages(grid, [0.0]),
+                field,
+                1.0,
+                scheme=Scheme(reconstruction="upwind", dt=dt),
+            )
+        ).run()
         # exact in space for upwind is not available: compare with a very fine time step run
-        ref = Solver(Problem(grid, sin2_cell_averages(grid, [0.0]), field, 1.0,
-                             scheme=Scheme(reconstruction="upwind", dt=dt / 16))).run()
+        ref = Solver(
+            Problem(
+                grid,
+                sin2_cell_averages(grid, [0.0]),
+                field,
+                1.0,
+                scheme=Scheme(reconstruction="upwind", dt=dt / 16),
+            )
+        ).run()
         errors.append(np.abs(result.final - ref.final).max())
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
     print(f"\ntime orders (SSP-RK3, upwind space): {orders}")
@@ -194,9 +248,12 @@ def test_integrators_reach_their_order_on_an_ode(name):
         for _ in range(n):
             stages = [y]
             for i in range(rk.stages):
-                stages.append(sum(a * stages[k] + b * dt * lam * stages[k]
-                                  for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i],
-                                                                 strict=True))))
+                stages.append(
+                    sum(
+                        a * stages[k] + b * dt * lam * stages[k]
+                        for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True))
+                    )
+                )
             y = stages[-1]
         errors.append(abs(y - np.exp(lam)))
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
@@ -211,28 +268,33 @@ def test_non_finite_velocity_stops_the_run_naming_time_and_step():
     def bad(x, t):
         return [np.full_like(x[0], np.nan if t > 0.3 else 0.2)]
 
-    solver = Solver(Problem(grid, gaussian(grid, [0.0], [[0.2]]), FunctionVelocity(bad), 1.0,
-                            scheme=Scheme(dt=0.05)))
+    solver = Solver(
+        Problem(
+            grid, gaussian(grid, [0.0], [[0.2]]), FunctionVelocity(bad), 1.0, scheme=Scheme(dt=0.05)
+        )
+    )
     with pytest.raises(SimulationError, match=r"t = 0\.3.*step \d+"):
         solver.run()
 
 
 def test_fixed_dt_above_the_positivity_bound_is_refused():
     grid = Grid([0.0], [1.0], [32], "periodic")
-    solver = Solver(Problem(grid, np.ones(32), ConstantVelocity([1.0]), 1.0,
-                            scheme=Scheme(dt=0.1)))
+    solver = Solver(Problem(grid, np.ones(32), ConstantVelocity([1.0]), 1.0, scheme=Scheme(dt=0.1)))
     with pytest.raises(SimulationError, match="scheme.dt"):
         solver.run()
 
 
-@pytest.mark.parametrize("scheme, match", [
-    (dict(cfl=1.5), "scheme.cfl"),
-    (dict(cfl=0.0), "scheme.cfl"),
-    (dict(reconstruction="weno7"), "scheme.reconstruction"),
-    (dict(integrator="rk4"), "scheme.integrator"),
-    (dict(dt=-1.0), "scheme.dt"),
-    (dict(face_quadrature="simpson"), "scheme.face_quadrature"),
-])
+@pytest.mark.parametrize(
+    "scheme, match",
+    [
+        (dict(cfl=1.5), "scheme.cfl"),
+        (dict(cfl=0.0), "scheme.cfl"),
+        (dict(reconstruction="weno7"), "scheme.reconstruction"),
+        (dict(integrator="rk4"), "scheme.integrator"),
+        (dict(dt=-1.0), "scheme.dt"),
+        (dict(face_quadrature="simpson"), "scheme.face_quadrature"),
+    ],
+)
 def test_bad_scheme_settings_are_named(scheme, match):
     grid = Grid([0.0], [1.0], [16], "periodic")
     with pytest.raises(ValueError, match=match):
@@ -275,8 +337,15 @@ def test_3d_constant_advection_is_fifth_order_and_conservative():
         dt = 0.2 * (1 / 12) * (h * 12) ** (5 / 3)
         u = [1.0, -0.5, 0.25]
         t_end = 0.25
-        result = Solver(Problem(grid, sin2_cell_averages(grid, [0, 0, 0]), ConstantVelocity(u),
-                                t_end, scheme=Scheme(dt=t_end / np.ceil(t_end / dt)))).run()
+        result = Solver(
+            Problem(
+                grid,
+                sin2_cell_averages(grid, [0, 0, 0]),
+                ConstantVelocity(u),
+                t_end,
+                scheme=Scheme(dt=t_end / np.ceil(t_end / dt)),
+            )
+        ).run()
         exact = sin2_cell_averages(grid, [v * t_end for v in u])
         errors.append(np.abs(result.final - exact).sum() * grid.cell_volume)
         masses = [s.mass for s in result.snapshots]

@@ -26,25 +26,34 @@ distributed = pytest.importorskip("distributed")
 # to t = 0.2 (converged), scale >= 2 pushes mass out of the box (mass_left).
 BASE = {
     "grid": {"lower": [-3.0, -3.0], "upper": [3.0, 3.0], "cells": [16, 16]},
-    "initial": {"kind": "gaussian", "mean": [0.0, 0.0],
-                "covariance": [[0.25, 0.0], [0.0, 0.25]]},
-    "attention": {"variant": "softmax", "A": [[1.0, 0.0], [0.0, 1.0]],
-                  "V": [[4.0, 0.0], [0.0, 4.0]]},
+    "initial": {"kind": "gaussian", "mean": [0.0, 0.0], "covariance": [[0.25, 0.0], [0.0, 0.25]]},
+    "attention": {
+        "variant": "softmax",
+        "A": [[1.0, 0.0], [0.0, 1.0]],
+        "V": [[4.0, 0.0], [0.0, 4.0]],
+    },
     "run": {"t_end": 0.2, "snapshots": 3, "max_outflow": 1e-4, "output": "ignored.nc"},
 }
 SCALES = [-2.0, -1.0, -0.5, 0.0, 0.5, 2.0, 3.0, 4.0]
 ENTRIES = [-1.0, -0.5, 0.0, 0.5]
-COVARIANCES = [[[0.25, 0.0], [0.0, 0.25]], [[0.2, 0.05], [0.05, 0.15]],
-               [[1.0, 2.0], [2.0, 1.0]]]          # the last is not positive definite: failed
+COVARIANCES = [
+    [[0.25, 0.0], [0.0, 0.25]],
+    [[0.2, 0.05], [0.05, 0.15]],
+    [[1.0, 2.0], [2.0, 1.0]],
+]  # the last is not positive definite: failed
 
 
-def write_sweep(folder: Path, parameters: dict, base: dict | None = None,
-                extra: str = "", output: str | None = None) -> Path:
+def write_sweep(
+    folder: Path,
+    parameters: dict,
+    base: dict | None = None,
+    extra: str = "",
+    output: str | None = None,
+) -> Path:
     """base.toml + sweep.toml in folder (JSON lists and strings are TOML values)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "base.toml").write_text(dumps(base or BASE))
-    lines = ['base = "base.toml"', f'output = "{output or folder / "out"}"', extra,
-             "[parameters]"]
+    lines = ['base = "base.toml"', f'output = "{output or folder / "out"}"', extra, "[parameters]"]
     lines += [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in parameters.items()]
     path = folder / "sweep.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -52,21 +61,27 @@ def write_sweep(folder: Path, parameters: dict, base: dict | None = None,
 
 
 # ---- the sweep file -------------------------------------------------------------------------
-@pytest.mark.parametrize("extra, parameters, where", [
-    ("bogus = 1", {"attention.scale": [1.0]}, "bogus: unknown key"),
-    ("", {"attention.Z": [1.0]}, 'parameters."attention.Z": attention.Z is not in the base'),
-    ("", {"attention.A[5][0]": [1.0]}, 'parameters."attention.A[5][0]": no entry [5]'),
-    ("", {"attention.A[0][1][0]": [1.0]}, 'parameters."attention.A[0][1][0]": no entry [0]'),
-    ("", {"gird.cells": [[8, 8]]}, 'parameters."gird.cells": gird is not in the base'),
-    ("", {"attention.A(0)": [1.0]}, 'parameters."attention.A(0)": not a config key'),
-    ("", {"attention.scale": []}, 'parameters."attention.scale": expected a non-empty list'),
-    ("", {"attention.scale": 1.0}, 'parameters."attention.scale": expected a non-empty list'),
-    ("", {"attention.scale": [1.0, 1.0]}, 'parameters."attention.scale": value 1.0 appears'),
-    ("", {}, "parameters: missing or empty"),
-    ("[rank]\ntolerance = 2.0", {"attention.scale": [1.0]}, "rank.tolerance: expected"),
-    ('[phase]\nx = "grid.cells"', {"attention.scale": [1.0]},
-     "phase.x: 'grid.cells' is not a swept parameter"),
-])
+@pytest.mark.parametrize(
+    "extra, parameters, where",
+    [
+        ("bogus = 1", {"attention.scale": [1.0]}, "bogus: unknown key"),
+        ("", {"attention.Z": [1.0]}, 'parameters."attention.Z": attention.Z is not in the base'),
+        ("", {"attention.A[5][0]": [1.0]}, 'parameters."attention.A[5][0]": no entry [5]'),
+        ("", {"attention.A[0][1][0]": [1.0]}, 'parameters."attention.A[0][1][0]": no entry [0]'),
+        ("", {"gird.cells": [[8, 8]]}, 'parameters."gird.cells": gird is not in the base'),
+        ("", {"attention.A(0)": [1.0]}, 'parameters."attention.A(0)": not a config key'),
+        ("", {"attention.scale": []}, 'parameters."attention.scale": expected a non-empty list'),
+        ("", {"attention.scale": 1.0}, 'parameters."attention.scale": expected a non-empty list'),
+        ("", {"attention.scale": [1.0, 1.0]}, 'parameters."attention.scale": value 1.0 appears'),
+        ("", {}, "parameters: missing or empty"),
+        ("[rank]\ntolerance = 2.0", {"attention.scale": [1.0]}, "rank.tolerance: expected"),
+        (
+            '[phase]\nx = "grid.cells"',
+            {"attention.scale": [1.0]},
+            "phase.x: 'grid.cells' is not a swept parameter",
+        ),
+    ],
+)
 def test_sweep_file_errors_name_the_key(tmp_path, extra, parameters, where):
     path = write_sweep(tmp_path, parameters, extra=extra)
     with pytest.raises(ConfigError) as info:
@@ -76,8 +91,12 @@ def test_sweep_file_errors_name_the_key(tmp_path, extra, parameters, where):
 
 
 def test_sweep_file_keys_runs_and_ids(tmp_path):
-    params = {"attention.scale": [0.5, 1.0], "scheme.cfl": [0.3, 0.4],   # absent from base
-              "grid.cells": [[16, 16], [8, 8]], "attention.A[0][1]": [0.1]}
+    params = {
+        "attention.scale": [0.5, 1.0],
+        "scheme.cfl": [0.3, 0.4],  # absent from base
+        "grid.cells": [[16, 16], [8, 8]],
+        "attention.A[0][1]": [0.1],
+    }
     sweep = load_sweep(write_sweep(tmp_path, params))
     assert len(sweep.runs) == 8 and sweep.phase == ("attention.scale", "scheme.cfl")
     run = sweep.runs[-1]
@@ -86,13 +105,14 @@ def test_sweep_file_keys_runs_and_ids(tmp_path):
     assert "output" not in run.raw["run"] and BASE["attention"]["A"][0][1] == 0.0
     assert run.run_id.startswith("scale1_cfl0.4_cells8x8_A010.1_")
     assert len({r.run_id for r in sweep.runs}) == 8
-    again = load_sweep(write_sweep(tmp_path, params))            # stable ids
+    again = load_sweep(write_sweep(tmp_path, params))  # stable ids
     assert [r.run_id for r in again.runs] == [r.run_id for r in sweep.runs]
-    other = {**BASE, "run": {**BASE["run"], "t_end": 0.3}}        # the base is in the hash
+    other = {**BASE, "run": {**BASE["run"], "t_end": 0.3}}  # the base is in the hash
     changed = load_sweep(write_sweep(tmp_path / "b", params, base=other))
     assert not {r.run_id for r in changed.runs} & {r.run_id for r in sweep.runs}
-    inline = load_sweep({"base": BASE, "output": str(tmp_path / "o"),
-                         "parameters": {"attention": {"scale": [0.5]}}})   # unquoted dots
+    inline = load_sweep(
+        {"base": BASE, "output": str(tmp_path / "o"), "parameters": {"attention": {"scale": [0.5]}}}
+    )  # unquoted dots
     assert list(inline.parameters) == ["attention.scale"]
 
 
@@ -117,8 +137,7 @@ def test_classify_outcomes():
     grown = np.array([np.eye(2), 2e3 * np.eye(2), 1e4 * np.eye(2)])
     out = classify("completed", 1.0, "", t, grown)
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.5)
-    out = classify("error", math.nan, "non-finite density at t = 0.73, step 12", t[:2],
-                   line[:2])
+    out = classify("error", math.nan, "non-finite density at t = 0.73, step 12", t[:2], line[:2])
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.73)
     out = classify("blowup", 0.61, "", t, line)
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.61)
@@ -137,8 +156,10 @@ def test_progress_line():
     bar.update({"outcome": "converged", "skipped": True})
     lines = stream.getvalue().splitlines()
     assert [line.split("  ")[0] for line in lines] == [
-        "runs 1/3 done, 0 failed, 0 skipped", "runs 2/3 done, 1 failed, 0 skipped",
-        "runs 3/3 done, 1 failed, 1 skipped"]
+        "runs 1/3 done, 0 failed, 0 skipped",
+        "runs 2/3 done, 1 failed, 0 skipped",
+        "runs 3/3 done, 1 failed, 1 skipped",
+    ]
     quiet = io.StringIO()
     SweepProgress(3, enabled=False, stream=quiet).update({"outcome": "failed"})
     assert quiet.getvalue() == ""
@@ -147,9 +168,14 @@ def test_progress_line():
 # ---- sweeps on dask -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None, silence_logs=50,
-                                  env={"TPDE_NUM_THREADS": "1"}) as cluster:
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        silence_logs=50,
+        env={"TPDE_NUM_THREADS": "1"},
+    ) as cluster:
         yield cluster
 
 
@@ -157,8 +183,14 @@ def cluster():
 def swept(tmp_path_factory):
     """96 runs (64 valid, 32 with a non-SPD covariance) by `tpde sweep --workers 2`."""
     folder = tmp_path_factory.mktemp("sweep")
-    path = write_sweep(folder, {"attention.scale": SCALES, "attention.A[0][1]": ENTRIES,
-                                "initial.covariance": COVARIANCES})
+    path = write_sweep(
+        folder,
+        {
+            "attention.scale": SCALES,
+            "attention.A[0][1]": ENTRIES,
+            "initial.covariance": COVARIANCES,
+        },
+    )
     assert main(["sweep", str(path), "--workers", "2", "--quiet"]) == 0
     return path, folder / "out"
 
@@ -166,7 +198,7 @@ def swept(tmp_path_factory):
 def test_sweep_of_96_runs_on_a_local_cluster(swept, capsys):
     _, out = swept
     files = sorted((out / "runs").glob("*.nc"))
-    assert len(files) == 64                       # one NetCDF per valid run
+    assert len(files) == 64  # one NetCDF per valid run
     assert (out / "summary.nc").is_file() and (out / "phase.png").stat().st_size > 10_000
     ds = xr.open_dataset(out / "summary.nc")
     assert ds.sizes["run"] == 96 and ds.attrs["runs"] == 96
@@ -175,8 +207,9 @@ def test_sweep_of_96_runs_on_a_local_cluster(swept, capsys):
     scale = ds["attention.scale"].values
     outcome = ds["outcome"].values
     assert np.all(outcome[~spd] == "failed")
-    assert all("initial.covariance" in m and "positive definite" in m
-               for m in ds["message"].values[~spd])
+    assert all(
+        "initial.covariance" in m and "positive definite" in m for m in ds["message"].values[~spd]
+    )
     assert np.all(outcome[spd & (scale <= 0.5)] == "converged")
     assert np.all(ds["rank"].values[spd & (scale <= 0.5)] == 2)
     assert np.all(outcome[spd & (scale >= 2)] == "mass_left")
@@ -186,14 +219,14 @@ def test_sweep_of_96_runs_on_a_local_cluster(swept, capsys):
     assert (ds.attrs["converged"], ds.attrs["mass_left"], ds.attrs["failed"]) == (40, 24, 32)
     stored = xr.open_dataset(files[0])
     assert stored.attrs["status"] in ("completed", "mass_left_domain")
-    assert 'A = [[' in stored.attrs["config"]
+    assert "A = [[" in stored.attrs["config"]
 
 
 def test_rerun_skips_completed_runs(swept, cluster):
     path, out = swept
     files = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.nc")}
     before = xr.open_dataset(out / "summary.nc").load()
-    redo = sorted(files)[:2]                 # one file deleted, one left "interrupted"
+    redo = sorted(files)[:2]  # one file deleted, one left "interrupted"
     (out / "runs" / redo[0]).unlink()
     with netCDF4.Dataset(out / "runs" / redo[1], "a") as nc:
         nc.setncattr("status", "interrupted")
@@ -201,7 +234,7 @@ def test_rerun_skips_completed_runs(swept, cluster):
     assert ds.attrs["skipped"] == 62 and int(ds["skipped"].sum()) == 62
     after = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.nc")}
     assert set(after) == set(files)
-    assert {n for n in files if after[n] != files[n]} == set(redo)    # only these two redone
+    assert {n for n in files if after[n] != files[n]} == set(redo)  # only these two redone
     for name in ("outcome", "rank", "run_id"):
         assert np.array_equal(ds[name].values, before[name].values)
     kept = ds["skipped"].values == 1
@@ -211,10 +244,16 @@ def test_rerun_skips_completed_runs(swept, cluster):
 def test_worker_killed_mid_sweep_is_survived(tmp_path, cluster):
     """~0.3 s runs; after the third result one worker process (with work in hand) gets
     SIGKILL; the scheduler reruns its tasks on the other worker and the nanny's new one."""
-    base = {**BASE, "grid": {**BASE["grid"], "cells": [24, 24]},
-            "run": {**BASE["run"], "t_end": 0.3}}
-    path = write_sweep(tmp_path, {"attention.scale": [-1.0, -0.5, 0.0, 0.5],
-                                  "attention.A[0][1]": [-0.5, 0.0, 0.5]}, base=base)
+    base = {
+        **BASE,
+        "grid": {**BASE["grid"], "cells": [24, 24]},
+        "run": {**BASE["run"], "t_end": 0.3},
+    }
+    path = write_sweep(
+        tmp_path,
+        {"attention.scale": [-1.0, -0.5, 0.0, 0.5], "attention.A[0][1]": [-0.5, 0.0, 0.5]},
+        base=base,
+    )
     client = distributed.Client(cluster)
     pids = client.run(os.getpid)
     seen, killed = [], {}
@@ -228,8 +267,9 @@ def test_worker_killed_mid_sweep_is_survived(tmp_path, cluster):
             os.kill(pids[victim], signal.SIGKILL)
 
     try:
-        ds = run_sweep(path, scheduler=cluster.scheduler_address, progress=False,
-                       on_result=on_result)
+        ds = run_sweep(
+            path, scheduler=cluster.scheduler_address, progress=False, on_result=on_result
+        )
         assert killed and len(seen) == 12
         assert ds.sizes["run"] == 12 and ds.attrs["converged"] == 12
         lost = [k.removeprefix("tpde-sweep-") for k in killed["keys"]]

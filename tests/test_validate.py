@@ -29,7 +29,10 @@ def test_bad_arguments_exit_with_2(tmp_path):
     with pytest.raises(SystemExit) as info:
         main(["validate", "--suite", "huge"])
     assert info.value.code == 2
-    run = subprocess.run([sys.executable, "-m", "tpde.cli", "validate", "--suite", "huge"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "tpde.cli", "validate", "--suite", "huge"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "invalid choice" in run.stderr
     assert "Traceback" not in run.stderr

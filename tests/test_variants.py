@@ -89,18 +89,25 @@ def test_softmax_velocity_on_gaussian_cell_averages_is_the_affine_field():
         sources, weights = density_sources(rho, grid)
         x = centre_points(grid).reshape(-1, 2)
         plain = tilted_means(x @ A1.T, sources, weights) @ V1.T
-        naive.append(bulk_error(np.moveaxis(plain.reshape(n, n, 2), -1, 0), exact, grid,
-                                MEAN1, COV1))
-    print_table("softmax velocity vs V(alpha + Sigma A x), 3-sigma bulk, box +-12", cells,
-                errors, {"naive sum": naive})
+        naive.append(
+            bulk_error(np.moveaxis(plain.reshape(n, n, 2), -1, 0), exact, grid, MEAN1, COV1)
+        )
+    print_table(
+        "softmax velocity vs V(alpha + Sigma A x), 3-sigma bulk, box +-12",
+        cells,
+        errors,
+        {"naive sum": naive},
+    )
     assert errors[-1] <= 1e-12
     assert errors[0] > errors[-1]
     assert naive[-1] > 1e-3  # the h^2/12 tilt bias the correction removes
 
 
 def test_multihead_velocity_is_the_sum_of_head_fields():
-    heads = [Head(0.5 * np.outer([0.8, 0.5], [0.4, 0.7]), V1[:1], np.eye(2)[:, :1]),
-             Head(0.5 * np.outer([-0.3, 0.6], [-0.6, 0.2]), V1[1:], np.eye(2)[:, 1:])]
+    heads = [
+        Head(0.5 * np.outer([0.8, 0.5], [0.4, 0.7]), V1[:1], np.eye(2)[:, :1]),
+        Head(0.5 * np.outer([-0.3, 0.6], [-0.6, 0.2]), V1[1:], np.eye(2)[:, 1:]),
+    ]
     grid = Grid([-12, -12], [12, 12], [48, 48])
     rho = gaussian(grid, MEAN1, COV1)
     u = SoftmaxAttention(heads)(rho, grid, 0.0)
@@ -116,8 +123,10 @@ def test_linear_attention_is_exact_from_corrected_moments():
     rho = gaussian(grid, MEAN1, COV1)
     u = LinearAttention(Head(A1, V1))(rho, grid, 0.0)
     m = V1 @ (COV1 + np.outer(MEAN1, MEAN1)) @ A1
-    error = float(np.abs(u - affine_exact(grid, np.zeros(2), m)).max()
-                  / np.abs(affine_exact(grid, np.zeros(2), m)).max())
+    error = float(
+        np.abs(u - affine_exact(grid, np.zeros(2), m)).max()
+        / np.abs(affine_exact(grid, np.zeros(2), m)).max()
+    )
     print(f"\nlinear attention: relative error {error:.2e}")
     assert error <= 1e-11
 
@@ -136,8 +145,9 @@ def multihead_c1() -> list[Head]:
     """MATH.md 6: H = 2, k = 1, A_h = K[h]^T Q[h] / 2 (outer product of rows), C_h = e_h V[h]."""
     q = np.array([[0.8, -0.3], [0.5, 0.6]])
     k = np.array([[0.4, 0.7], [-0.6, 0.2]])
-    return [Head(0.5 * np.outer(k[h], q[h]), V1[h:h + 1], np.eye(2)[:, h:h + 1])
-            for h in range(2)]
+    return [
+        Head(0.5 * np.outer(k[h], q[h]), V1[h : h + 1], np.eye(2)[:, h : h + 1]) for h in range(2)
+    ]
 
 
 @pytest.mark.parametrize("variant", ["softmax", "l2", "sinkhorn", "linear", "multihead"])
@@ -156,7 +166,10 @@ def test_velocity_on_gaussian_data_is_the_closed_form_field(variant):
         grid = Grid([-10, -10], [10, 10], [n, n])
         u = ATTENTION[variant](params)(gaussian(grid, MEAN1, COV1), grid, 0.0)
         errors.append(bulk_error(u, affine_exact(grid, b, m), grid, MEAN1, COV1))
-    print_table(f"{variant} velocity vs its closed-form affine field (MATH.md 3), 3-sigma bulk, "
-                "box +-10", cells, errors)
+    print_table(
+        f"{variant} velocity vs its closed-form affine field (MATH.md 3), 3-sigma bulk, box +-10",
+        cells,
+        errors,
+    )
     assert errors[-1] <= 1e-8
-    assert errors[-1] <= max(errors[0], 1e-13)   # falls, or sits at round-off from the start
+    assert errors[-1] <= max(errors[0], 1e-13)  # falls, or sits at round-off from the start

@@ -18,5 +18,6 @@ def __getattr__(name: str):
     # lazy: importing tpde.grid must not pull in xarray / netCDF4 through tpde.run
     if name == "simulate":
         from .run import simulate
+
         return simulate
     raise AttributeError(f"module 'tpde' has no attribute {name!r}")

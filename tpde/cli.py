@@ -23,9 +23,13 @@ from pathlib import Path
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):   # one line, exit 2 (argparse prints usage + message)
-        self.exit(2, f"tpde: {message}; see tpde {self.prog.split()[-1]} --help\n"
-                  if " " in self.prog else f"tpde: {message}; see tpde --help\n")
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage + message)
+        self.exit(
+            2,
+            f"tpde: {message}; see tpde {self.prog.split()[-1]} --help\n"
+            if " " in self.prog
+            else f"tpde: {message}; see tpde --help\n",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,17 +37,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run a TOML configuration, write NetCDF")
     run.add_argument("config", type=Path, help="TOML configuration (see docs/user-guide.md)")
-    run.add_argument("-o", "--output", type=Path, default=None,
-                     help="NetCDF output (default: run.output of the config)")
+    run.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="NetCDF output (default: run.output of the config)",
+    )
     run.add_argument("--resume", action="store_true", help="continue an interrupted output")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output")
     run.add_argument("--quiet", action="store_true", help="no progress output")
-    for name, what in (("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
-                       ("particles", "the token system of a configuration")):
+    for name, what in (
+        ("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
+        ("particles", "the token system of a configuration"),
+    ):
         ref = sub.add_parser(name, help=f"{what}, written to NetCDF")
         ref.add_argument("config", type=Path, help="TOML configuration (as for tpde run)")
-        ref.add_argument("-o", "--output", type=Path, default=None,
-                         help=f"NetCDF output (default: run.output with _{name} appended)")
+        ref.add_argument(
+            "-o",
+            "--output",
+            type=Path,
+            default=None,
+            help=f"NetCDF output (default: run.output with _{name} appended)",
+        )
         ref.add_argument("--overwrite", action="store_true", help="replace an existing output")
         if name == "particles":
             ref.add_argument("--tokens", type=int, required=True, help="number of tokens n")
@@ -52,25 +68,51 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("file", type=Path)
     plot = sub.add_parser("plot", help="figures (and an animation) of a tpde output")
     plot.add_argument("file", type=Path)
-    plot.add_argument("-o", "--output", type=Path, default=None,
-                      help="figure directory (default: next to the file, <name>_figures)")
+    plot.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="figure directory (default: next to the file, <name>_figures)",
+    )
     plot.add_argument("--animate", action="store_true", help="also write an animation")
     validate = sub.add_parser("validate", help="run the validation suite and write a report")
-    validate.add_argument("--suite", choices=("quick", "full"), default="quick",
-                          help="quick: about a minute on 2 cores; full: 15-20 minutes")
-    validate.add_argument("-o", "--output", default="validation-report", type=Path,
-                          help="report directory (report.md and figures; default "
-                               "./validation-report)")
+    validate.add_argument(
+        "--suite",
+        choices=("quick", "full"),
+        default="quick",
+        help="quick: about a minute on 2 cores; full: 15-20 minutes",
+    )
+    validate.add_argument(
+        "-o",
+        "--output",
+        default="validation-report",
+        type=Path,
+        help="report directory (report.md and figures; default ./validation-report)",
+    )
     sweep = sub.add_parser("sweep", help="run a parameter grid of configurations on dask")
-    sweep.add_argument("sweep", type=Path, help="sweep TOML (see docs/user-guide.md, "
-                       "Parameter sweeps)")
-    sweep.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                       help="an existing dask.distributed scheduler (tcp://host:8786); "
-                            "default: a local cluster")
-    sweep.add_argument("--workers", type=int, default=None,
-                       help="worker processes of the local cluster (default: every core)")
-    sweep.add_argument("-o", "--output", type=Path, default=None,
-                       help="output directory (default: output of the sweep file)")
+    sweep.add_argument(
+        "sweep", type=Path, help="sweep TOML (see docs/user-guide.md, Parameter sweeps)"
+    )
+    sweep.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="an existing dask.distributed scheduler (tcp://host:8786); default: a local cluster",
+    )
+    sweep.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes of the local cluster (default: every core)",
+    )
+    sweep.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="output directory (default: output of the sweep file)",
+    )
     sweep.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
@@ -91,13 +133,20 @@ def cmd_run(args) -> int:
             return _fail("run.output: no output file; pass -o OUT.nc")
         if args.resume and args.overwrite:
             return _fail("run: --resume and --overwrite exclude each other; choose one")
-        path = run_config(config, output, overwrite=args.overwrite, resume=args.resume,
-                          quiet=args.quiet, history=" ".join(["tpde"] + sys.argv[1:]))
+        path = run_config(
+            config,
+            output,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            quiet=args.quiet,
+            history=" ".join(["tpde"] + sys.argv[1:]),
+        )
     except ConfigError as exc:
         return _fail(str(exc))
     except (FileExistsError, PermissionError) as exc:
         return _fail(str(exc))
     from tpde.io import read
+
     status = read(path).attrs.get("status", "?")
     if not args.quiet:
         print(f"{path}: status {status}", file=sys.stderr)
@@ -129,6 +178,7 @@ def cmd_reference(args) -> int:
 
 def _open(path: Path):
     from tpde.io import read
+
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
@@ -139,20 +189,27 @@ def _open(path: Path):
 
 def cmd_info(args) -> int:
     from tpde.io import grid_from_dataset
+
     try:
         ds = _open(args.file)
         grid = grid_from_dataset(ds)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         return _fail(str(exc))
     times = ds["time"].values
-    print(f"{args.file}: {grid.ndim}-D grid {' x '.join(map(str, grid.shape))} on "
-          f"{[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}")
+    print(
+        f"{args.file}: {grid.ndim}-D grid {' x '.join(map(str, grid.shape))} on "
+        f"{[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}"
+    )
     if "s" in ds.dims:
-        print(f"  masked attention: {ds.sizes['s'] - 1} positions in (0, 1] plus the sink "
-              f"at s = 0 (mass {float(ds.attrs.get('sink_mass', float('nan'))):g})")
+        print(
+            f"  masked attention: {ds.sizes['s'] - 1} positions in (0, 1] plus the sink "
+            f"at s = 0 (mass {float(ds.attrs.get('sink_mass', float('nan'))):g})"
+        )
     print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
-    print(f"  status: {ds.attrs.get('status')} at t = {ds.attrs.get('status_time')} "
-          f"{ds.attrs.get('status_message', '')}")
+    print(
+        f"  status: {ds.attrs.get('status')} at t = {ds.attrs.get('status_time')} "
+        f"{ds.attrs.get('status_message', '')}"
+    )
     print(f"  mass {float(ds['mass'][-1]):.12g}, outflow {float(ds['outflow'][-1]):.3e}")
     print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
     return 0
@@ -160,6 +217,7 @@ def cmd_info(args) -> int:
 
 def cmd_plot(args) -> int:
     from tpde.plots import plot_all
+
     try:
         ds = _open(args.file)
     except (FileNotFoundError, ValueError) as exc:
@@ -177,6 +235,7 @@ def gaussian_reference(ds) -> dict | None:
     (``tpde gaussian`` on the config stored in the file), or None."""
     from tpde.config import ConfigError, build
     from tpde.references import gaussian_reference as reference
+
     try:
         ode = reference(build(str(ds.attrs.get("config", ""))))
     except (ConfigError, ValueError):
@@ -188,16 +247,22 @@ def cmd_validate(args) -> int:
     from tpde.validate import run_suite
 
     if args.output.exists() and not args.output.is_dir():
-        return _fail(f"validate: -o {args.output} exists and is not a directory; choose "
-                     "another path")
-    report = run_suite(args.suite, args.output,
-                       log=lambda text: print(f"  {text}", file=sys.stderr, flush=True))
+        return _fail(
+            f"validate: -o {args.output} exists and is not a directory; choose another path"
+        )
+    report = run_suite(
+        args.suite, args.output, log=lambda text: print(f"  {text}", file=sys.stderr, flush=True)
+    )
     failed = [c for c in report.checks if not c.passed]
     for check in report.checks:
-        print(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.value:.3e} "
-              f"({check.limit()})")
-    print(f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; "
-          f"report: {args.output / 'report.md'}")
+        print(
+            f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.value:.3e} "
+            f"({check.limit()})"
+        )
+    print(
+        f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; "
+        f"report: {args.output / 'report.md'}"
+    )
     return 1 if failed else 0
 
 
@@ -208,34 +273,52 @@ def cmd_sweep(args) -> int:
     from tpde.sweep import run_sweep
 
     try:
-        ds = run_sweep(args.sweep, scheduler=args.scheduler, workers=args.workers,
-                       progress=not args.quiet, output=args.output)
+        ds = run_sweep(
+            args.sweep,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            progress=not args.quiet,
+            output=args.output,
+        )
     except ConfigError as exc:
         return _fail(str(exc))
-    except (OSError, TimeoutError) as exc:      # no scheduler at --scheduler ADDRESS, ...
+    except (OSError, TimeoutError) as exc:  # no scheduler at --scheduler ADDRESS, ...
         print(f"tpde: sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     a = ds.attrs
-    ranks = Counter(int(r) for r, o in zip(ds["rank"].values, ds["outcome"].values,
-                                           strict=True) if o == "converged")
+    ranks = Counter(
+        int(r)
+        for r, o in zip(ds["rank"].values, ds["outcome"].values, strict=True)
+        if o == "converged"
+    )
     by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(ranks.items()))
-    print(f"{a['runs']} runs: {a['converged']} converged" + (f" ({by_rank})" if ranks else "")
-          + f", {a['blowup']} blowup, {a['mass_left']} mass_left, {a['failed']} failed; "
-          f"{a['skipped']} skipped (done before)")
+    print(
+        f"{a['runs']} runs: {a['converged']} converged"
+        + (f" ({by_rank})" if ranks else "")
+        + f", {a['blowup']} blowup, {a['mass_left']} mass_left, {a['failed']} failed; "
+        f"{a['skipped']} skipped (done before)"
+    )
     out = Path(a["output"])
     print(f"runs: {out / 'runs'}\nsummary: {out / 'summary.nc'}\nfigure: {out / 'phase.png'}")
     return 0
 
 
-COMMANDS = {"run": cmd_run, "info": cmd_info, "plot": cmd_plot, "validate": cmd_validate,
-            "gaussian": cmd_reference, "particles": cmd_reference, "sweep": cmd_sweep}
+COMMANDS = {
+    "run": cmd_run,
+    "info": cmd_info,
+    "plot": cmd_plot,
+    "validate": cmd_validate,
+    "gaussian": cmd_reference,
+    "particles": cmd_reference,
+    "sweep": cmd_sweep,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except BrokenPipeError:          # `tpde info out.nc | head`
+    except BrokenPipeError:  # `tpde info out.nc | head`
         sys.stderr.close()
         return 0
 

@@ -88,16 +88,54 @@ from .solver import Problem, Scheme
 
 SECTIONS = {
     "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass"},
-    "initial": {"kind", "mean", "covariance", "weights", "means", "covariances", "center",
-                "radius", "lower", "upper", "file", "deposit", "snapshot", "mean_drift"},
-    "attention": {"variant", "A", "Q", "K", "V", "W", "scale", "epsilon", "bias", "engine",
-                  "heads", "layers", "tol", "max_iter", "nodes", "masked"},
-    "scheme": {"reconstruction", "integrator", "cfl", "dt", "dt_max", "positivity",
-               "face_quadrature", "face_velocity"},
+    "initial": {
+        "kind",
+        "mean",
+        "covariance",
+        "weights",
+        "means",
+        "covariances",
+        "center",
+        "radius",
+        "lower",
+        "upper",
+        "file",
+        "deposit",
+        "snapshot",
+        "mean_drift",
+    },
+    "attention": {
+        "variant",
+        "A",
+        "Q",
+        "K",
+        "V",
+        "W",
+        "scale",
+        "epsilon",
+        "bias",
+        "engine",
+        "heads",
+        "layers",
+        "tol",
+        "max_iter",
+        "nodes",
+        "masked",
+    },
+    "scheme": {
+        "reconstruction",
+        "integrator",
+        "cfl",
+        "dt",
+        "dt_max",
+        "positivity",
+        "face_quadrature",
+        "face_velocity",
+    },
     "run": {"t_end", "snapshots", "output", "max_outflow", "t_start"},
 }
 HEAD_KEYS = {"A", "Q", "K", "V", "W", "scale", "epsilon", "bias"}
-MASS_TOLERANCE = 1e-6   # the box must hold the initial mass up to this fraction
+MASS_TOLERANCE = 1e-6  # the box must hold the initial mass up to this fraction
 
 
 class ConfigError(ValueError):
@@ -131,8 +169,7 @@ def read_text(path: Path, what: str) -> str:
     try:
         return path.read_text()
     except OSError as exc:
-        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}; check the "
-                          "path") from None
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}; check the path") from None
 
 
 def parse_toml(text: str, what: str, where: str = "") -> dict:
@@ -184,14 +221,15 @@ def _choice(key: str, value: Any, choices) -> str:
 def _check_keys(raw: dict) -> None:
     for section, table in raw.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{section}: unknown section; expected "
-                              f"{', '.join(sorted(SECTIONS))}")
+            raise ConfigError(f"{section}: unknown section; expected {', '.join(sorted(SECTIONS))}")
         if not isinstance(table, dict):
             raise ConfigError(f"{section}: expected a table [{section}]")
         for key in table:
             if key not in SECTIONS[section]:
-                raise ConfigError(f"{section}.{key}: unknown key; expected one of "
-                                  f"{', '.join(sorted(SECTIONS[section]))}")
+                raise ConfigError(
+                    f"{section}.{key}: unknown key; expected one of "
+                    f"{', '.join(sorted(SECTIONS[section]))}"
+                )
 
 
 # ---- sections -------------------------------------------------------------------------------
@@ -204,11 +242,15 @@ def build_grid(table: dict) -> Grid:
     if d not in (1, 2, 3):
         raise ConfigError(f"grid.lower: expected 1, 2 or 3 numbers, got {d}")
     upper = _vector("grid.upper", table["upper"], d)
-    cells = [_number(f"grid.cells[{a}]", c, positive=True, integer=True)
-             for a, c in enumerate(_list("grid.cells", table["cells"], d))]
+    cells = [
+        _number(f"grid.cells[{a}]", c, positive=True, integer=True)
+        for a, c in enumerate(_list("grid.cells", table["cells"], d))
+    ]
     if np.any(upper <= lower):
-        raise ConfigError(f"grid.upper: must exceed grid.lower on every axis, got "
-                          f"{upper.tolist()} vs {lower.tolist()}")
+        raise ConfigError(
+            f"grid.upper: must exceed grid.lower on every axis, got "
+            f"{upper.tolist()} vs {lower.tolist()}"
+        )
     boundary = table.get("boundary", "outflow")
     try:
         return Grid(lower, upper, cells, boundary)
@@ -233,15 +275,22 @@ def build_positions(grid_table: dict, attention_table: dict) -> Positions | None
     if not masked:
         for key in ("positions", "sink_mass"):
             if key in grid_table:
-                raise ConfigError(f"grid.{key}: only for masked attention; set "
-                                  f"attention.masked = true or remove it")
+                raise ConfigError(
+                    f"grid.{key}: only for masked attention; set "
+                    f"attention.masked = true or remove it"
+                )
         return None
     variant = attention_table.get("variant", "softmax")
     if variant not in MASKABLE:
-        raise ConfigError(f"attention.masked: no causal form for {variant!r}; choose one of "
-                          f"{', '.join(MASKABLE)}")
-    slices = _number("grid.positions", grid_table.get("positions", DEFAULT_POSITIONS),
-                     positive=True, integer=True)
+        raise ConfigError(
+            f"attention.masked: no causal form for {variant!r}; choose one of {', '.join(MASKABLE)}"
+        )
+    slices = _number(
+        "grid.positions",
+        grid_table.get("positions", DEFAULT_POSITIONS),
+        positive=True,
+        integer=True,
+    )
     sink = _number("grid.sink_mass", grid_table.get("sink_mass", SINK_MASS), positive=True)
     try:
         return Positions(int(slices), float(sink))
@@ -254,17 +303,21 @@ def build_initial(table: dict, grid: Grid, positions: Positions | None = None) -
     runs (every slice the same law scaled by its nu-mass, or a drifting gaussian mean)."""
     if "mean_drift" in table:
         if positions is None or table.get("kind", "gaussian") != "gaussian":
-            raise ConfigError("initial.mean_drift: only for a gaussian with masked attention "
-                              "(attention.masked = true); remove it")
+            raise ConfigError(
+                "initial.mean_drift: only for a gaussian with masked attention "
+                "(attention.masked = true); remove it"
+            )
         drift = _vector("initial.mean_drift", table["mean_drift"], grid.ndim)
         base = {k: v for k, v in table.items() if k != "mean_drift"}
         mean = _vector("initial.mean", table.get("mean", [0.0] * grid.ndim), grid.ndim)
         try:
-            return positions.sliced(lambda s: _initial({**base, "mean": (mean + s * drift)
-                                                        .tolist()}, grid), grid)
+            return positions.sliced(
+                lambda s: _initial({**base, "mean": (mean + s * drift).tolist()}, grid), grid
+            )
         except ConfigError as exc:
-            raise ConfigError(f"{exc} (with initial.mean_drift, at every position up to "
-                              f"s = 1)") from None
+            raise ConfigError(
+                f"{exc} (with initial.mean_drift, at every position up to s = 1)"
+            ) from None
         except ValueError as exc:
             raise ConfigError(f"initial: {exc}") from None
     density = _initial(table, grid)
@@ -273,13 +326,15 @@ def build_initial(table: dict, grid: Grid, positions: Positions | None = None) -
 
 def _initial(table: dict, grid: Grid) -> np.ndarray:
     d = grid.ndim
-    kind = _choice("initial.kind", table.get("kind", "gaussian"),
-                   ("gaussian", "mixture", "uniform", "tokens", "file"))
+    kind = _choice(
+        "initial.kind",
+        table.get("kind", "gaussian"),
+        ("gaussian", "mixture", "uniform", "tokens", "file"),
+    )
     try:
         if kind == "gaussian":
             mean = _vector("initial.mean", table.get("mean", [0.0] * d), d)
-            cov = _matrix("initial.covariance", table.get("covariance", np.eye(d).tolist()),
-                          (d, d))
+            cov = _matrix("initial.covariance", table.get("covariance", np.eye(d).tolist()), (d, d))
             _spd("initial.covariance", cov)
             density = gaussian(grid, mean, cov)
         elif kind == "mixture":
@@ -287,11 +342,16 @@ def _initial(table: dict, grid: Grid) -> np.ndarray:
                 if key not in table:
                     raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
             weights = _vector("initial.weights", table["weights"])
-            means = [_vector(f"initial.means[{i}]", m, d) for i, m in
-                     enumerate(_list("initial.means", table["means"], weights.size))]
-            covs = [_matrix(f"initial.covariances[{i}]", c, (d, d)) for i, c in
-                    enumerate(_list("initial.covariances", table["covariances"],
-                                    weights.size))]
+            means = [
+                _vector(f"initial.means[{i}]", m, d)
+                for i, m in enumerate(_list("initial.means", table["means"], weights.size))
+            ]
+            covs = [
+                _matrix(f"initial.covariances[{i}]", c, (d, d))
+                for i, c in enumerate(
+                    _list("initial.covariances", table["covariances"], weights.size)
+                )
+            ]
             for i, c in enumerate(covs):
                 _spd(f"initial.covariances[{i}]", c)
             if np.any(weights <= 0):
@@ -308,6 +368,7 @@ def _initial(table: dict, grid: Grid) -> np.ndarray:
                 density = uniform_box(grid, low, high)
         elif kind == "tokens":
             from tpde.validation.particles import load_tokens
+
             path = table.get("file")
             if not isinstance(path, str):
                 raise ConfigError("initial.file: missing (a .npy file of n x d tokens)")
@@ -325,11 +386,15 @@ def _initial(table: dict, grid: Grid) -> np.ndarray:
         raise ConfigError(f"initial: {exc}") from None
     mass = grid.integrate(density)
     if kind in ("gaussian", "mixture") and mass < 1.0 - MASS_TOLERANCE:
-        raise ConfigError(f"grid: the box holds only {mass:.6g} of the initial mass (limit "
-                          f"1 - {MASS_TOLERANCE:g}); widen grid.lower / grid.upper")
+        raise ConfigError(
+            f"grid: the box holds only {mass:.6g} of the initial mass (limit "
+            f"1 - {MASS_TOLERANCE:g}); widen grid.lower / grid.upper"
+        )
     if not mass > 0:
-        raise ConfigError("initial: the initial density has no mass inside the box; move it "
-                          "into grid.lower / grid.upper")
+        raise ConfigError(
+            "initial: the initial density has no mass inside the box; move it "
+            "into grid.lower / grid.upper"
+        )
     return density
 
 
@@ -340,6 +405,7 @@ def _spd(key: str, cov: np.ndarray) -> None:
 
 def _from_file(table: dict, grid: Grid) -> np.ndarray:
     from tpde.io import grid_from_dataset, read
+
     path = table.get("file")
     if not isinstance(path, str):
         raise ConfigError("initial.file: missing (a tpde NetCDF output)")
@@ -349,10 +415,9 @@ def _from_file(table: dict, grid: Grid) -> np.ndarray:
         raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
     source = grid_from_dataset(ds)
     if source.shape != grid.shape or not np.allclose(
-            [source.centres(a) for a in range(grid.ndim)],
-            [grid.centres(a) for a in range(grid.ndim)]):
-        raise ConfigError(f"initial.file: {path} is on a different grid; use the same grid "
-                          "keys")
+        [source.centres(a) for a in range(grid.ndim)], [grid.centres(a) for a in range(grid.ndim)]
+    ):
+        raise ConfigError(f"initial.file: {path} is on a different grid; use the same grid keys")
     index = int(_number("initial.snapshot", table.get("snapshot", -1), integer=True))
     return from_array(grid, np.asarray(ds["density"][index]))
 
@@ -360,8 +425,10 @@ def _from_file(table: dict, grid: Grid) -> np.ndarray:
 def _head(key: str, table: dict, variant: str, d: int):
     unknown = set(table) - HEAD_KEYS - {"t_start", "heads"}
     if unknown:
-        raise ConfigError(f"{key}.{sorted(unknown)[0]}: unknown key; expected one of "
-                          f"{', '.join(sorted(HEAD_KEYS))}")
+        raise ConfigError(
+            f"{key}.{sorted(unknown)[0]}: unknown key; expected one of "
+            f"{', '.join(sorted(HEAD_KEYS))}"
+        )
     if "V" not in table:
         raise ConfigError(f"{key}.V: missing (the value matrix, {d} x {d})")
     scale = _number(f"{key}.scale", table.get("scale", 1.0))
@@ -371,8 +438,9 @@ def _head(key: str, table: dict, variant: str, d: int):
         if variant == "l2":
             if "Q" not in table or "K" not in table:
                 raise ConfigError(f"{key}.Q: the l2 variant needs Q and K (k x {d} each)")
-            return L2Head(_matrix(f"{key}.Q", table["Q"]), _matrix(f"{key}.K", table["K"]), V,
-                          scale, W)
+            return L2Head(
+                _matrix(f"{key}.Q", table["Q"]), _matrix(f"{key}.K", table["K"]), V, scale, W
+            )
         if "A" in table:
             A = scale * _matrix(f"{key}.A", table["A"], (d, d))
         elif "Q" in table and "K" in table:
@@ -384,8 +452,9 @@ def _head(key: str, table: dict, variant: str, d: int):
         else:
             raise ConfigError(f"{key}.A: missing (give A, or Q and K)")
         if variant == "sinkhorn":
-            return SinkhornHead(A, V, W, _number(f"{key}.epsilon", table.get("epsilon", 1.0),
-                                                 positive=True))
+            return SinkhornHead(
+                A, V, W, _number(f"{key}.epsilon", table.get("epsilon", 1.0), positive=True)
+            )
         if variant == "sigmoid":
             return SigmoidHead(A, V, W, _number(f"{key}.bias", table.get("bias", 0.0)))
         return Head(A, V, W)
@@ -399,12 +468,12 @@ def _head(key: str, table: dict, variant: str, d: int):
 def _params(key: str, table: dict, variant: str, d: int):
     heads = table.get("heads")
     if heads is not None:
-        if not isinstance(heads, list) or not heads or not all(isinstance(h, dict)
-                                                                for h in heads):
+        if not isinstance(heads, list) or not heads or not all(isinstance(h, dict) for h in heads):
             raise ConfigError(f"{key}.heads: expected [[{key}.heads]] tables")
         shared = {k: v for k, v in table.items() if k in ("scale", "epsilon", "bias")}
-        return [_head(f"{key}.heads[{i}]", {**shared, **h}, variant, d)
-                for i, h in enumerate(heads)]
+        return [
+            _head(f"{key}.heads[{i}]", {**shared, **h}, variant, d) for i, h in enumerate(heads)
+        ]
     return _head(key, table, variant, d)
 
 
@@ -435,19 +504,21 @@ def build_attention(table: dict, d: int):
     if variant == "sinkhorn":
         for key in ("tol", "max_iter"):
             if key in table:
-                options[key] = _number(f"attention.{key}", table[key], positive=True,
-                                       integer=key == "max_iter")
+                options[key] = _number(
+                    f"attention.{key}", table[key], positive=True, integer=key == "max_iter"
+                )
     if "nodes" in table and variant in ("softmax", "multihead", "l2", "sinkhorn"):
-        options["nodes"] = _number("attention.nodes", table["nodes"], positive=True,
-                                   integer=True)
+        options["nodes"] = _number("attention.nodes", table["nodes"], positive=True, integer=True)
     try:
         field_ = ATTENTION[variant](params, **options)
         first = params.params[0] if isinstance(params, Layers) else params
         heads = first if isinstance(first, list) else [first]
         for h in heads:
             if h.dim != d:
-                raise ConfigError(f"attention: the matrices are {h.dim}-D but the grid is "
-                                  f"{d}-D; give {d} x {d} matrices")
+                raise ConfigError(
+                    f"attention: the matrices are {h.dim}-D but the grid is "
+                    f"{d}-D; give {d} x {d} matrices"
+                )
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -458,11 +529,11 @@ def build_attention(table: dict, d: int):
 def build_scheme(table: dict) -> Scheme:
     kwargs: dict[str, Any] = {}
     if "reconstruction" in table:
-        kwargs["reconstruction"] = _choice("scheme.reconstruction", table["reconstruction"],
-                                           tuple(RECONSTRUCTIONS))
+        kwargs["reconstruction"] = _choice(
+            "scheme.reconstruction", table["reconstruction"], tuple(RECONSTRUCTIONS)
+        )
     if "integrator" in table:
-        kwargs["integrator"] = _choice("scheme.integrator", table["integrator"],
-                                       tuple(INTEGRATORS))
+        kwargs["integrator"] = _choice("scheme.integrator", table["integrator"], tuple(INTEGRATORS))
     if "cfl" in table:
         cfl = _number("scheme.cfl", table["cfl"], positive=True)
         if cfl > 1:
@@ -473,15 +544,18 @@ def build_scheme(table: dict) -> Scheme:
             kwargs[key] = _number(f"scheme.{key}", table[key], positive=True)
     if "positivity" in table:
         if not isinstance(table["positivity"], bool):
-            raise ConfigError(f"scheme.positivity: expected true or false, got "
-                              f"{table['positivity']!r}")
+            raise ConfigError(
+                f"scheme.positivity: expected true or false, got {table['positivity']!r}"
+            )
         kwargs["positivity"] = table["positivity"]
     if "face_quadrature" in table:
-        kwargs["face_quadrature"] = _choice("scheme.face_quadrature", table["face_quadrature"],
-                                            ("auto", "midpoint", "gauss"))
+        kwargs["face_quadrature"] = _choice(
+            "scheme.face_quadrature", table["face_quadrature"], ("auto", "midpoint", "gauss")
+        )
     if "face_velocity" in table:
-        kwargs["face_velocity"] = _choice("scheme.face_velocity", table["face_velocity"],
-                                          ("auto", "exact", "interpolated"))
+        kwargs["face_velocity"] = _choice(
+            "scheme.face_velocity", table["face_velocity"], ("auto", "exact", "interpolated")
+        )
     scheme = Scheme(**kwargs)
     try:
         scheme.validate()
@@ -523,8 +597,17 @@ def build(source: str | Path | Mapping) -> Config:
     if output is not None and not isinstance(output, str):
         raise ConfigError(f"run.output: expected a file name, got {output!r}")
     try:
-        problem = Problem(grid, density, velocity, t_end, scheme=scheme, snapshots=snapshots,
-                          t_start=t_start, max_outflow=max_outflow, positions=positions)
+        problem = Problem(
+            grid,
+            density,
+            velocity,
+            t_end,
+            scheme=scheme,
+            snapshots=snapshots,
+            t_start=t_start,
+            max_outflow=max_outflow,
+            positions=positions,
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return Config(problem, output, variant, dumps(raw), raw)
@@ -532,6 +615,7 @@ def build(source: str | Path | Mapping) -> Config:
 
 def dumps(raw: Mapping) -> str:
     """TOML text of a configuration mapping (the resolved config stored in the output)."""
+
     def value(v) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -547,8 +631,11 @@ def dumps(raw: Mapping) -> str:
 
     lines: list[str] = []
     for section, table in raw.items():
-        arrays = {k: v for k, v in table.items()
-                  if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+        arrays = {
+            k: v
+            for k, v in table.items()
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+        }
         lines.append(f"[{section}]")
         lines += [f"{k} = {value(v)}" for k, v in table.items() if k not in arrays]
         lines.append("")

@@ -53,10 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     grid = Grid([-7.0, -7.0], [7.0, 7.0], [args.cells, args.cells], "outflow")
-    problem = Problem(grid, gaussian(grid, MEAN0, COV0), AffineVelocity(MATRIX, OFFSET),
-                      args.t_end, scheme=Scheme("weno5z", "ssprk3", cfl=0.4), snapshots=4)
-    solver = Solver(problem, on_snapshot=lambda s: print(
-        f"t = {s.time:6.3f}  step {s.step:5d}  mass {s.mass:.15f}  outflow {s.outflow:.2e}"))
+    problem = Problem(
+        grid,
+        gaussian(grid, MEAN0, COV0),
+        AffineVelocity(MATRIX, OFFSET),
+        args.t_end,
+        scheme=Scheme("weno5z", "ssprk3", cfl=0.4),
+        snapshots=4,
+    )
+    solver = Solver(
+        problem,
+        on_snapshot=lambda s: print(
+            f"t = {s.time:6.3f}  step {s.step:5d}  mass {s.mass:.15f}  outflow {s.outflow:.2e}"
+        ),
+    )
     start = time.perf_counter()
     result = solver.run()
     wall = time.perf_counter() - start
@@ -65,18 +75,27 @@ def main(argv: list[str] | None = None) -> int:
     exact = gaussian(grid, mean_t, cov_t)
     _, mean, cov = moments(result.final, grid)
     l1 = float(np.abs(result.final - exact).sum() * grid.cell_volume)
-    print(f"{result.steps} steps in {wall:.2f} s ({grid.size * result.steps / wall / 1e6:.2f} "
-          f"Mcell-updates/s); status {result.status}")
-    print(f"L1 error of the density {l1:.3e}; mean error {np.abs(mean - mean_t).max():.3e}; "
-          f"covariance error {np.abs(cov - cov_t).max():.3e}")
+    print(
+        f"{result.steps} steps in {wall:.2f} s ({grid.size * result.steps / wall / 1e6:.2f} "
+        f"Mcell-updates/s); status {result.status}"
+    )
+    print(
+        f"L1 error of the density {l1:.3e}; mean error {np.abs(mean - mean_t).max():.3e}; "
+        f"covariance error {np.abs(cov - cov_t).max():.3e}"
+    )
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(result.snapshots), figsize=(4 * len(result.snapshots), 4),
-                             sharey=True, constrained_layout=True)
+    fig, axes = plt.subplots(
+        1,
+        len(result.snapshots),
+        figsize=(4 * len(result.snapshots), 4),
+        sharey=True,
+        constrained_layout=True,
+    )
     extent = [grid.lower[0], grid.upper[0], grid.lower[1], grid.upper[1]]
     for ax, snap in zip(axes, result.snapshots, strict=True):
         ax.imshow(snap.density.T, origin="lower", extent=extent, cmap="magma")
@@ -89,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_ylim(-4, 4)
         ax.set_xlabel("x")
     axes[0].set_ylabel("y")
-    fig.suptitle("density (WENO5-Z + SSP-RK3) under u = Mx + b; cyan: exact 1- and 2-sigma "
-                 "ellipses")
+    fig.suptitle(
+        "density (WENO5-Z + SSP-RK3) under u = Mx + b; cyan: exact 1- and 2-sigma ellipses"
+    )
     figure = out / "demo.png"
     fig.savefig(figure, dpi=110)
     print(f"wrote {figure}")

@@ -66,13 +66,16 @@ MONOTONE = ("increasing", "decreasing", "none")
 
 #: name -> (long_name, formula) of each energy (the attributes of its output record)
 DESCRIPTIONS = {
-    "trace_lyapunov": ("trace of V^-1 times the covariance (Lyapunov function, MATH.md 3.6b)",
-                       "tr(V^-1 Sigma)"),
-    "interaction": ("interaction energy (MATH.md 4)",
-                    "1/2 iint exp(<A x, y>) rho(x) rho(y) dx dy"),
-    "sinkhorn_self_cost": ("half the entropic self-transport cost (MATH.md 3.5)",
-                           "1/2 OT_eps(mu, mu) = 1/2 (int f dmu + int g dmu), OT_eps(mu, nu) "
-                           "= min_pi int -<A x, y> dpi + eps KL(pi | mu x nu), mu normalised"),
+    "trace_lyapunov": (
+        "trace of V^-1 times the covariance (Lyapunov function, MATH.md 3.6b)",
+        "tr(V^-1 Sigma)",
+    ),
+    "interaction": ("interaction energy (MATH.md 4)", "1/2 iint exp(<A x, y>) rho(x) rho(y) dx dy"),
+    "sinkhorn_self_cost": (
+        "half the entropic self-transport cost (MATH.md 3.5)",
+        "1/2 OT_eps(mu, mu) = 1/2 (int f dmu + int g dmu), OT_eps(mu, nu) "
+        "= min_pi int -<A x, y> dpi + eps KL(pi | mu x nu), mu normalised",
+    ),
 }
 
 #: relative tolerance of the structural tests (symmetry, definiteness) on the parameters
@@ -101,8 +104,10 @@ def trace_lyapunov(cov: Any, V: Any) -> float:
     cov = np.asarray(cov, float)
     V = np.asarray(V, float)
     if V.ndim != 2 or V.shape[0] != V.shape[1] or cov.shape != V.shape:
-        raise ValueError(f"trace_lyapunov: expected V and Sigma of the same square shape, got "
-                         f"{V.shape} and {cov.shape}")
+        raise ValueError(
+            f"trace_lyapunov: expected V and Sigma of the same square shape, got "
+            f"{V.shape} and {cov.shape}"
+        )
     if not _invertible(V):
         raise ValueError("trace_lyapunov: V is singular")
     return float(np.trace(np.linalg.solve(V, cov)))
@@ -119,13 +124,22 @@ def log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     small = u < 1e-3
     safe = np.where(small, 1.0, u)
     u2 = u * u
-    terms = np.where(small, u2 / 6.0 - u2 * u2 / 180.0,
-                     safe + np.log1p(-np.exp(-2.0 * safe)) - np.log(2.0 * safe))
+    terms = np.where(
+        small,
+        u2 / 6.0 - u2 * u2 / 180.0,
+        safe + np.log1p(-np.exp(-2.0 * safe)) - np.log(2.0 * safe),
+    )
     return terms.sum(axis=-1)
 
 
-def interaction_energy(density: np.ndarray, grid: Grid, A: Any, engine: str = "auto",
-                       nodes: int | None = None, log: bool = False) -> float:
+def interaction_energy(
+    density: np.ndarray,
+    grid: Grid,
+    A: Any,
+    engine: str = "auto",
+    nodes: int | None = None,
+    log: bool = False,
+) -> float:
     """E = 1/2 iint e^{<A x, y>} rho(x) rho(y) dx dy for symmetric A (MATH.md 4).
 
     density: cell averages (grid.shape, negative values are treated as 0); A: (d, d)
@@ -154,8 +168,9 @@ def interaction_energy(density: np.ndarray, grid: Grid, A: Any, engine: str = "a
     A = _symmetric("interaction_energy: A", A, grid.ndim)
     rho = np.asarray(density, float)
     if rho.shape != grid.shape:
-        raise ValueError(f"interaction_energy: expected a density of shape {grid.shape}, got "
-                         f"{rho.shape}")
+        raise ValueError(
+            f"interaction_energy: expected a density of shape {grid.shape}, got {rho.shape}"
+        )
     weights = np.maximum(rho, 0.0)
     outer = np.maximum(point_values(rho, grid), 0.0).reshape(-1)
     keep = outer > 0
@@ -221,7 +236,7 @@ def _symmetric(name: str, A: Any, d: int) -> np.ndarray:
 
 
 def _definiteness(M: np.ndarray) -> str:
-    """"positive", "negative" (definite), "nonpositive" (semidefinite) or "" for a symmetric M."""
+    """ "positive", "negative" (definite), "nonpositive" (semidefinite) or "" for a symmetric M."""
     eig = np.linalg.eigvalsh(0.5 * (M + M.T))
     scale = max(float(np.abs(eig).max()), 1e-300)
     if eig[0] > _TOL * scale:
@@ -271,10 +286,17 @@ def applicable(variant: str, params, gaussian_data: bool = False) -> dict[str, s
         monotone = "none"
         if softmax and _is_symmetric(C) and _definiteness(C) == "positive":
             A = np.asarray(head.A, float)
-            scalar = np.allclose(A, A[0, 0] * np.eye(A.shape[0]), rtol=0,
-                                 atol=_TOL * max(float(np.abs(A).max()), 1e-300))
-            if (_is_symmetric(A) and _definiteness(A) in ("negative", "nonpositive")
-                    and (gaussian_data or scalar)):
+            scalar = np.allclose(
+                A,
+                A[0, 0] * np.eye(A.shape[0]),
+                rtol=0,
+                atol=_TOL * max(float(np.abs(A).max()), 1e-300),
+            )
+            if (
+                _is_symmetric(A)
+                and _definiteness(A) in ("negative", "nonpositive")
+                and (gaussian_data or scalar)
+            ):
                 monotone = "decreasing"
         out["trace_lyapunov"] = monotone
     if softmax and _is_symmetric(np.asarray(head.A, float)):
@@ -304,9 +326,17 @@ def _constant(spec) -> bool:
     return not (isinstance(spec, (Layers, Mapping)) or callable(spec))
 
 
-def energies(variant: str, params, density: np.ndarray, grid: Grid, t: float = 0.0,
-             gaussian_data: bool = False, engine: str = "auto", nodes: int | None = None,
-             sinkhorn=None) -> dict[str, Energy]:
+def energies(
+    variant: str,
+    params,
+    density: np.ndarray,
+    grid: Grid,
+    t: float = 0.0,
+    gaussian_data: bool = False,
+    engine: str = "auto",
+    nodes: int | None = None,
+    sinkhorn=None,
+) -> dict[str, Energy]:
     """The energies of a run at one snapshot: name -> :class:`Energy` (value, monotone,
     long_name, formula); see :func:`applicable` for which apply.
 
@@ -333,8 +363,9 @@ def energies(variant: str, params, density: np.ndarray, grid: Grid, t: float = 0
                 total, _, cov = moments(density, grid)
                 value = trace_lyapunov(cov, head.C) if total > 0 else math.nan
             elif name == "interaction":
-                value = interaction_energy(density, grid, head.A,
-                                           "auto" if engine == "fft" else engine, nodes)
+                value = interaction_energy(
+                    density, grid, head.A, "auto" if engine == "fft" else engine, nodes
+                )
             else:
                 value = sinkhorn_self_cost(density, grid, head, sinkhorn)
         except (ValueError, SinkhornError, ArithmeticError):
@@ -359,8 +390,12 @@ def run_energies(config) -> Callable[[np.ndarray, float], dict[str, Energy]]:
     field = problem.velocity
     grid = problem.grid
     spec = getattr(field, "spec", None)
-    if problem.positions is not None or isinstance(field, CausalAttention) or spec is None \
-            or not _constant(spec):
+    if (
+        problem.positions is not None
+        or isinstance(field, CausalAttention)
+        or spec is None
+        or not _constant(spec)
+    ):
         return lambda density, t: {}
     initial = config.raw.get("initial", {}) if isinstance(config.raw, dict) else {}
     gaussian_data = initial.get("kind", "gaussian") == "gaussian"
@@ -368,12 +403,17 @@ def run_energies(config) -> Callable[[np.ndarray, float], dict[str, Energy]]:
     nodes = getattr(field, "nodes", None)
     sinkhorn = None
     if isinstance(field, SinkhornAttention):
-        sinkhorn = SinkhornAttention(field.spec, engine=field.engine, nodes=field.nodes,
-                                     block=field.block, tol=field.tol, max_iter=field.max_iter)
+        sinkhorn = SinkhornAttention(
+            field.spec,
+            engine=field.engine,
+            nodes=field.nodes,
+            block=field.block,
+            tol=field.tol,
+            max_iter=field.max_iter,
+        )
     variant = config.variant
 
     def evaluate(density: np.ndarray, t: float) -> dict[str, Energy]:
-        return energies(variant, spec, density, grid, t, gaussian_data, engine, nodes,
-                        sinkhorn)
+        return energies(variant, spec, density, grid, t, gaussian_data, engine, nodes, sinkhorn)
 
     return evaluate

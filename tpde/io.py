@@ -88,8 +88,7 @@ AXES = ("x", "y", "z")
 LOCK_TIMEOUT = 60.0
 _TIME_CHUNK = 256
 _RECORD_CHUNK_VALUES = 8192  # at most this many values (64 KiB) per chunk of a moment record
-S_COMMENT = ("slice 0 is the attention sink at s = 0; slice k stands for positions in "
-             "((k-1)/N, k/N]")
+S_COMMENT = "slice 0 is the attention sink at s = 0; slice k stands for positions in ((k-1)/N, k/N]"
 MARGINAL_COMMENT = "of the x-marginal (density summed over s)"
 
 _LONG_NAMES = {
@@ -134,8 +133,9 @@ def _check_target(path: str, overwrite: bool) -> None:
     if os.path.isdir(path):
         raise ValueError(f"run.output: cannot write {path}: it is a directory")
     if os.path.exists(path) and not overwrite:
-        raise ValueError(f"run.output: {path} exists; pass --overwrite to replace it or "
-                         "--resume to continue it")
+        raise ValueError(
+            f"run.output: {path} exists; pass --overwrite to replace it or --resume to continue it"
+        )
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"run.output: cannot write {path}: directory {folder} does not exist")
@@ -180,9 +180,11 @@ def _retry_open(path: str, opener: Callable[[], Any], exclusive: bool, timeout: 
                 if unlocked_failures >= 2:
                     raise ValueError(f"run.output: cannot open {path}: {exc}") from None
             elif _time.monotonic() >= deadline:
-                raise RuntimeError(f"run.output: {path} stayed locked for {timeout:g} s; "
-                                   "another process (or handle) holds it open: close its "
-                                   "xarray or netCDF4 handle") from None
+                raise RuntimeError(
+                    f"run.output: {path} stayed locked for {timeout:g} s; "
+                    "another process (or handle) holds it open: close its "
+                    "xarray or netCDF4 handle"
+                ) from None
             else:
                 _time.sleep(delay)
                 delay = min(2 * delay, 0.25)
@@ -206,9 +208,14 @@ def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
         name = AXES[a]
         nc.createDimension(name, grid.cells[a])
         coord = nc.createVariable(name, "f8", (name,))
-        coord.setncatts({"units": "1", "axis": name.upper(),
-                         "long_name": f"token coordinate {a + 1}",
-                         "bounds": f"{name}_bounds"})
+        coord.setncatts(
+            {
+                "units": "1",
+                "axis": name.upper(),
+                "long_name": f"token coordinate {a + 1}",
+                "bounds": f"{name}_bounds",
+            }
+        )
         coord[:] = grid.centres(a)
         edges = grid.edges(a)
         bounds = nc.createVariable(f"{name}_bounds", "f8", (name, "nv"))
@@ -226,10 +233,17 @@ def _define_positions(nc: netCDF4.Dataset, positions: Positions) -> None:
     weight[:] = positions.weights
 
 
-def _record_variable(nc: netCDF4.Dataset, name: str, dims: tuple[str, ...],
-                     chunks: tuple[int, ...], comment: str = "", **compression: Any) -> None:
-    var = nc.createVariable(name, "f8", ("time", *dims), fill_value=np.nan,
-                            chunksizes=chunks, **compression)
+def _record_variable(
+    nc: netCDF4.Dataset,
+    name: str,
+    dims: tuple[str, ...],
+    chunks: tuple[int, ...],
+    comment: str = "",
+    **compression: Any,
+) -> None:
+    var = nc.createVariable(
+        name, "f8", ("time", *dims), fill_value=np.nan, chunksizes=chunks, **compression
+    )
     var.setncatts({"long_name": _LONG_NAMES[name], "units": "1"})
     if comment:
         var.setncattr("comment", comment)
@@ -246,8 +260,7 @@ def _define_slice_records(nc: netCDF4.Dataset, d: int, count: int) -> None:
     """slice_mass(time, s), slice_mean(time, s, dim), slice_covariance(time, s, dim, dim2)."""
     _record_variable(nc, "slice_mass", ("s",), _moment_chunks((count,)))
     _record_variable(nc, "slice_mean", ("s", "dim"), _moment_chunks((count, d)))
-    _record_variable(nc, "slice_covariance", ("s", "dim", "dim2"),
-                     _moment_chunks((count, d, d)))
+    _record_variable(nc, "slice_covariance", ("s", "dim", "dim2"), _moment_chunks((count, d, d)))
 
 
 def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None) -> None:
@@ -256,13 +269,19 @@ def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None
     nc.createDimension("time", None)
     nc.createDimension("dim", d)
     nc.createDimension("dim2", d)
-    time = nc.createVariable("time", "f8", ("time",), fill_value=np.nan,
-                             chunksizes=(_TIME_CHUNK,))
+    time = nc.createVariable("time", "f8", ("time",), fill_value=np.nan, chunksizes=(_TIME_CHUNK,))
     time.setncatts({"units": "1", "long_name": "time (depth through the network)"})
     lead = () if positions is None else ("s",)
     shape = grid.shape if positions is None else positions.shape(grid)
-    _record_variable(nc, "density", (*lead, *grid.axis_names), (1, *shape),
-                     compression="zlib", complevel=4, shuffle=True)
+    _record_variable(
+        nc,
+        "density",
+        (*lead, *grid.axis_names),
+        (1, *shape),
+        compression="zlib",
+        complevel=4,
+        shuffle=True,
+    )
     marginal = "" if positions is None else MARGINAL_COMMENT
     _record_variable(nc, "mass", (), (_TIME_CHUNK,), marginal)
     _record_variable(nc, "mean", ("dim",), (_TIME_CHUNK, d), marginal)
@@ -273,12 +292,18 @@ def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None
         _define_slice_records(nc, d, positions.count)
 
 
-def _global_attributes(grid: Grid, config_text: str, title: str, history: str,
-                       positions: Positions | None = None) -> dict:
+def _global_attributes(
+    grid: Grid, config_text: str, title: str, history: str, positions: Positions | None = None
+) -> dict:
     created = f"{_now()}: created by {_source()}" + (f": {history}" if history else "")
     attributes = {
-        "Conventions": CONVENTIONS, "title": title, "history": created, "source": _source(),
-        "config": config_text, "status": "running", "status_time": math.nan,
+        "Conventions": CONVENTIONS,
+        "title": title,
+        "history": created,
+        "source": _source(),
+        "config": config_text,
+        "status": "running",
+        "status_time": math.nan,
         "status_message": "",
         "grid_lower": np.asarray(grid.lower, dtype=np.float64),
         "grid_upper": np.asarray(grid.upper, dtype=np.float64),
@@ -304,11 +329,13 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
 # ---- reading helpers ------------------------------------------------------------------------
 def _grid_from_attributes(attrs: dict, where: str) -> Grid:
     """Rebuild the Grid from the ``grid_*`` global attributes (exact: float64 stored as is)."""
-    missing = [k for k in ("grid_lower", "grid_upper", "grid_cells", "grid_boundary")
-               if k not in attrs]
+    missing = [
+        k for k in ("grid_lower", "grid_upper", "grid_cells", "grid_boundary") if k not in attrs
+    ]
     if missing:
-        raise ValueError(f"run.output: {where} has no {missing[0]} attribute; not a tpde "
-                         "output file")
+        raise ValueError(
+            f"run.output: {where} has no {missing[0]} attribute; not a tpde output file"
+        )
     lower = np.atleast_1d(np.asarray(attrs["grid_lower"], dtype=np.float64))
     upper = np.atleast_1d(np.asarray(attrs["grid_upper"], dtype=np.float64))
     cells = np.atleast_1d(np.asarray(attrs["grid_cells"])).astype(int)
@@ -325,13 +352,16 @@ def _positions_from_attributes(attrs: dict, where: str) -> Positions | None:
     slices = np.asarray(attrs["positions"]).reshape(-1)
     sink = np.asarray(attrs["sink_mass"]).reshape(-1)
     if slices.size != 1 or sink.size != 1 or int(slices[0]) != slices[0]:
-        raise ValueError(f"run.output: {where} has positions = {attrs['positions']!r}, "
-                         f"sink_mass = {attrs['sink_mass']!r}; expected an integer and a number")
+        raise ValueError(
+            f"run.output: {where} has positions = {attrs['positions']!r}, "
+            f"sink_mass = {attrs['sink_mass']!r}; expected an integer and a number"
+        )
     return Positions(int(slices[0]), float(sink[0]))
 
 
-def _slice_moments(density: np.ndarray, grid: Grid,
-                   positions: Positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _slice_moments(
+    density: np.ndarray, grid: Grid, positions: Positions
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moments of each slice of ``density`` (S, *grid.shape), S = positions.count: mass (S,)
     (:meth:`Positions.marginal`), mean (S, d) and covariance (S, d, d) normalised by the
     slice mass (:func:`tpde.grid.moments`); NaN mean and covariance where the mass is not > 0.
@@ -406,21 +436,35 @@ class SnapshotWriter:
     >>> writer.close(result.status, result.status_time, result.status_message)  # +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike, grid: Grid, config_text: str = "",
-                 title: str = "tpde run", overwrite: bool = False, history: str = "",
-                 lock_timeout: float = LOCK_TIMEOUT, positions: Positions | None = None,
-                 energies: EnergyCallable | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        grid: Grid,
+        config_text: str = "",
+        title: str = "tpde run",
+        overwrite: bool = False,
+        history: str = "",
+        lock_timeout: float = LOCK_TIMEOUT,
+        positions: Positions | None = None,
+        energies: EnergyCallable | None = None,
+    ):
         path = os.fspath(path)
         if not isinstance(grid, Grid):
             raise ValueError(f"run.output: expected a tpde.grid.Grid, got {type(grid).__name__}")
         if positions is not None and not isinstance(positions, Positions):
-            raise ValueError(f"run.output: expected tpde.grid.Positions or None for "
-                             f"positions, got {type(positions).__name__}")
+            raise ValueError(
+                f"run.output: expected tpde.grid.Positions or None for "
+                f"positions, got {type(positions).__name__}"
+            )
         _check_target(path, overwrite)
         temporary = _temporary_name(path)
         try:
-            _create(temporary, grid, _global_attributes(grid, str(config_text), str(title),
-                                                        str(history), positions), positions)
+            _create(
+                temporary,
+                grid,
+                _global_attributes(grid, str(config_text), str(title), str(history), positions),
+                positions,
+            )
             os.replace(temporary, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -428,26 +472,39 @@ class SnapshotWriter:
             raise ValueError(f"run.output: cannot write {path}: {exc}") from None
         self._setup(path, grid, 0, None, lock_timeout, positions, energies)
 
-    def _setup(self, path: str, grid: Grid, count: int, last_time: float | None,
-               lock_timeout: float, positions: Positions | None = None,
-               energies: EnergyCallable | None = None,
-               energy_names: tuple[str, ...] | None = None) -> None:
+    def _setup(
+        self,
+        path: str,
+        grid: Grid,
+        count: int,
+        last_time: float | None,
+        lock_timeout: float,
+        positions: Positions | None = None,
+        energies: EnergyCallable | None = None,
+        energy_names: tuple[str, ...] | None = None,
+    ) -> None:
         if energies is not None and not callable(energies):
-            raise ValueError(f"run.output: energies must be a callable (density, t) -> dict, "
-                             f"got {type(energies).__name__}")
+            raise ValueError(
+                f"run.output: energies must be a callable (density, t) -> dict, "
+                f"got {type(energies).__name__}"
+            )
         self.path = path
         self.grid = grid
         self.positions = positions
         self.lock_timeout = float(lock_timeout)
         self.energies = energies
-        self._energy_names = energy_names   # None until the records exist
+        self._energy_names = energy_names  # None until the records exist
         self._count = count
         self._last_time = last_time
         self._closed = False
 
     @classmethod
-    def resume(cls, path: str | os.PathLike, lock_timeout: float = LOCK_TIMEOUT,
-               energies: EnergyCallable | None = None) -> SnapshotWriter:
+    def resume(
+        cls,
+        path: str | os.PathLike,
+        lock_timeout: float = LOCK_TIMEOUT,
+        energies: EnergyCallable | None = None,
+    ) -> SnapshotWriter:
         """Reopen an existing output file for appending after its last complete snapshot.
 
         Existing records are kept as they are; a trailing incomplete record (a kill inside a
@@ -458,8 +515,10 @@ class SnapshotWriter:
         """
         path = os.fspath(path)
         if not os.path.isfile(path):
-            raise ValueError(f"run.output: {path} does not exist; nothing to resume (drop "
-                             "--resume to start a new run)")
+            raise ValueError(
+                f"run.output: {path} does not exist; nothing to resume (drop "
+                "--resume to start a new run)"
+            )
         with _opened(path, "a", lock_timeout) as nc:
             attrs = _file_attributes(nc)
             grid = _grid_from_attributes(attrs, path)
@@ -467,11 +526,14 @@ class SnapshotWriter:
             count = _complete_in_file(nc)
             last = float(nc["time"][count - 1]) if count else None
             names = _energy_names(attrs)
-            nc.setncatts({
-                "status": "running", "status_time": math.nan,
-                "status_message": f"resumed after {count} snapshots",
-                "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
-            })
+            nc.setncatts(
+                {
+                    "status": "running",
+                    "status_time": math.nan,
+                    "status_message": f"resumed after {count} snapshots",
+                    "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
+                }
+            )
         writer = cls.__new__(cls)
         writer._setup(path, grid, count, last, lock_timeout, positions, energies, names)
         return writer
@@ -493,19 +555,24 @@ class SnapshotWriter:
 
     def _check_snapshot(self, snapshot: SnapshotLike) -> tuple[float, np.ndarray]:
         if self._closed:
-            raise RuntimeError(f"run.output: {self.path} was closed; use "
-                               "SnapshotWriter.resume to append again")
+            raise RuntimeError(
+                f"run.output: {self.path} was closed; use SnapshotWriter.resume to append again"
+            )
         density = np.asarray(snapshot.density, dtype=np.float64)
         if density.shape != self.shape:
             what = "" if self.positions is None else " (position slices, *grid.shape)"
-            raise ValueError(f"run.output: snapshot density has shape {density.shape}, "
-                             f"expected {self.shape}{what}")
+            raise ValueError(
+                f"run.output: snapshot density has shape {density.shape}, "
+                f"expected {self.shape}{what}"
+            )
         t = float(snapshot.time)
         if not math.isfinite(t):
             raise ValueError(f"run.output: snapshot time must be finite, got {t}")
         if self._last_time is not None and t < self._last_time:
-            raise ValueError(f"run.output: snapshot time {t!r} is before the last written "
-                             f"time {self._last_time!r}")
+            raise ValueError(
+                f"run.output: snapshot time {t!r} is before the last written "
+                f"time {self._last_time!r}"
+            )
         return t, density
 
     def write(self, snapshot: SnapshotLike) -> bool:
@@ -564,35 +631,51 @@ class SnapshotWriter:
                 if not name.isidentifier():
                     raise ValueError(f"run.output: energy name {name!r} is not an identifier")
                 value = energies[name]
-                var = nc.createVariable(f"energy_{name}", "f8", ("time",),
-                                        fill_value=np.nan, chunksizes=(_TIME_CHUNK,))
+                var = nc.createVariable(
+                    f"energy_{name}", "f8", ("time",), fill_value=np.nan, chunksizes=(_TIME_CHUNK,)
+                )
                 monotone = str(getattr(value, "monotone", "none"))
                 if monotone not in ENERGY_MONOTONE:
-                    raise ValueError(f"run.output: energy {name!r} has monotone = "
-                                     f"{monotone!r}; expected one of "
-                                     f"{', '.join(ENERGY_MONOTONE)}")
-                var.setncatts({"long_name": str(getattr(value, "long_name", "") or name),
-                               "formula": str(getattr(value, "formula", "")),
-                               "units": "1", "monotone": monotone})
+                    raise ValueError(
+                        f"run.output: energy {name!r} has monotone = "
+                        f"{monotone!r}; expected one of "
+                        f"{', '.join(ENERGY_MONOTONE)}"
+                    )
+                var.setncatts(
+                    {
+                        "long_name": str(getattr(value, "long_name", "") or name),
+                        "formula": str(getattr(value, "formula", "")),
+                        "units": "1",
+                        "monotone": monotone,
+                    }
+                )
             nc.setncattr("energies", ",".join(names))
             self._energy_names = names
         extra = set(energies) - set(self._energy_names)
         if extra:
-            raise ValueError(f"run.output: energy {sorted(extra)[0]!r} is not among the "
-                             f"energies of this file ({', '.join(self._energy_names)})")
+            raise ValueError(
+                f"run.output: energy {sorted(extra)[0]!r} is not among the "
+                f"energies of this file ({', '.join(self._energy_names)})"
+            )
         for name in self._energy_names:
             value = energies.get(name, math.nan)
             nc[f"energy_{name}"][i] = float(getattr(value, "value", value))
 
-    def close(self, status: str = "completed", status_time: float = math.nan,
-              status_message: str = "") -> None:
+    def close(
+        self, status: str = "completed", status_time: float = math.nan, status_message: str = ""
+    ) -> None:
         """Record how the run ended (``completed``, ``blowup``, ``mass_left_domain``,
         ``interrupted``, ``failed``) with the time and a one-line message."""
         if not (isinstance(status, str) and status.strip()):
             raise ValueError(f"run.output: status must be a non-empty string, got {status!r}")
         with _opened(self.path, "a", self.lock_timeout) as nc:
-            nc.setncatts({"status": status, "status_time": float(status_time),
-                          "status_message": str(status_message)})
+            nc.setncatts(
+                {
+                    "status": status,
+                    "status_time": float(status_time),
+                    "status_message": str(status_message),
+                }
+            )
         self._closed = True
 
     def __enter__(self) -> SnapshotWriter:
@@ -612,8 +695,7 @@ class SnapshotWriter:
 
     def __repr__(self) -> str:
         extra = "" if self.positions is None else f", positions={self.positions!r}"
-        return (f"SnapshotWriter({self.path!r}, {self.grid!r}, snapshots={self._count}"
-                f"{extra})")
+        return f"SnapshotWriter({self.path!r}, {self.grid!r}, snapshots={self._count}{extra})"
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -673,8 +755,9 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
         positions = _positions_from_attributes(attrs, path)
         n = _complete_in_file(nc)
         if n == 0:
-            raise ValueError(f"run.output: {path} holds no complete snapshot; start a new "
-                             "run with --overwrite")
+            raise ValueError(
+                f"run.output: {path} holds no complete snapshot; start a new run with --overwrite"
+            )
         last = n - 1
         return {
             "grid": grid,

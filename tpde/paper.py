@@ -85,21 +85,43 @@ EXPERIMENTS = {
     # alpha' = V (I + Sigma A) alpha with V SPD, eigenvalues up to 3.4), so round-off grows
     # like e^{3.4 t} and carries the grid density out of the box near t = 10; the authors
     # integrate Sigma alone, whose ODE does not see the mean
-    "E1": Experiment("E1", "convergence to zero", {
-        "softmax": _softmax(Q_E1, -Q_E1, V_E1), "l2": _l2(Q_E1, -Q_E1, V_E1),
-        "sinkhorn": SinkhornHead(-Q_E1.T @ Q_E1, V_E1, eps=1.0)}, t_end=8.0),
-    "E2": Experiment("E2", "convergence to a line", {
-        "softmax": _softmax(Q_E2, -Q_E2, I2), "l2": _l2(Q_E2, -Q_E2, I2)}),
+    "E1": Experiment(
+        "E1",
+        "convergence to zero",
+        {
+            "softmax": _softmax(Q_E1, -Q_E1, V_E1),
+            "l2": _l2(Q_E1, -Q_E1, V_E1),
+            "sinkhorn": SinkhornHead(-Q_E1.T @ Q_E1, V_E1, eps=1.0),
+        },
+        t_end=8.0,
+    ),
+    "E2": Experiment(
+        "E2",
+        "convergence to a line",
+        {"softmax": _softmax(Q_E2, -Q_E2, I2), "l2": _l2(Q_E2, -Q_E2, I2)},
+    ),
     "E3": Experiment("E3", "convergence to a plane", {"multihead": _multihead_e3()}),
-    "E4": Experiment("E4", "convergence to two lines", {
-        "softmax": _softmax(Q_E4, K_E4, V_E4), "l2": _l2(Q_E4, K_E4, V_E4)},
-        limits=(-1.0, 1.0, -1.0, 1.0), t_end=10.0),
-    "E5": Experiment("E5", "blow-up or divergence", {
-        "softmax": _softmax(Q_E5, K_E5, I2), "l2": _l2(Q_E5, K_E5, I2)},
-        limits=(-1.0, 1.0, -1.0, 1.0), t_end=2.0),
-    "E6": Experiment("E6", "convergence and blow-up depending on initial data", {
-        "softmax": _softmax(Q_E4, K_E4, V_E6), "l2": _l2(Q_E4, K_E4, V_E6)},
-        limits=(-1.0, 1.0, -1.0, 1.0), t_end=10.0),
+    "E4": Experiment(
+        "E4",
+        "convergence to two lines",
+        {"softmax": _softmax(Q_E4, K_E4, V_E4), "l2": _l2(Q_E4, K_E4, V_E4)},
+        limits=(-1.0, 1.0, -1.0, 1.0),
+        t_end=10.0,
+    ),
+    "E5": Experiment(
+        "E5",
+        "blow-up or divergence",
+        {"softmax": _softmax(Q_E5, K_E5, I2), "l2": _l2(Q_E5, K_E5, I2)},
+        limits=(-1.0, 1.0, -1.0, 1.0),
+        t_end=2.0,
+    ),
+    "E6": Experiment(
+        "E6",
+        "convergence and blow-up depending on initial data",
+        {"softmax": _softmax(Q_E4, K_E4, V_E6), "l2": _l2(Q_E4, K_E4, V_E6)},
+        limits=(-1.0, 1.0, -1.0, 1.0),
+        t_end=10.0,
+    ),
 }
 
 
@@ -128,45 +150,72 @@ class Trajectory:
     variant: str
     cov0: np.ndarray
     times: np.ndarray
-    ode: np.ndarray                     # (m, 2, 2)
+    ode: np.ndarray  # (m, 2, 2)
     ode_status: str = "completed"
-    ode_event: float = float("nan")     # blow-up time (tr Sigma > 1e3 or the ODE's event)
+    ode_event: float = float("nan")  # blow-up time (tr Sigma > 1e3 or the ODE's event)
     grid_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
     grid: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))
     grid_ode: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))  # the ODE there
     cells: int = 0
     grid_failure: str = ""
-    params: Any = None                  # the experiment's parameters of ``variant``
+    params: Any = None  # the experiment's parameters of ``variant``
 
     def normalised_gap(self) -> float:
         """max over the grid snapshots of |Sigma/tr - Sigma_ode/tr| (entries)."""
         if not len(self.grid_times):
             return float("nan")
-        return float(max(np.abs(g / np.trace(g) - o / np.trace(o)).max()
-                         for g, o in zip(self.grid, self.grid_ode, strict=True)))
+        return float(
+            max(
+                np.abs(g / np.trace(g) - o / np.trace(o)).max()
+                for g, o in zip(self.grid, self.grid_ode, strict=True)
+            )
+        )
 
 
 def solve_covariance(variant: str, params: Any, cov0: np.ndarray, t_end: float):
     """The Gaussian ODE from N(0, cov0) (a GaussianSolution with dense output), stopped at
     blow-up: tr Sigma above TRACE_BLOWUP (the authors' rule) or the ODE's own event."""
-    return solve(variant, np.zeros(2), cov0, params, t_end, rtol=1e-10, atol=1e-13,
-                 blowup_threshold=TRACE_BLOWUP / np.linalg.eigvalsh(cov0)[-1])
+    return solve(
+        variant,
+        np.zeros(2),
+        cov0,
+        params,
+        t_end,
+        rtol=1e-10,
+        atol=1e-13,
+        blowup_threshold=TRACE_BLOWUP / np.linalg.eigvalsh(cov0)[-1],
+    )
 
 
-def grid_covariances(variant: str, params: Any, cov0: np.ndarray, solution, t_end: float,
-                     times: Sequence[float], cells: int) -> tuple[np.ndarray, np.ndarray]:
+def grid_covariances(
+    variant: str,
+    params: Any,
+    cov0: np.ndarray,
+    solution,
+    t_end: float,
+    times: Sequence[float],
+    cells: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """The grid run from N(0, cov0) on the box fitted to the ODE ``solution`` up to t_end
     (7 sigma for softmax and multi-head, 6 otherwise): covariances at ``times``."""
     sigmas = 7.0 if variant in ("softmax", "multihead") else 6.0
     lower, upper = fitted_box(solution, t_end, sigmas)
     grid = Grid(lower, upper, [cells, cells])
-    result = grid_run(variant, params, grid, gaussian(grid, np.zeros(2), cov0), t_end,
-                      snapshots=list(times), max_outflow=1e-4)
+    result = grid_run(
+        variant,
+        params,
+        grid,
+        gaussian(grid, np.zeros(2), cov0),
+        t_end,
+        snapshots=list(times),
+        max_outflow=1e-4,
+    )
     return result.times, np.array([moments(s.density, grid)[2] for s in result.snapshots])
 
 
-def run_experiment(name: str, variant: str, count: int = 6, cells: int = 64,
-                   snapshots: int = 21, grid: bool = True) -> list[Trajectory]:
+def run_experiment(
+    name: str, variant: str, count: int = 6, cells: int = 64, snapshots: int = 21, grid: bool = True
+) -> list[Trajectory]:
     """``count`` initial covariances of the experiment (spread over the authors' grid),
     each by the ODE to t_end (or its blow-up) and, if ``grid``, by the grid solver to
     t_end, or to half the blow-up time."""
@@ -180,16 +229,18 @@ def run_experiment(name: str, variant: str, count: int = 6, cells: int = 64,
         times = np.linspace(0.0, experiment.t_end, snapshots)
         kept = times[times <= solution.status_time]
         event = solution.status_time if solution.status != "completed" else float("nan")
-        traj = Trajectory(variant, cov0, kept, solution.at(kept)[1], solution.status, event,
-                          params=params)
+        traj = Trajectory(
+            variant, cov0, kept, solution.at(kept)[1], solution.status, event, params=params
+        )
         if grid:
             horizon = experiment.t_end if np.isnan(event) else 0.5 * event
             grid_times = np.linspace(0.0, horizon, snapshots)
             traj.grid_ode = solution.at(grid_times)[1]
             try:
-                traj.grid_times, traj.grid = grid_covariances(variant, params, cov0, solution,
-                                                              horizon, grid_times, cells)
-            except RuntimeError as exc:   # recorded, drawn without grid markers
+                traj.grid_times, traj.grid = grid_covariances(
+                    variant, params, cov0, solution, horizon, grid_times, cells
+                )
+            except RuntimeError as exc:  # recorded, drawn without grid markers
                 traj.grid_failure = str(exc)
             traj.cells = cells
         out.append(traj)
@@ -200,6 +251,7 @@ def trajectory_figures(trajectories: list[Trajectory], title: str, path_3d, path
     """The authors' two pictures: 3-D (a - b, 2c, a + b) with the PSD cone, and the
     trace-normalised disc; ODE lines, grid markers, blow-up crosses."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -243,15 +295,34 @@ def trajectory_figures(trajectories: list[Trajectory], title: str, path_3d, path
 
     for k, t in enumerate(trajectories):
         xyz = authors_coordinates(t.ode)
-        ax.plot(xyz[:, 0] / xyz[:, 2], xyz[:, 1] / xyz[:, 2], "-", color=colours[k], lw=1.2,
-                label=label("Gaussian ODE"))
+        ax.plot(
+            xyz[:, 0] / xyz[:, 2],
+            xyz[:, 1] / xyz[:, 2],
+            "-",
+            color=colours[k],
+            lw=1.2,
+            label=label("Gaussian ODE"),
+        )
         if len(t.grid_times):
             g = authors_coordinates(t.grid)
-            ax.plot(g[:, 0] / g[:, 2], g[:, 1] / g[:, 2], "o", ms=3, mfc="none",
-                    color=colours[k], label=label(f"grid {t.cells}^2"))
+            ax.plot(
+                g[:, 0] / g[:, 2],
+                g[:, 1] / g[:, 2],
+                "o",
+                ms=3,
+                mfc="none",
+                color=colours[k],
+                label=label(f"grid {t.cells}^2"),
+            )
         if not np.isnan(t.ode_event):
-            ax.plot(xyz[-1, 0] / xyz[-1, 2], xyz[-1, 1] / xyz[-1, 2], "x", color="red", ms=8,
-                    label=label("blow-up detected (ODE)"))
+            ax.plot(
+                xyz[-1, 0] / xyz[-1, 2],
+                xyz[-1, 1] / xyz[-1, 2],
+                "x",
+                color="red",
+                ms=8,
+                label=label("blow-up detected (ODE)"),
+            )
     ax.set_aspect("equal")
     ax.set_xlim(-1.1, 1.1)
     ax.set_ylim(-1.1, 1.1)
@@ -267,8 +338,11 @@ def trajectory_figures(trajectories: list[Trajectory], title: str, path_3d, path
 # ---- rank histograms (MATH.md 5.2) ------------------------------------------------------------
 #: MATH.md 5.2, "Reproduced counts": the authors' projected-Euler ranks, {d: {rank: count}}
 PAPER_COUNTS = {
-    ("softmax", "identity"): {3: {0: 3, 1: 48, 2: 49}, 4: {0: 11, 1: 47, 2: 42},
-                              5: {1: 5, 2: 54, 3: 41}},
+    ("softmax", "identity"): {
+        3: {0: 3, 1: 48, 2: 49},
+        4: {0: 11, 1: 47, 2: 42},
+        5: {1: 5, 2: 54, 3: 41},
+    },
     ("l2", "identity"): {3: {1: 32, 2: 68}, 4: {1: 31, 2: 69}, 5: {2: 46, 3: 54}},
 }
 
@@ -288,28 +362,35 @@ def histogram_draws(d: int, runs: int = 100) -> tuple[list[np.ndarray], list[np.
 def exact_limit_rank(Q: np.ndarray, cov0: np.ndarray, threshold: float = 0.1) -> int:
     """Softmax, V = I: rank of Sigma_inf = P (P^T Sigma_0^{-1} P)^{-1} P^T (P spans ker Q)."""
     _, s, vt = np.linalg.svd(Q)
-    P = vt[int(np.sum(s > 1e-12)):].T
+    P = vt[int(np.sum(s > 1e-12)) :].T
     limit = P @ np.linalg.inv(P.T @ np.linalg.inv(cov0) @ P) @ P.T
     return int(np.sum(np.linalg.eigvalsh(limit) > threshold))
 
 
-def ode_limit_rank(variant: str, Q: np.ndarray, cov0: np.ndarray, V: np.ndarray,
-                   horizon: float = 5000.0, threshold: float = 0.1) -> int:
+def ode_limit_rank(
+    variant: str,
+    Q: np.ndarray,
+    cov0: np.ndarray,
+    V: np.ndarray,
+    horizon: float = 5000.0,
+    threshold: float = 0.1,
+) -> int:
     """Rank (eigenvalues above ``threshold``) of the covariance ODE at a long horizon (the
     decay to the limit is O(1/t))."""
     d = cov0.shape[0]
-    params = (Head(-Q.T @ Q / np.sqrt(d), V) if variant == "softmax"
-              else L2Head(Q, -Q, V, scale=1.0 / np.sqrt(d)))
-    sol = solve(variant, np.zeros(d), cov0, params, horizon, times=[horizon], rtol=1e-9,
-                atol=1e-12)
+    params = (
+        Head(-Q.T @ Q / np.sqrt(d), V)
+        if variant == "softmax"
+        else L2Head(Q, -Q, V, scale=1.0 / np.sqrt(d))
+    )
+    sol = solve(variant, np.zeros(d), cov0, params, horizon, times=[horizon], rtol=1e-9, atol=1e-12)
     return int(np.sum(np.linalg.eigvalsh(sol.at(horizon)[1]) > threshold))
 
 
 def rank_counts(variant: str, d: int, runs: int = 100, horizon: float = 5000.0) -> dict:
     """{"ode": {rank: count}, "exact": {rank: count} (softmax only)} for V = I."""
     qs, covs = histogram_draws(d, runs)
-    ode = [ode_limit_rank(variant, Q, c, np.eye(d), horizon) for Q, c in zip(qs, covs,
-                                                                           strict=True)]
+    ode = [ode_limit_rank(variant, Q, c, np.eye(d), horizon) for Q, c in zip(qs, covs, strict=True)]
     out = {"ode": dict(zip(*np.unique(ode, return_counts=True), strict=True))}
     if variant == "softmax":
         exact = [exact_limit_rank(Q, c) for Q, c in zip(qs, covs, strict=True)]
@@ -320,14 +401,15 @@ def rank_counts(variant: str, d: int, runs: int = 100, horizon: float = 5000.0) 
 def rank_histogram_figure(counts: dict, path) -> None:
     """Bars per dimension: ODE limit ranks, exact limit ranks (softmax), the paper's counts."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     variants = sorted({v for v, _ in counts})
     dims = sorted({d for _, d in counts})
-    fig, axes = plt.subplots(len(variants), len(dims), figsize=(3.2 * len(dims),
-                                                               2.8 * len(variants)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(variants), len(dims), figsize=(3.2 * len(dims), 2.8 * len(variants)), squeeze=False
+    )
     for i, variant in enumerate(variants):
         for j, d in enumerate(dims):
             ax = axes[i, j]
@@ -338,8 +420,12 @@ def rank_histogram_figure(counts: dict, path) -> None:
             series.append(("paper (Euler)", PAPER_COUNTS[(variant, "identity")][d]))
             width = 0.8 / len(series)
             for k, (label, c) in enumerate(series):
-                ax.bar(ranks + (k - (len(series) - 1) / 2) * width,
-                       [c.get(int(r), 0) for r in ranks], width, label=label)
+                ax.bar(
+                    ranks + (k - (len(series) - 1) / 2) * width,
+                    [c.get(int(r), 0) for r in ranks],
+                    width,
+                    label=label,
+                )
             ax.set_title(f"{variant}, V = I, d = {d}", fontsize=9)
             ax.set_xticks(ranks)
             ax.set_xlabel("rank of the limit")

@@ -82,14 +82,15 @@ def _source(ds: xr.Dataset) -> str:
 def _spatial_dims(ds: xr.Dataset) -> tuple[str, ...]:
     """The spatial dimensions of ``ds.density`` in x, y, z order; ValueError if unusable."""
     if "density" not in getattr(ds, "data_vars", {}):
-        raise ValueError(f"plot: {_source(ds)} has no 'density' variable; "
-                         "is it a tpde output?")
+        raise ValueError(f"plot: {_source(ds)} has no 'density' variable; is it a tpde output?")
     dims = ds["density"].dims
     spatial = tuple(a for a in AXES if a in dims)
     other = [dim for dim in dims if dim not in ("time", POSITION) and dim not in AXES]
     if "time" not in dims or other or spatial != AXES[: len(spatial)] or not spatial:
-        raise ValueError(f"plot: {_source(ds)} has density with dims {dims}; expected "
-                         "(time, x), (time, x, y) or (time, x, y, z), optionally with s")
+        raise ValueError(
+            f"plot: {_source(ds)} has density with dims {dims}; expected "
+            "(time, x), (time, x, y) or (time, x, y, z), optionally with s"
+        )
     return spatial
 
 
@@ -156,8 +157,9 @@ def _cell_volume(ds: xr.Dataset, spatial: tuple[str, ...]) -> np.ndarray:
     return widths
 
 
-def _slice_stats(ds: xr.Dataset, spatial: tuple[str, ...],
-                 index: int) -> tuple[np.ndarray, np.ndarray]:
+def _slice_stats(
+    ds: xr.Dataset, spatial: tuple[str, ...], index: int
+) -> tuple[np.ndarray, np.ndarray]:
     """slice_mass (S,) and slice_mean (S, d) of snapshot ``index``: the stored records,
     else computed from the density (mean of the cell centres, weighted by cell mass)."""
     d = len(spatial)
@@ -170,8 +172,7 @@ def _slice_stats(ds: xr.Dataset, spatial: tuple[str, ...],
     mass = cells.reshape(count, -1).sum(axis=1)
     mesh = np.meshgrid(*[_centres(ds, a) for a in spatial], indexing="ij")
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.stack([(cells * x).reshape(count, -1).sum(axis=1) / mass for x in mesh],
-                        axis=1)
+        mean = np.stack([(cells * x).reshape(count, -1).sum(axis=1) / mass for x in mesh], axis=1)
     mean[~(mass > 0)] = np.nan
     return mass, mean
 
@@ -196,14 +197,17 @@ def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndar
         return None
     missing = [key for key in ("time", "mean", "covariance") if key not in reference]
     if missing:
-        raise ValueError(f"plot: reference needs arrays time, mean, covariance; "
-                         f"missing {', '.join(missing)}")
+        raise ValueError(
+            f"plot: reference needs arrays time, mean, covariance; missing {', '.join(missing)}"
+        )
     time = np.atleast_1d(np.asarray(reference["time"], dtype=float))
     mean = np.asarray(reference["mean"], dtype=float).reshape(time.size, -1)
     cov = np.asarray(reference["covariance"], dtype=float)
     if mean.shape[1] != d or cov.shape != (time.size, d, d):
-        raise ValueError(f"plot: reference shapes mean {mean.shape}, covariance {cov.shape} do "
-                         f"not match {time.size} times in d = {d}")
+        raise ValueError(
+            f"plot: reference shapes mean {mean.shape}, covariance {cov.shape} do "
+            f"not match {time.size} times in d = {d}"
+        )
     order = np.argsort(time)
     return {"time": time[order], "mean": mean[order], "cov": cov[order]}
 
@@ -213,8 +217,7 @@ def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarra
     rt = ref["time"]
     mean = np.array([np.interp(t, rt, ref["mean"][:, i]) for i in range(ref["mean"].shape[1])])
     d = mean.size
-    cov = np.array([[np.interp(t, rt, ref["cov"][:, i, j]) for j in range(d)]
-                    for i in range(d)])
+    cov = np.array([[np.interp(t, rt, ref["cov"][:, i, j]) for j in range(d)] for i in range(d)])
     return mean, 0.5 * (cov + cov.T)
 
 
@@ -247,19 +250,25 @@ def _ellipse(mean: np.ndarray, cov: np.ndarray, radius: float) -> np.ndarray:
     angle = np.linspace(0.0, 2.0 * np.pi, 200)
     values, vectors = np.linalg.eigh(cov)
     circle = np.stack([np.cos(angle), np.sin(angle)])
-    return mean[:, None] + radius * vectors @ (np.sqrt(np.clip(values, 0, None))[:, None]
-                                               * circle)
+    return mean[:, None] + radius * vectors @ (np.sqrt(np.clip(values, 0, None))[:, None] * circle)
 
 
 def _draw_ellipses(ax: Axes, mean: np.ndarray, cov: np.ndarray, label: bool) -> None:
     for k, r in enumerate(SIGMAS):
         xy = _ellipse(mean, cov, r)
-        ax.plot(xy[0], xy[1], "--", color=REF_COLOUR, lw=0.9,
-                label="reference 1, 2 sigma" if label and k == 0 else None)
+        ax.plot(
+            xy[0],
+            xy[1],
+            "--",
+            color=REF_COLOUR,
+            lw=0.9,
+            label="reference 1, 2 sigma" if label and k == 0 else None,
+        )
 
 
-def _slice_gaussian(mean: np.ndarray, cov: np.ndarray, plane: tuple[int, int], fixed: int,
-                    value: float) -> tuple[np.ndarray, np.ndarray]:
+def _slice_gaussian(
+    mean: np.ndarray, cov: np.ndarray, plane: tuple[int, int], fixed: int, value: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and covariance whose ellipses are the level sets of N(mean, cov) on a plane.
 
     The restriction of a Gaussian to the plane ``x[fixed] = value`` is again Gaussian in the
@@ -275,8 +284,15 @@ def _slice_gaussian(mean: np.ndarray, cov: np.ndarray, plane: tuple[int, int], f
     return cond_mean, cond_cov
 
 
-def _image(ax: Axes, xe: np.ndarray, ye: np.ndarray, values: np.ndarray, vmax: float,
-           xlabel: str, ylabel: str):
+def _image(
+    ax: Axes,
+    xe: np.ndarray,
+    ye: np.ndarray,
+    values: np.ndarray,
+    vmax: float,
+    xlabel: str,
+    ylabel: str,
+):
     """pcolormesh of ``values[i, j]`` (i along the horizontal axis) on the cell edges."""
     mesh = ax.pcolormesh(xe, ye, values.T, cmap=CMAP, vmin=0.0, vmax=vmax, shading="flat")
     ax.set_aspect("equal")
@@ -307,8 +323,11 @@ def _plane_slice(rho: np.ndarray, plane: tuple[int, int], at: tuple[int, ...]) -
 
 
 # ---- figures --------------------------------------------------------------------------------
-def density_figure(ds: xr.Dataset | str | os.PathLike[str], times: Sequence[float] | None = None,
-                   reference: Mapping[str, Any] | None = None) -> Figure:
+def density_figure(
+    ds: xr.Dataset | str | os.PathLike[str],
+    times: Sequence[float] | None = None,
+    reference: Mapping[str, Any] | None = None,
+) -> Figure:
     """Density snapshots.
 
     Parameters
@@ -353,8 +372,14 @@ def density_figure(ds: xr.Dataset | str | os.PathLike[str], times: Sequence[floa
                 var = max(float(c[0, 0]), 1e-300)
                 xf = np.linspace(edges[0][0], edges[0][-1], 800)
                 pdf = scale * np.exp(-0.5 * (xf - m[0]) ** 2 / var) / np.sqrt(2 * np.pi * var)
-                ax.plot(xf, pdf, "--", color=colour, lw=1.0,
-                        label="reference Gaussian" if k == 0 else None)
+                ax.plot(
+                    xf,
+                    pdf,
+                    "--",
+                    color=colour,
+                    lw=1.0,
+                    label="reference Gaussian" if k == 0 else None,
+                )
         ax.set_xlim(edges[0][0], edges[0][-1])
         ax.set_ylim(bottom=0.0)
         ax.set_xlabel(_label(ds, "x"))
@@ -399,10 +424,19 @@ def density_figure(ds: xr.Dataset | str | os.PathLike[str], times: Sequence[floa
             a, b = plane
             fixed = 3 - a - b
             ax = axes[row, col]
-            mesh = _image(ax, edges[a], edges[b], _plane_slice(rho, plane, at), vmax,
-                          _label(ds, spatial[a]), _label(ds, spatial[b]))
-            ax.set_title(f"t = {all_times[i]:.4g}, {spatial[fixed]} = "
-                         f"{centres[fixed][at[fixed]]:.3g}", fontsize="medium")
+            mesh = _image(
+                ax,
+                edges[a],
+                edges[b],
+                _plane_slice(rho, plane, at),
+                vmax,
+                _label(ds, spatial[a]),
+                _label(ds, spatial[b]),
+            )
+            ax.set_title(
+                f"t = {all_times[i]:.4g}, {spatial[fixed]} = {centres[fixed][at[fixed]]:.3g}",
+                fontsize="medium",
+            )
             if m is not None:
                 sm, sc = _slice_gaussian(m, c, plane, fixed, centres[fixed][at[fixed]])
                 _draw_ellipses(ax, sm, sc, label=row == 0 and col == 0)
@@ -415,8 +449,11 @@ def density_figure(ds: xr.Dataset | str | os.PathLike[str], times: Sequence[floa
     return fig
 
 
-def projection_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = None,
-                      reference: Mapping[str, Any] | None = None) -> Figure:
+def projection_figure(
+    ds: xr.Dataset | str | os.PathLike[str],
+    time: float | None = None,
+    reference: Mapping[str, Any] | None = None,
+) -> Figure:
     """Marginal projections of a 3-D density onto the x-y, x-z and y-z planes.
 
     Each panel is the sum along the third axis times its cell widths, so it integrates to
@@ -427,8 +464,7 @@ def projection_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | Non
     ds = _as_dataset(ds)
     spatial = _spatial_dims(ds)
     if len(spatial) != 3:
-        raise ValueError(f"plot: projections need a 3-D density; {_source(ds)} is "
-                         f"{len(spatial)}-D")
+        raise ValueError(f"plot: projections need a 3-D density; {_source(ds)} is {len(spatial)}-D")
     ref = _reference(reference, 3)
     all_times = _times(ds)
     i = all_times.size - 1 if time is None else _pick(all_times, [time])[0]
@@ -449,8 +485,9 @@ def projection_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | Non
         m, c = _interp(ref, all_times[i])
     for k, ((a, b), proj) in enumerate(zip(PLANES, projections, strict=True)):
         ax = axes[k]
-        mesh = _image(ax, edges[a], edges[b], proj, vmax, _label(ds, spatial[a]),
-                      _label(ds, spatial[b]))
+        mesh = _image(
+            ax, edges[a], edges[b], proj, vmax, _label(ds, spatial[a]), _label(ds, spatial[b])
+        )
         ax.set_title(f"sum over {spatial[3 - a - b]}")
         if m is not None:
             _draw_ellipses(ax, m[[a, b]], c[np.ix_([a, b], [a, b])], label=k == 0)
@@ -463,8 +500,11 @@ def projection_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | Non
     return fig
 
 
-def moments_figure(ds: xr.Dataset | str | os.PathLike[str],
-                   reference: Mapping[str, Any] | None = None, log: bool = False) -> Figure:
+def moments_figure(
+    ds: xr.Dataset | str | os.PathLike[str],
+    reference: Mapping[str, Any] | None = None,
+    log: bool = False,
+) -> Figure:
     """Mean components and covariance eigenvalues against time.
 
     The eigenvalues (``numpy.linalg.eigvalsh``, ascending) are drawn as lambda_1 ... lambda_d;
@@ -492,10 +532,22 @@ def moments_figure(ds: xr.Dataset | str | os.PathLike[str],
         rt = ref["time"]
         ref_eigs = _eigenvalues(ref["cov"])
         for k in range(d):
-            ax_mean.plot(rt, ref["mean"][:, k], "--", color=f"C{k}", lw=1.0,
-                         label="reference" if k == 0 else None)
-            ax_eig.plot(rt, ref_eigs[:, k], "--", color=f"C{k}", lw=1.0,
-                        label="reference" if k == 0 else None)
+            ax_mean.plot(
+                rt,
+                ref["mean"][:, k],
+                "--",
+                color=f"C{k}",
+                lw=1.0,
+                label="reference" if k == 0 else None,
+            )
+            ax_eig.plot(
+                rt,
+                ref_eigs[:, k],
+                "--",
+                color=f"C{k}",
+                lw=1.0,
+                label="reference" if k == 0 else None,
+            )
     ax_mean.set_xlabel("t")
     ax_mean.set_ylabel("mean")
     ax_mean.set_title("mean")
@@ -533,8 +585,7 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
         raise ValueError(f"plot: {_source(ds)} has no 'mass' variable")
     t = _times(ds)
     mass = np.asarray(ds["mass"].values, float)
-    outflow = (np.asarray(ds["outflow"].values, float) if "outflow" in ds
-               else np.zeros_like(mass))
+    outflow = np.asarray(ds["outflow"].values, float) if "outflow" in ds else np.zeros_like(mass)
     total = mass + outflow
     fig = _figure(11.0, 4.2)
     ax, ax_drift = fig.subplots(1, 2)
@@ -558,8 +609,10 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
 
 def _require_slices(ds: xr.Dataset) -> None:
     if not _sliced(ds):
-        raise ValueError(f"plot: {_source(ds)} has no position dimension 's'; position "
-                         "figures need a masked-attention run")
+        raise ValueError(
+            f"plot: {_source(ds)} has no position dimension 's'; position "
+            "figures need a masked-attention run"
+        )
 
 
 def _slice_picks(count: int) -> list[int]:
@@ -567,8 +620,9 @@ def _slice_picks(count: int) -> list[int]:
     return sorted({0, count // 2, count - 1})
 
 
-def _draw_slice(fig: Figure, ax: Axes, ds: xr.Dataset, spatial: tuple[str, ...],
-                values: np.ndarray) -> None:
+def _draw_slice(
+    fig: Figure, ax: Axes, ds: xr.Dataset, spatial: tuple[str, ...], values: np.ndarray
+) -> None:
     """One slice on its own scale: 1-D a line of ``values`` (nx,); 2-D an image of ``values``
     (nx, ny); 3-D an image of its x-y plane through the middle z cell (``values`` (nx, ny,
     nz)), with a colour bar."""
@@ -583,13 +637,11 @@ def _draw_slice(fig: Figure, ax: Axes, ds: xr.Dataset, spatial: tuple[str, ...],
         return
     if len(spatial) == 3:
         values = values[:, :, values.shape[2] // 2]
-    mesh = _image(ax, edges[0], edges[1], values, _vmax([values]), _label(ds, "x"),
-                  _label(ds, "y"))
+    mesh = _image(ax, edges[0], edges[1], values, _vmax([values]), _label(ds, "x"), _label(ds, "y"))
     fig.colorbar(mesh, ax=ax, label="density", shrink=0.8)
 
 
-def slices_figure(ds: xr.Dataset | str | os.PathLike[str],
-                  time: float | None = None) -> Figure:
+def slices_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = None) -> Figure:
     """Three position slices of the density side by side (masked-attention runs).
 
     The sink (s = 0), the middle slice and the last slice (s = 1) at the last snapshot, or
@@ -637,8 +689,10 @@ def position_marginal_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     s = _positions(ds)
     fig = _figure(11.0, 4.2)
     ax_mass, ax_mean = fig.subplots(1, 2)
-    styles = ({"ls": "--", "marker": "o", "mfc": "none", "lw": 1.0},
-              {"ls": "-", "marker": ".", "lw": 1.4})
+    styles = (
+        {"ls": "--", "marker": "o", "mfc": "none", "lw": 1.0},
+        {"ls": "-", "marker": ".", "lw": 1.4},
+    )
     for index, style in zip((0, t.size - 1), styles, strict=True):
         mass, mean = _slice_stats(ds, spatial, index)
         when = f"t = {t[index]:.4g}"
@@ -664,8 +718,9 @@ def _label(ds: xr.Dataset, name: str) -> str:
 
 
 # ---- animation ------------------------------------------------------------------------------
-def animate(ds: xr.Dataset | str | os.PathLike[str], path: str | os.PathLike[str],
-            fps: int = 10) -> Path:
+def animate(
+    ds: xr.Dataset | str | os.PathLike[str], path: str | os.PathLike[str], fps: int = 10
+) -> Path:
     """Animate the density over all snapshots and write it to ``path``.
 
     1-D: a line; 2-D: an image on the cell edges; 3-D: the x-y slice through the maximum of
@@ -739,9 +794,12 @@ def animate(ds: xr.Dataset | str | os.PathLike[str], path: str | os.PathLike[str
 
 
 # ---- everything -----------------------------------------------------------------------------
-def plot_all(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.PathLike[str],
-             reference: Mapping[str, Any] | None = None,
-             animate_density: bool = False) -> list[Path]:
+def plot_all(
+    ds: xr.Dataset | str | os.PathLike[str],
+    outdir: str | os.PathLike[str],
+    reference: Mapping[str, Any] | None = None,
+    animate_density: bool = False,
+) -> list[Path]:
     """Write the standard figures of a run into ``outdir`` (created if needed).
 
     Files: ``density.png``, ``moments.png``, ``mass.png``, in 3-D also ``projections.png``
@@ -762,14 +820,18 @@ def plot_all(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.PathLike[
         spatial = _spatial_dims(ds)
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
-        jobs = [("density.png", lambda: density_figure(ds, reference=reference)),
-                ("moments.png", lambda: moments_figure(ds, reference=reference)),
-                ("mass.png", lambda: mass_figure(ds))]
+        jobs = [
+            ("density.png", lambda: density_figure(ds, reference=reference)),
+            ("moments.png", lambda: moments_figure(ds, reference=reference)),
+            ("mass.png", lambda: mass_figure(ds)),
+        ]
         if len(spatial) == 3:
             jobs.append(("projections.png", lambda: projection_figure(ds, reference=reference)))
         if _sliced(ds):
-            jobs += [("slices.png", lambda: slices_figure(ds)),
-                     ("position_marginal.png", lambda: position_marginal_figure(ds))]
+            jobs += [
+                ("slices.png", lambda: slices_figure(ds)),
+                ("position_marginal.png", lambda: position_marginal_figure(ds)),
+            ]
         written = []
         for name, make in jobs:
             fig = make()

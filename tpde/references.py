@@ -32,14 +32,30 @@ AXES = ("x", "y", "z")
 def _moments_dataset(times, means, covs, config: Config, title: str) -> xr.Dataset:
     d = means.shape[1]
     return xr.Dataset(
-        {"mean": (("time", "dim"), means, {"long_name": "mean of the token distribution"}),
-         "covariance": (("time", "dim", "dim2"), covs,
-                        {"long_name": "covariance of the token distribution"})},
-        coords={"time": ("time", np.asarray(times, float),
-                         {"units": "1", "long_name": "time (depth through the network)"}),
-                "dim": ("dim", list(AXES[:d])), "dim2": ("dim2", list(AXES[:d]))},
-        attrs={"Conventions": "CF-1.10", "title": title, "source": f"tpde {tpde.__version__}",
-               "config": config.text})
+        {
+            "mean": (("time", "dim"), means, {"long_name": "mean of the token distribution"}),
+            "covariance": (
+                ("time", "dim", "dim2"),
+                covs,
+                {"long_name": "covariance of the token distribution"},
+            ),
+        },
+        coords={
+            "time": (
+                "time",
+                np.asarray(times, float),
+                {"units": "1", "long_name": "time (depth through the network)"},
+            ),
+            "dim": ("dim", list(AXES[:d])),
+            "dim2": ("dim2", list(AXES[:d])),
+        },
+        attrs={
+            "Conventions": "CF-1.10",
+            "title": title,
+            "source": f"tpde {tpde.__version__}",
+            "config": config.text,
+        },
+    )
 
 
 def gaussian_reference(config: Config) -> xr.Dataset:
@@ -48,31 +64,41 @@ def gaussian_reference(config: Config) -> xr.Dataset:
 
     initial = config.raw.get("initial", {})
     if initial.get("kind", "gaussian") != "gaussian":
-        raise ConfigError("initial.kind: tpde gaussian needs Gaussian initial data "
-                          "(kind = 'gaussian')")
+        raise ConfigError(
+            "initial.kind: tpde gaussian needs Gaussian initial data (kind = 'gaussian')"
+        )
     if "mean_drift" in initial:
-        raise ConfigError("initial.mean_drift: position-dependent data have no Gaussian "
-                          "closure; tpde gaussian needs the same Gaussian at every position "
-                          "(then every slice follows the ODEs, MATH.md VC12)")
+        raise ConfigError(
+            "initial.mean_drift: position-dependent data have no Gaussian "
+            "closure; tpde gaussian needs the same Gaussian at every position "
+            "(then every slice follows the ODEs, MATH.md VC12)"
+        )
     if config.variant not in VARIANTS:
-        raise ConfigError(f"attention.variant: {config.variant!r} has no Gaussian closure; "
-                          f"tpde gaussian supports {', '.join(VARIANTS)}")
+        raise ConfigError(
+            f"attention.variant: {config.variant!r} has no Gaussian closure; "
+            f"tpde gaussian supports {', '.join(VARIANTS)}"
+        )
     problem = config.problem
     d = problem.grid.ndim
     mean0 = np.asarray(initial.get("mean", [0.0] * d), float)
     cov0 = np.asarray(initial.get("covariance", np.eye(d)), float)
-    solution = solve(config.variant, mean0, cov0, problem.velocity.spec, problem.t_end,
-                     t0=problem.t_start)
+    solution = solve(
+        config.variant, mean0, cov0, problem.velocity.spec, problem.t_end, t0=problem.t_start
+    )
     times = problem.times[problem.times <= solution.status_time]
     means, covs = solution.at(times)
     ds = _moments_dataset(times, means, covs, config, "tpde Gaussian ODE reference")
-    ds.attrs.update(status=solution.status, status_time=float(solution.status_time),
-                    status_message=solution.message)
+    ds.attrs.update(
+        status=solution.status,
+        status_time=float(solution.status_time),
+        status_message=solution.message,
+    )
     return ds
 
 
-def particle_reference(config: Config, n: int, seed: int = 0, dt: float | None = None
-                       ) -> xr.Dataset:
+def particle_reference(
+    config: Config, n: int, seed: int = 0, dt: float | None = None
+) -> xr.Dataset:
     """n tokens sampled from the initial density, moved by the token system."""
     from tpde.validation.particles import (
         TokenSystem,
@@ -89,23 +115,37 @@ def particle_reference(config: Config, n: int, seed: int = 0, dt: float | None =
         tokens = sample_tokens(problem.density, problem.grid, n, seed)
     else:
         if n < positions.count:
-            raise ConfigError(f"--tokens: a masked run needs at least one token per position "
-                              f"slice ({positions.count}), got {n}")
-        tokens, token_s, weights = sample_sliced_tokens(problem.density, problem.grid,
-                                                        positions, n // positions.count, seed)
+            raise ConfigError(
+                f"--tokens: a masked run needs at least one token per position "
+                f"slice ({positions.count}), got {n}"
+            )
+        tokens, token_s, weights = sample_sliced_tokens(
+            problem.density, problem.grid, positions, n // positions.count, seed
+        )
     step = dt or float(np.min(np.diff(problem.times))) / 10
-    solution = simulate(TokenSystem(config.variant, problem.velocity.spec, positions=token_s),
-                        tokens, problem.t_end, step, weights=weights,
-                        times=list(problem.times), method="ssprk3", t_start=problem.t_start)
+    solution = simulate(
+        TokenSystem(config.variant, problem.velocity.spec, positions=token_s),
+        tokens,
+        problem.t_end,
+        step,
+        weights=weights,
+        times=list(problem.times),
+        method="ssprk3",
+        t_start=problem.t_start,
+    )
     means, covs = solution.moments()
     ds = _moments_dataset(solution.times, means, covs, config, f"tpde token system, n = {n}")
-    ds["tokens"] = (("time", "token", "dim"), solution.tokens,
-                    {"long_name": "token positions"})
+    ds["tokens"] = (("time", "token", "dim"), solution.tokens, {"long_name": "token positions"})
     if token_s is not None:
         ds["token_position"] = (("token",), token_s, {"long_name": "token position s"})
         ds["token_weight"] = (("token",), solution.weights, {"long_name": "token weight"})
-    ds.attrs.update(status="completed", status_time=float(solution.times[-1]),
-                    status_message="", seed=seed, dt=step)
+    ds.attrs.update(
+        status="completed",
+        status_time=float(solution.times[-1]),
+        status_message="",
+        seed=seed,
+        dt=step,
+    )
     return ds
 
 
@@ -115,8 +155,9 @@ def write_reference(ds: xr.Dataset, path: str | Path, overwrite: bool = False) -
     if path.exists() and not overwrite:
         raise ConfigError(f"run.output: {path} exists; pass --overwrite to replace it")
     if not path.parent.exists():
-        raise ConfigError(f"run.output: cannot write {path}: directory {path.parent} does "
-                          "not exist")
+        raise ConfigError(
+            f"run.output: cannot write {path}: directory {path.parent} does not exist"
+        )
     tmp = path.with_name(f".{path.name}.tmp")
     ds.to_netcdf(tmp)
     tmp.replace(path)

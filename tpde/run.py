@@ -62,10 +62,12 @@ class Progress:
             return
         fraction = snap.time / self.t_end if self.t_end else 1.0
         bar = "#" * int(20 * fraction) + "." * (20 - int(20 * fraction))
-        self.status.show(f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  dt {snap.dt:.2e}  "
-                         f"max|u| {snap.max_speed:.3g}  min rho "
-                         f"{float(snap.density.min()):.1e}  mass {snap.mass:.9f}  outflow "
-                         f"{snap.outflow:.1e}  {self.status.elapsed():.1f} s")
+        self.status.show(
+            f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  dt {snap.dt:.2e}  "
+            f"max|u| {snap.max_speed:.3g}  min rho "
+            f"{float(snap.density.min()):.1e}  mass {snap.mass:.9f}  outflow "
+            f"{snap.outflow:.1e}  {self.status.elapsed():.1f} s"
+        )
         if fraction >= 1.0:
             self.status.close()
 
@@ -73,8 +75,14 @@ class Progress:
         self.status.close()
 
 
-def run_config(config: Config, output: str | Path, overwrite: bool = False,
-               resume: bool = False, quiet: bool = True, history: str = "") -> Path:
+def run_config(
+    config: Config,
+    output: str | Path,
+    overwrite: bool = False,
+    resume: bool = False,
+    quiet: bool = True,
+    history: str = "",
+) -> Path:
     """Run ``config`` writing every snapshot to ``output`` (NetCDF); returns the path.
 
     resume: continue the interrupted file ``output`` (its stored config must equal this one).
@@ -83,32 +91,47 @@ def run_config(config: Config, output: str | Path, overwrite: bool = False,
     """
     output = Path(output)
     problem = config.problem
-    energies = run_energies(config)   # the same energies on new and resumed runs
+    energies = run_energies(config)  # the same energies on new and resumed runs
     skip_first = False
     if resume:
         state = _resume_state(output)
         if state["config"].strip() != config.text.strip():
-            raise ConfigError(f"run.output: {output} was written with a different config; "
-                              "resume with the config stored in the file (tpde info shows it)")
+            raise ConfigError(
+                f"run.output: {output} was written with a different config; "
+                "resume with the config stored in the file (tpde info shows it)"
+            )
         remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
         if not remaining:
-            raise ConfigError(f"run.output: {output} is already complete (t = "
-                              f"{state['time']:.6g}); nothing to resume")
-        problem = replace(problem, density=state["density"], t_start=state["time"],
-                          snapshots=[state["time"]] + remaining,
-                          initial_outflow=state["outflow"])
+            raise ConfigError(
+                f"run.output: {output} is already complete (t = "
+                f"{state['time']:.6g}); nothing to resume"
+            )
+        problem = replace(
+            problem,
+            density=state["density"],
+            t_start=state["time"],
+            snapshots=[state["time"]] + remaining,
+            initial_outflow=state["outflow"],
+        )
         writer = _writer(lambda: io.SnapshotWriter.resume(output, energies=energies))
         skip_first = True
     else:
-        writer = _writer(lambda: io.SnapshotWriter(output, problem.grid, config_text=config.text,
-                                                   overwrite=overwrite, history=history,
-                                                   positions=problem.positions,
-                                                   energies=energies))
+        writer = _writer(
+            lambda: io.SnapshotWriter(
+                output,
+                problem.grid,
+                config_text=config.text,
+                overwrite=overwrite,
+                history=history,
+                positions=problem.positions,
+                energies=energies,
+            )
+        )
     progress = Progress(problem.t_end, quiet=quiet)
 
     def on_snapshot(snap: Snapshot) -> None:
         nonlocal skip_first
-        if skip_first:            # the state the resumed run starts from is already stored
+        if skip_first:  # the state the resumed run starts from is already stored
             skip_first = False
             return
         writer.write(snap)
@@ -136,8 +159,9 @@ def _writer(make):
         return make()
     except (ValueError, OSError, RuntimeError) as exc:
         message = str(exc).splitlines()[0]
-        raise ConfigError(message if message.startswith("run.output") else
-                          f"run.output: {message}") from None
+        raise ConfigError(
+            message if message.startswith("run.output") else f"run.output: {message}"
+        ) from None
 
 
 def _resume_state(path: Path) -> dict:
@@ -145,12 +169,16 @@ def _resume_state(path: Path) -> dict:
         return io.resume_state(path)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         message = str(exc).splitlines()[0]
-        raise ConfigError(message if message.startswith("run.output") else
-                          f"run.output: cannot resume {path}: {message}") from None
+        raise ConfigError(
+            message
+            if message.startswith("run.output")
+            else f"run.output: cannot resume {path}: {message}"
+        ) from None
 
 
-def simulate(source: Any, output: str | Path | None = None, overwrite: bool = False,
-             quiet: bool = True):
+def simulate(
+    source: Any, output: str | Path | None = None, overwrite: bool = False, quiet: bool = True
+):
     """Run a configuration (a Config, a TOML path or text, or a mapping) and return the
     output as an ``xarray.Dataset`` (the variables and attributes of the NetCDF file).
 

@@ -75,18 +75,24 @@ class Scheme:
         get_reconstruction(self.reconstruction)
         get_integrator(self.integrator)
         if not (isinstance(self.cfl, int | float) and 0.0 < self.cfl <= 1.0):
-            raise ValueError(f"scheme.cfl: {self.cfl!r} is outside (0, 1]; the positivity "
-                             "bound of the flux limiter is 1 (default 0.4)")
+            raise ValueError(
+                f"scheme.cfl: {self.cfl!r} is outside (0, 1]; the positivity "
+                "bound of the flux limiter is 1 (default 0.4)"
+            )
         for name in ("dt", "dt_max"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"scheme.{name}: must be a positive number, got {value!r}")
         if self.face_quadrature not in FACE_QUADRATURES:
-            raise ValueError(f"scheme.face_quadrature: unknown {self.face_quadrature!r}; "
-                             f"choose one of {', '.join(FACE_QUADRATURES)}")
+            raise ValueError(
+                f"scheme.face_quadrature: unknown {self.face_quadrature!r}; "
+                f"choose one of {', '.join(FACE_QUADRATURES)}"
+            )
         if self.face_velocity not in FACE_VELOCITIES:
-            raise ValueError(f"scheme.face_velocity: unknown {self.face_velocity!r}; "
-                             f"choose one of {', '.join(FACE_VELOCITIES)}")
+            raise ValueError(
+                f"scheme.face_velocity: unknown {self.face_velocity!r}; "
+                f"choose one of {', '.join(FACE_VELOCITIES)}"
+            )
 
 
 def snapshot_times(t_start: float, t_end: float, snapshots: int | Sequence[float]) -> np.ndarray:
@@ -138,8 +144,9 @@ class Problem:
         if not isinstance(self.velocity, VelocityField):
             raise TypeError("velocity: expected a tpde.variants.VelocityField")
         if not (math.isfinite(self.t_end) and self.t_end > self.t_start):
-            raise ValueError(f"run.t_end: must be finite and > t_start = {self.t_start}, "
-                             f"got {self.t_end}")
+            raise ValueError(
+                f"run.t_end: must be finite and > t_start = {self.t_start}, got {self.t_end}"
+            )
         if not self.max_outflow > 0:
             raise ValueError(f"run.max_outflow: must be > 0, got {self.max_outflow}")
         self.times = snapshot_times(self.t_start, self.t_end, self.snapshots)
@@ -191,22 +198,28 @@ class Solver:
     ``on_snapshot(snapshot)`` callbacks run after each snapshot (a writer, a progress bar).
     """
 
-    def __init__(self, problem: Problem,
-                 on_snapshot: Callable[[Snapshot], None] | Sequence[Callable] = ()):
+    def __init__(
+        self, problem: Problem, on_snapshot: Callable[[Snapshot], None] | Sequence[Callable] = ()
+    ):
         self.problem = problem
         self.grid = problem.grid
         scheme = problem.scheme
         self.integrator = get_integrator(scheme.integrator)
         positions = problem.positions
-        self.operator = FluxOperator(self.grid, scheme.reconstruction, scheme.face_quadrature,
-                                     scheme.positivity,
-                                     None if positions is None else positions.count)
+        self.operator = FluxOperator(
+            self.grid,
+            scheme.reconstruction,
+            scheme.face_quadrature,
+            scheme.positivity,
+            None if positions is None else positions.count,
+        )
         face_constant = problem.velocity.face_constant
         self.nodes = self.operator.face_nodes(face_constant)
-        self.interpolate_faces = (scheme.face_velocity != "exact"
-                                  and self.operator.can_interpolate(face_constant)
-                                  and (scheme.face_velocity == "interpolated"
-                                       or not problem.velocity.steady))
+        self.interpolate_faces = (
+            scheme.face_velocity != "exact"
+            and self.operator.can_interpolate(face_constant)
+            and (scheme.face_velocity == "interpolated" or not problem.velocity.steady)
+        )
         self.callbacks = list(on_snapshot) if not callable(on_snapshot) else [on_snapshot]
         self.t = float(problem.t_start)
         self.density = problem.density.copy()
@@ -219,11 +232,12 @@ class Solver:
         self._steady_velocity: FaceVelocity | None = None
         self._steady_bound: float | None = None
         # work arrays for the intermediate stages u^(1) .. u^(s-1) (u^(0) is self.density)
-        self._stage = [np.empty(self.operator.shape)
-                       for _ in range(self.integrator.stages - 1)]
-        self._last_stage0_use = max(i for i in range(self.integrator.stages)
-                                    if self.integrator.alpha[i][0] != 0.0
-                                    and self.integrator.beta[i][0] != 0.0)
+        self._stage = [np.empty(self.operator.shape) for _ in range(self.integrator.stages - 1)]
+        self._last_stage0_use = max(
+            i
+            for i in range(self.integrator.stages)
+            if self.integrator.alpha[i][0] != 0.0 and self.integrator.beta[i][0] != 0.0
+        )
         self._euler = np.empty(self.operator.shape)
         self._next = np.empty(self.operator.shape)
 
@@ -237,19 +251,20 @@ class Solver:
             return self._steady_velocity
         field, d = self.problem.velocity, self.grid.ndim
         weights = [w for _, w in self.nodes]
-        if self.interpolate_faces:   # normal components at the face centres, then along faces
+        if self.interpolate_faces:  # normal components at the face centres, then along faces
             centres = [np.where(np.arange(d) == a, 0.5, 0.0) for a in range(d)]
             normal = field.components(density, self.grid, t, centres, list(range(d)))
             values = []
-            for a in range(d):   # (memory: each face-centre array is dropped once used)
+            for a in range(d):  # (memory: each face-centre array is dropped once used)
                 values.append(self.operator.transverse_velocity(normal[a], a))
                 normal[a] = None
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
             axes = [a for a, (node_offsets, _) in enumerate(self.nodes) for _ in node_offsets]
             lattices = iter(field.components(density, self.grid, t, offsets, axes))
-            values = [np.stack([next(lattices) for _ in node_offsets])
-                      for node_offsets, _ in self.nodes]
+            values = [
+                np.stack([next(lattices) for _ in node_offsets]) for node_offsets, _ in self.nodes
+            ]
         try:
             velocity = self.operator.face_velocity(values, weights, copy=False)
         except FloatingPointError as exc:
@@ -290,11 +305,10 @@ class Solver:
                     if k == 0 and velocity0 is not None:
                         vel = velocity0
                         if i == self._last_stage0_use:
-                            velocity0 = None   # memory: one FaceVelocity alive at a time
+                            velocity0 = None  # memory: one FaceVelocity alive at a time
                     else:
                         vel = self.face_velocity(stages[k], self._stage_time(c[k], dt))
-                    left = self.operator.euler_step(stages[k], vel, beta / alpha * dt,
-                                                    self._euler)
+                    left = self.operator.euler_step(stages[k], vel, beta / alpha * dt, self._euler)
                     vel = None
                     term = self._euler
                     new_outflow += alpha * (stage_outflow[k] + left)
@@ -309,8 +323,9 @@ class Solver:
             else:
                 final_outflow = new_outflow
         if not kernels.all_finite(flat_out):
-            raise SimulationError(f"non-finite density at t = {self.t + dt:.6g}, "
-                                  f"step {self.steps + 1}")
+            raise SimulationError(
+                f"non-finite density at t = {self.t + dt:.6g}, step {self.steps + 1}"
+            )
         self.density, self._next = out, self.density
         self.outflow += final_outflow
         self.t += dt
@@ -330,9 +345,15 @@ class Solver:
     def snapshot(self) -> Snapshot:
         # warm starts never cross a snapshot: a run resumed from one repeats this run
         self.problem.velocity.reset()
-        snap = Snapshot(time=self.t, density=self.density.copy(),
-                        mass=self.grid.integrate(self.density), outflow=self.outflow,
-                        max_speed=self.last_speed, dt=self.last_dt, step=self.steps)
+        snap = Snapshot(
+            time=self.t,
+            density=self.density.copy(),
+            mass=self.grid.integrate(self.density),
+            outflow=self.outflow,
+            max_speed=self.last_speed,
+            dt=self.last_dt,
+            step=self.steps,
+        )
         for callback in self.callbacks:
             callback(snap)
         return snap
@@ -342,16 +363,19 @@ class Solver:
         scheme = self.problem.scheme
         while self.t < t_target:
             if self.steps >= self.problem.max_steps:
-                raise SimulationError(f"run.max_steps = {self.problem.max_steps} reached at "
-                                      f"t = {self.t:.6g}")
+                raise SimulationError(
+                    f"run.max_steps = {self.problem.max_steps} reached at t = {self.t:.6g}"
+                )
             velocity = self.face_velocity(self.density, self.t)
             self.last_speed = velocity.max_speed()
             bound = self.stable_dt(velocity)
             if scheme.dt is not None:
                 dt = scheme.dt
                 if dt > bound * (1 + 1e-12):
-                    raise SimulationError(f"scheme.dt = {dt:.4g} exceeds the positivity bound "
-                                          f"{bound:.4g} at t = {self.t:.6g}: lower dt")
+                    raise SimulationError(
+                        f"scheme.dt = {dt:.4g} exceeds the positivity bound "
+                        f"{bound:.4g} at t = {self.t:.6g}: lower dt"
+                    )
             else:
                 dt = scheme.cfl * bound
                 if scheme.dt_max is not None:
@@ -361,13 +385,13 @@ class Solver:
                 dt = remaining
             elif not math.isfinite(dt):
                 dt = remaining
-            handed = [velocity]   # step() drops it after its last use (memory)
+            handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
             for _attempt in range(30):
                 try:
                     self.step(dt, handed.pop() if handed else None)
                     break
-                except PositivityError:   # redone from scratch (the stage-0 velocity too)
+                except PositivityError:  # redone from scratch (the stage-0 velocity too)
                     self.rejected += 1
                     dt *= 0.5
             else:
@@ -387,9 +411,11 @@ class Solver:
             result.snapshots.append(self.snapshot())
             times = times[1:]
         # steps land on the snapshot times and on the jumps of the velocity field
-        jumps = [float(b) for b in problem.velocity.breakpoints()
-                 if self.t < b < times[-1] and not np.any(np.isclose(times, b, rtol=1e-14,
-                                                                     atol=0.0))]
+        jumps = [
+            float(b)
+            for b in problem.velocity.breakpoints()
+            if self.t < b < times[-1] and not np.any(np.isclose(times, b, rtol=1e-14, atol=0.0))
+        ]
         stops = sorted([(float(t), True) for t in times] + [(b, False) for b in jumps])
         try:
             for t_stop, is_snapshot in stops:
@@ -400,9 +426,11 @@ class Solver:
                 if status != "completed":
                     result.status = status
                     result.status_time = self.t
-                    result.status_message = (f"outflow {self.outflow:.3e} exceeds "
-                                             f"{problem.max_outflow:g} of the initial mass "
-                                             f"{self.mass0:.6g} at t = {self.t:.6g}")
+                    result.status_message = (
+                        f"outflow {self.outflow:.3e} exceeds "
+                        f"{problem.max_outflow:g} of the initial mass "
+                        f"{self.mass0:.6g} at t = {self.t:.6g}"
+                    )
                     break
         finally:
             result.steps = self.steps
@@ -414,7 +442,8 @@ class Solver:
         return result
 
 
-def simulate_transport(grid: Grid, density: np.ndarray, velocity: VelocityField, t_end: float,
-                       **kwargs) -> Result:
+def simulate_transport(
+    grid: Grid, density: np.ndarray, velocity: VelocityField, t_end: float, **kwargs
+) -> Result:
     """Convenience: build a Problem (kwargs: scheme, snapshots, ...) and run it."""
     return Solver(Problem(grid, density, velocity, t_end, **kwargs)).run()

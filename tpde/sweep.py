@@ -51,14 +51,24 @@ from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load, parse_toml, r
 from .run import StatusLine
 from .threads import THREADS_VARIABLE
 
-__all__ = ["Run", "Sweep", "SweepProgress", "classify", "load_sweep", "plot_phase",
-           "read_outcome", "run_one", "run_sweep", "summary_dataset"]
+__all__ = [
+    "Run",
+    "Sweep",
+    "SweepProgress",
+    "classify",
+    "load_sweep",
+    "plot_phase",
+    "read_outcome",
+    "run_one",
+    "run_sweep",
+    "summary_dataset",
+]
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
-TERMINAL = ("completed", "blowup", "mass_left_domain")   # statuses a rerun skips
+TERMINAL = ("completed", "blowup", "mass_left_domain")  # statuses a rerun skips
 OUTCOMES = ("converged", "blowup", "mass_left", "failed")
 DEFAULT_TOLERANCE = 0.05
-BLOWUP_GROWTH = 1e3      # a completed run whose trace grew by more than this is a blow-up
+BLOWUP_GROWTH = 1e3  # a completed run whose trace grew by more than this is a blow-up
 BLOWUP_MESSAGE = re.compile(r"non-finite|not finite|overflow", re.IGNORECASE)
 _AT_TIME = re.compile(r"\bat t = ([-+0-9.eE]+)")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
@@ -72,7 +82,7 @@ class Run:
     run_id: str
     values: dict[str, Any]
     raw: dict
-    text: str            # tpde.config.dumps(raw): the config stored in the run's NetCDF
+    text: str  # tpde.config.dumps(raw): the config stored in the run's NetCDF
 
 
 @dataclass
@@ -103,8 +113,9 @@ def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -
         folder, stem = path.parent, path.stem
     for key in raw:
         if key not in TOP_KEYS:
-            raise ConfigError(f"{key}: unknown key in the sweep file; expected one of "
-                              f"{', '.join(TOP_KEYS)}")
+            raise ConfigError(
+                f"{key}: unknown key in the sweep file; expected one of {', '.join(TOP_KEYS)}"
+            )
     base = _base(raw.get("base"), folder)
     if output is None:
         output = raw.get("output", None if stem is None else f"out/{stem}")
@@ -119,14 +130,17 @@ def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -
 
 def _base(value: Any, folder: Path) -> dict:
     if value is None:
-        raise ConfigError("base: missing; give a run config file (base = \"run.toml\", "
-                          "relative to the sweep file) or an inline [base] table")
+        raise ConfigError(
+            'base: missing; give a run config file (base = "run.toml", '
+            "relative to the sweep file) or an inline [base] table"
+        )
     if isinstance(value, str):
         path = Path(value)
         path = path if path.is_absolute() else folder / path
         if not path.is_file():
-            raise ConfigError(f"base: cannot read {path}; give a run config file relative "
-                              "to the sweep file")
+            raise ConfigError(
+                f"base: cannot read {path}; give a run config file relative to the sweep file"
+            )
         raw = load(path)
     elif isinstance(value, Mapping):
         raw = load(value)
@@ -137,18 +151,21 @@ def _base(value: Any, folder: Path) -> dict:
 
 def _parameters(table: Any, base: dict) -> dict[str, list]:
     if not isinstance(table, Mapping) or not table:
-        raise ConfigError("parameters: missing or empty; give [parameters] with "
-                          "\"section.key\" = [value, ...] entries")
+        raise ConfigError(
+            "parameters: missing or empty; give [parameters] with "
+            '"section.key" = [value, ...] entries'
+        )
     out: dict[str, list] = {}
     for key, values in _flatten(table).items():
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"parameters.\"{key}\": expected a non-empty list of values, "
-                              f"got {values!r}")
+            raise ConfigError(
+                f'parameters."{key}": expected a non-empty list of values, got {values!r}'
+            )
         seen = set()
         for v in values:
             canon = _canonical(v)
             if canon in seen:
-                raise ConfigError(f"parameters.\"{key}\": value {v!r} appears twice")
+                raise ConfigError(f'parameters."{key}": value {v!r} appears twice')
             seen.add(canon)
         _check_path(base, key, _steps(key))
         out[key] = list(values)
@@ -189,8 +206,9 @@ def _phase(table: Any, keys: list[str]) -> tuple[str, str | None]:
         default = keys[i] if i < len(keys) else None
         name = table.get(axis, default)
         if name is not None and name not in keys:
-            raise ConfigError(f"phase.{axis}: {name!r} is not a swept parameter; choose one "
-                              f"of {', '.join(keys)}")
+            raise ConfigError(
+                f"phase.{axis}: {name!r} is not a swept parameter; choose one of {', '.join(keys)}"
+            )
         axes.append(name)
     if axes[0] is None or axes[0] == axes[1]:
         raise ConfigError(f"phase.y: must differ from phase.x = {axes[0]!r}")
@@ -202,8 +220,10 @@ def _steps(key: str) -> list[str | int]:
     for part in key.split("."):
         match = _SEGMENT.fullmatch(part)
         if match is None:
-            raise ConfigError(f"parameters.\"{key}\": not a config key; write section.key "
-                              "with [i] indices into lists, e.g. \"attention.A[0][1]\"")
+            raise ConfigError(
+                f'parameters."{key}": not a config key; write section.key '
+                'with [i] indices into lists, e.g. "attention.A[0][1]"'
+            )
         steps.append(match.group(1))
         steps += [int(i) for i in re.findall(r"\d+", match.group(2))]
     return steps
@@ -238,24 +258,33 @@ def _check_path(base: dict, key: str, steps: list) -> None:
         if isinstance(step, int):
             if not isinstance(node, list) or step >= len(node):
                 size = f"{len(node)} entries" if isinstance(node, list) else "not a list"
-                raise ConfigError(f"parameters.\"{key}\": no entry [{step}] in {where} of "
-                                  f"the base config ({size})")
+                raise ConfigError(
+                    f'parameters."{key}": no entry [{step}] in {where} of the base config ({size})'
+                )
             node = node[step]
             continue
         if not isinstance(node, dict):
-            raise ConfigError(f"parameters.\"{key}\": {where} is not a table in the base "
-                              "config")
+            raise ConfigError(f'parameters."{key}": {where} is not a table in the base config')
         if step in node:
             node = node[step]
             continue
-        rest = steps[depth + 1:]
+        rest = steps[depth + 1 :]
         known = step in _known_keys(steps[:depth])
-        if known and (not rest or (depth == 0 and len(rest) == 1 and isinstance(rest[0], str)
-                                   and rest[0] in SECTIONS.get(step, ()))):
+        if known and (
+            not rest
+            or (
+                depth == 0
+                and len(rest) == 1
+                and isinstance(rest[0], str)
+                and rest[0] in SECTIONS.get(step, ())
+            )
+        ):
             return
-        raise ConfigError(f"parameters.\"{key}\": {_render(steps[:depth + 1])} is not in the "
-                          "base config (and not a key to add); check the spelling against "
-                          "the base")
+        raise ConfigError(
+            f'parameters."{key}": {_render(steps[: depth + 1])} is not in the '
+            "base config (and not a key to add); check the spelling against "
+            "the base"
+        )
 
 
 def _assign(raw: dict, steps: list, value: Any) -> None:
@@ -282,6 +311,7 @@ def _slug(key: str, value: Any) -> str:
         if isinstance(v, list):
             return "x".join(text(x) for x in v)
         return ""
+
     name = re.sub(r"[^A-Za-z0-9]", "", key.rsplit(".", 1)[-1])
     return (name + text(value))[:16]
 
@@ -296,7 +326,7 @@ def run_id(values: Mapping[str, Any], raw: Mapping) -> str:
 
 def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
     base = copy.deepcopy(base)
-    base.get("run", {}).pop("output", None)   # the sweep chooses the file
+    base.get("run", {}).pop("output", None)  # the sweep chooses the file
     keys = list(parameters)
     steps = [_steps(k) for k in keys]
     runs, ids = [], {}
@@ -307,16 +337,24 @@ def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
         values = dict(zip(keys, combo, strict=True))
         rid = run_id(values, raw)
         if rid in ids:
-            raise ConfigError(f"parameters: {values} and {ids[rid]} give the same "
-                              "configuration; sweep each config key once")
+            raise ConfigError(
+                f"parameters: {values} and {ids[rid]} give the same "
+                "configuration; sweep each config key once"
+            )
         ids[rid] = values
         runs.append(Run(rid, values, raw, dumps(raw)))
     return runs
 
 
 # ---- outcomes -------------------------------------------------------------------------------
-def classify(status: str | None, status_time: float, message: str, time: np.ndarray,
-             covariance: np.ndarray, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+def classify(
+    status: str | None,
+    status_time: float,
+    message: str,
+    time: np.ndarray,
+    covariance: np.ndarray,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> dict:
     """The outcome of one run from its status and covariance record ``(time, d, d)``.
 
     - ``completed`` -> ``converged`` with ``rank``: 0 when tr(Sigma) at the last snapshot is
@@ -338,32 +376,44 @@ def classify(status: str | None, status_time: float, message: str, time: np.ndar
     traces = np.where(finite, np.trace(np.nan_to_num(cov), axis1=1, axis2=2), np.nan)
     last = int(np.nonzero(finite)[0][-1]) if finite.any() else None
     tr0 = float(traces[0]) if len(traces) else math.nan
-    out = {"status": str(status), "status_time": float(status_time), "message": message,
-           "outcome": "failed", "rank": -1, "event_time": math.nan,
-           "trace_initial": tr0, "trace_final": math.nan, "eigenvalues": [],
-           "covariance": []}
+    out = {
+        "status": str(status),
+        "status_time": float(status_time),
+        "message": message,
+        "outcome": "failed",
+        "rank": -1,
+        "event_time": math.nan,
+        "trace_initial": tr0,
+        "trace_final": math.nan,
+        "eigenvalues": [],
+        "covariance": [],
+    }
     if last is not None:
         sigma = 0.5 * (cov[last] + cov[last].T)
         trace = float(np.trace(sigma))
-        eig = np.sort(np.linalg.eigvalsh(sigma))[::-1] / trace if trace > 0 else \
-            np.full(d, math.nan)
+        eig = (
+            np.sort(np.linalg.eigvalsh(sigma))[::-1] / trace if trace > 0 else np.full(d, math.nan)
+        )
         out.update(trace_final=trace, eigenvalues=eig.tolist(), covariance=sigma.tolist())
     last_time = float(time[last]) if last is not None else math.nan
     if status == "completed":
         grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else []
         if len(time) and not finite[-1]:
-            out.update(outcome="blowup", event_time=last_time,
-                       message=message or "non-finite covariance")
+            out.update(
+                outcome="blowup", event_time=last_time, message=message or "non-finite covariance"
+            )
         elif len(grown):
-            out.update(outcome="blowup", event_time=float(time[grown[0]]),
-                       message=message or f"tr(Sigma) grew by more than {BLOWUP_GROWTH:g}")
+            out.update(
+                outcome="blowup",
+                event_time=float(time[grown[0]]),
+                message=message or f"tr(Sigma) grew by more than {BLOWUP_GROWTH:g}",
+            )
         elif last is None:
             out.update(message=message or "no finite snapshot in the output")
         else:
             eig = np.asarray(out["eigenvalues"])
             collapsed = tr0 > 0 and out["trace_final"] <= tolerance * tr0
-            out.update(outcome="converged", rank=0 if collapsed else
-                       int(np.sum(eig > tolerance)))
+            out.update(outcome="converged", rank=0 if collapsed else int(np.sum(eig > tolerance)))
     elif status == "blowup":
         t = status_time if math.isfinite(status_time) else last_time
         out.update(outcome="blowup", event_time=float(t))
@@ -381,6 +431,7 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
     """:func:`classify` of a run's NetCDF output (only the attributes, ``time`` and
     ``covariance`` are read; a trailing incomplete record is ignored)."""
     import xarray as xr
+
     with xr.open_dataset(path, engine="netcdf4", decode_times=False, cache=False) as ds:
         attrs = dict(ds.attrs)
         time = np.asarray(ds["time"].values, dtype=float)
@@ -392,17 +443,34 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
         status_time = float(status_time)
     except (TypeError, ValueError):
         status_time = math.nan
-    record = classify(attrs.get("status"), status_time, str(attrs.get("status_message", "")),
-                      time[:n], cov[:n], tolerance)
+    record = classify(
+        attrs.get("status"),
+        status_time,
+        str(attrs.get("status_message", "")),
+        time[:n],
+        cov[:n],
+        tolerance,
+    )
     record["config"] = str(attrs.get("config", ""))
     return record
 
 
 def _failed(run_id_: str, message: str, wall: float = math.nan) -> dict:
-    return {"run_id": run_id_, "status": "failed", "status_time": math.nan,
-            "message": message, "outcome": "failed", "rank": -1, "event_time": math.nan,
-            "trace_initial": math.nan, "trace_final": math.nan, "eigenvalues": [],
-            "covariance": [], "wall_s": wall, "skipped": False}
+    return {
+        "run_id": run_id_,
+        "status": "failed",
+        "status_time": math.nan,
+        "message": message,
+        "outcome": "failed",
+        "rank": -1,
+        "event_time": math.nan,
+        "trace_initial": math.nan,
+        "trace_final": math.nan,
+        "eigenvalues": [],
+        "covariance": [],
+        "wall_s": wall,
+        "skipped": False,
+    }
 
 
 def run_one(task: Mapping) -> dict:
@@ -422,6 +490,7 @@ def run_one(task: Mapping) -> dict:
         from .config import build
         from .run import run_config
         from .threads import set_num_threads
+
         set_num_threads()
         config = build(task["raw"])
         started = True
@@ -475,8 +544,10 @@ class SweepProgress:
             self.done += 1
             self.failed += record["outcome"] == "failed"
             self.skipped += bool(record.get("skipped"))
-        self.status.show(f"runs {self.done}/{self.total} done, {self.failed} failed, "
-                         f"{self.skipped} skipped  {self.status.elapsed():.1f} s")
+        self.status.show(
+            f"runs {self.done}/{self.total} done, {self.failed} failed, "
+            f"{self.skipped} skipped  {self.status.elapsed():.1f} s"
+        )
 
     def close(self) -> None:
         self.status.close()
@@ -486,6 +557,7 @@ class SweepProgress:
 @contextlib.contextmanager
 def _client(scheduler: Any, workers: int | None, tasks: int) -> Iterator[Any]:
     from dask.distributed import Client, LocalCluster
+
     if isinstance(scheduler, Client):
         yield scheduler
     elif scheduler is not None:
@@ -493,18 +565,30 @@ def _client(scheduler: Any, workers: int | None, tasks: int) -> Iterator[Any]:
             yield client
     else:
         from dask.system import CPU_COUNT
+
         n = max(1, min(workers or CPU_COUNT, tasks))
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                          dashboard_address=None, silence_logs=logging.ERROR,
-                          env={THREADS_VARIABLE: os.environ.get(THREADS_VARIABLE) or "1"}
-                          ) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+                env={THREADS_VARIABLE: os.environ.get(THREADS_VARIABLE) or "1"},
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             yield client
 
 
-def run_sweep(sweep: str | Path | Mapping | Sweep, scheduler: Any = None,
-              workers: int | None = None, progress: bool = True,
-              output: str | Path | None = None,
-              on_result: Callable[[dict], None] | None = None):
+def run_sweep(
+    sweep: str | Path | Mapping | Sweep,
+    scheduler: Any = None,
+    workers: int | None = None,
+    progress: bool = True,
+    output: str | Path | None = None,
+    on_result: Callable[[dict], None] | None = None,
+):
     """Run every point of a sweep and return the summary (``xarray.Dataset``, also written
     to ``<output>/summary.nc``, with the figure ``<output>/phase.png``).
 
@@ -522,8 +606,10 @@ def run_sweep(sweep: str | Path | Mapping | Sweep, scheduler: Any = None,
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")
         if scheduler is not None:
-            raise ConfigError("workers: sets the size of the local cluster; the cluster at "
-                              "--scheduler has its own workers")
+            raise ConfigError(
+                "workers: sets the size of the local cluster; the cluster at "
+                "--scheduler has its own workers"
+            )
     runs_dir = spec.output / "runs"
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -560,13 +646,25 @@ def run_sweep(sweep: str | Path | Mapping | Sweep, scheduler: Any = None,
     return summary
 
 
-def _gather(client, pending: list[Run], runs_dir: Path, tolerance: float, records: dict,
-            display: SweepProgress, on_result) -> None:
+def _gather(
+    client,
+    pending: list[Run],
+    runs_dir: Path,
+    tolerance: float,
+    records: dict,
+    display: SweepProgress,
+    on_result,
+) -> None:
     from dask.distributed import as_completed
+
     futures = {}
     for run in pending:
-        task = {"run_id": run.run_id, "raw": run.raw, "tolerance": tolerance,
-                "path": str((runs_dir / f"{run.run_id}.nc").resolve())}
+        task = {
+            "run_id": run.run_id,
+            "raw": run.raw,
+            "tolerance": tolerance,
+            "path": str((runs_dir / f"{run.run_id}.nc").resolve()),
+        }
         future = client.submit(run_one, task, key=f"tpde-sweep-{run.run_id}", retries=1)
         futures[future] = run
     try:
@@ -591,9 +689,15 @@ def _previous_walls(path: Path) -> dict[str, float]:
         return {}
     try:
         import xarray as xr
+
         with xr.open_dataset(path, engine="netcdf4") as ds:
-            return dict(zip(ds["run_id"].values.tolist(),
-                            ds["wall_s"].values.astype(float).tolist(), strict=True))
+            return dict(
+                zip(
+                    ds["run_id"].values.tolist(),
+                    ds["wall_s"].values.astype(float).tolist(),
+                    strict=True,
+                )
+            )
     except Exception:  # noqa: BLE001 - a stale or foreign file: no wall times
         return {}
 
@@ -616,44 +720,61 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
     eigen)`` (of Sigma / tr Sigma at the last finite snapshot, descending), ``status``,
     ``message``, ``wall_s``, ``skipped``; attributes: the sweep text and the counts."""
     import xarray as xr
+
     runs = spec.runs
     rows = [records.get(r.run_id) or _failed(r.run_id, "no result") for r in runs]
     width = max([len(r["eigenvalues"]) for r in rows] + [1])
     eig = np.full((len(rows), width), np.nan)
     for i, r in enumerate(rows):
-        eig[i, :len(r["eigenvalues"])] = r["eigenvalues"]
+        eig[i, : len(r["eigenvalues"])] = r["eigenvalues"]
 
     def col(name, dtype):
         return ("run", np.array([r[name] for r in rows], dtype=dtype))
+
     coords = {"run": np.arange(len(rows))}
     for key in spec.parameters:
         coords[key] = ("run", _column([r.values[key] for r in runs]))
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
     ds = xr.Dataset(
-        {"run_id": col("run_id", str), "outcome": col("outcome", str),
-         "rank": col("rank", np.int64), "event_time": col("event_time", float),
-         "trace_initial": col("trace_initial", float),
-         "trace_final": col("trace_final", float),
-         "eigenvalues": (("run", "eigen"), eig), "status": col("status", str),
-         "message": ("run", np.array([str(r["message"]) for r in rows], dtype=str)),
-         "wall_s": col("wall_s", float), "skipped": col("skipped", np.int8)},
+        {
+            "run_id": col("run_id", str),
+            "outcome": col("outcome", str),
+            "rank": col("rank", np.int64),
+            "event_time": col("event_time", float),
+            "trace_initial": col("trace_initial", float),
+            "trace_final": col("trace_final", float),
+            "eigenvalues": (("run", "eigen"), eig),
+            "status": col("status", str),
+            "message": ("run", np.array([str(r["message"]) for r in rows], dtype=str)),
+            "wall_s": col("wall_s", float),
+            "skipped": col("skipped", np.int8),
+        },
         coords=coords,
-        attrs={"title": "tpde sweep summary", "sweep": spec.text,
-               "output": str(spec.output), "parameters": json.dumps(list(spec.parameters)),
-               "phase_x": spec.phase[0], "phase_y": spec.phase[1] or "",
-               "rank_tolerance": spec.tolerance, "runs": len(rows),
-               "skipped": int(sum(bool(r.get("skipped")) for r in rows)), **counts})
+        attrs={
+            "title": "tpde sweep summary",
+            "sweep": spec.text,
+            "output": str(spec.output),
+            "parameters": json.dumps(list(spec.parameters)),
+            "phase_x": spec.phase[0],
+            "phase_y": spec.phase[1] or "",
+            "rank_tolerance": spec.tolerance,
+            "runs": len(rows),
+            "skipped": int(sum(bool(r.get("skipped")) for r in rows)),
+            **counts,
+        },
+    )
     ds["outcome"].attrs["long_name"] = "converged | blowup | mass_left | failed"
-    ds["rank"].attrs["long_name"] = (f"eigenvalues of Sigma/tr(Sigma) above {spec.tolerance:g}"
-                                     " at the last snapshot (0: collapse to a point)")
+    ds["rank"].attrs["long_name"] = (
+        f"eigenvalues of Sigma/tr(Sigma) above {spec.tolerance:g}"
+        " at the last snapshot (0: collapse to a point)"
+    )
     ds["event_time"].attrs["long_name"] = "time of the blow-up or of the mass leaving the box"
     return ds
 
 
 # ---- the phase diagram ----------------------------------------------------------------------
 _RANK_COLOURS = ("black", "tab:blue", "tab:green", "tab:purple", "tab:cyan")
-_STYLES = {"blowup": ("X", "tab:red"), "mass_left": ("^", "tab:orange"),
-           "failed": ("s", "0.55")}
+_STYLES = {"blowup": ("X", "tab:red"), "mass_left": ("^", "tab:orange"), "failed": ("s", "0.55")}
 
 
 def _category(outcome: str, rank: int) -> tuple[str, str, str]:
@@ -673,8 +794,7 @@ def _axis(values: np.ndarray) -> tuple[np.ndarray, list | None, float]:
     return np.array([labels.index(v) for v in values.tolist()], float), labels, 1.0
 
 
-def plot_phase(summary, path: str | Path, x: str | None = None,
-               y: str | None = None) -> Path:
+def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = None) -> Path:
     """The phase diagram of a sweep summary: outcome per run over the parameters ``x`` and
     ``y`` (default: ``[phase]`` of the sweep file). Non-numeric parameters get categorical
     axes; the other parameters get one panel per combination of values (up to 6), or are
@@ -689,18 +809,19 @@ def plot_phase(summary, path: str | Path, x: str | None = None,
     others = [k for k in keys if k not in (x, y)]
     n = summary.sizes["run"]
     xs, xlabels, xstep = _axis(summary[x].values)
-    ys, ylabels, ystep = (_axis(summary[y].values) if y else
-                          (np.zeros(n), None, 1.0))
+    ys, ylabels, ystep = _axis(summary[y].values) if y else (np.zeros(n), None, 1.0)
     combos = [tuple(str(summary[k].values[i]) for k in others) for i in range(n)]
     groups = list(dict.fromkeys(combos))
     panels = groups if len(groups) <= 6 else [None]
     dx, dy = np.zeros(n), np.zeros(n)
-    if panels == [None]:          # overlay: offset each combination on a small circle
+    if panels == [None]:  # overlay: offset each combination on a small circle
         for i, c in enumerate(combos):
             angle = 2 * math.pi * groups.index(c) / len(groups)
             dx[i], dy[i] = 0.25 * xstep * math.cos(angle), 0.25 * ystep * math.sin(angle)
-    cats = [_category(str(o), int(r)) for o, r in
-            zip(summary["outcome"].values, summary["rank"].values, strict=True)]
+    cats = [
+        _category(str(o), int(r))
+        for o, r in zip(summary["outcome"].values, summary["rank"].values, strict=True)
+    ]
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(4.2 * ncols + 2.2, 3.6 * nrows + 0.4), constrained_layout=True)
@@ -715,8 +836,15 @@ def plot_phase(summary, path: str | Path, x: str | None = None,
             idx = [i for i in members if cats[i][0] == label]
             _, marker, colour = cats[idx[0]]
             filled = label != "failed"
-            ax.scatter(xs[idx] + dx[idx], ys[idx] + dy[idx], marker=marker, s=46,
-                       c=colour if filled else "none", edgecolors=colour, linewidths=1.2)
+            ax.scatter(
+                xs[idx] + dx[idx],
+                ys[idx] + dy[idx],
+                marker=marker,
+                s=46,
+                c=colour if filled else "none",
+                edgecolors=colour,
+                linewidths=1.2,
+            )
         if xlabels is not None:
             ax.set_xticks(range(len(xlabels)), xlabels, rotation=30, fontsize=7)
             ax.set_xlim(-0.5, len(xlabels) - 0.5)
@@ -729,18 +857,28 @@ def plot_phase(summary, path: str | Path, x: str | None = None,
         if y:
             ax.set_ylabel(y)
         if panels[p] is not None and others:
-            ax.set_title(", ".join(f"{k} = {v}" for k, v in zip(others, panels[p],
-                                                                 strict=True)), fontsize=8)
+            ax.set_title(
+                ", ".join(f"{k} = {v}" for k, v in zip(others, panels[p], strict=True)), fontsize=8
+            )
         elif others:
             ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)
         ax.grid(alpha=0.3)
     rank = ["converged", "blowup", "mass left", "failed"]
     order = sorted(dict.fromkeys(cats), key=lambda c: (rank.index(c[0].split(",")[0]), c[0]))
     counts = {c[0]: sum(k[0] == c[0] for k in cats) for c in order}
-    handles = [Line2D([], [], marker=m, linestyle="", markersize=7,
-                      markerfacecolor=col if label != "failed" else "none",
-                      markeredgecolor=col, label=f"{label} ({counts[label]})")
-               for label, m, col in order]
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker=m,
+            linestyle="",
+            markersize=7,
+            markerfacecolor=col if label != "failed" else "none",
+            markeredgecolor=col,
+            label=f"{label} ({counts[label]})",
+        )
+        for label, m, col in order
+    ]
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(f"tpde sweep: {n} runs", fontsize=10)
     path = Path(path)

@@ -29,8 +29,9 @@ def default_threads() -> int:
         try:
             return max(1, int(value))
         except ValueError:
-            raise ValueError(f"{THREADS_VARIABLE}: expected a positive integer, got "
-                             f"{value!r}") from None
+            raise ValueError(
+                f"{THREADS_VARIABLE}: expected a positive integer, got {value!r}"
+            ) from None
     return nb.config.NUMBA_NUM_THREADS
 
 
@@ -97,6 +98,12 @@ def row_split_tensordot(matrix: np.ndarray, array: np.ndarray, axis: int) -> np.
     else:
         rows = -(-matrix.shape[0] // threads)
         blocks = -(-matrix.shape[0] // rows)
-        blocked_dot(matrix, np.ascontiguousarray(operand.T), out, np.zeros(blocks, np.int64),
-                    np.full(blocks, operand.shape[1], np.int64), rows)
+        blocked_dot(
+            matrix,
+            np.ascontiguousarray(operand.T),
+            out,
+            np.zeros(blocks, np.int64),
+            np.full(blocks, operand.shape[1], np.int64),
+            rows,
+        )
     return out.reshape((matrix.shape[0],) + rest)

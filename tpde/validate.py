@@ -72,6 +72,7 @@ class Report:
 def _table(header: list[str], rows: list[list]) -> str:
     def fmt(v):
         return f"{v:.3e}" if isinstance(v, float) else str(v)
+
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -82,16 +83,19 @@ def tokens_vs_odes(report: Report, log: Callable[[str], None]) -> dict:
     rows, kept = [], {}
     for variant, params in CLOSED_FORM_PARAMS.items():
         nodes = 16 if variant == "sinkhorn" else 24
-        out = studies.tokens_vs_ode(variant, params, MEAN1, COV1, 0.5, nodes=nodes,
-                                    times=np.linspace(0, 0.5, 11))
+        out = studies.tokens_vs_ode(
+            variant, params, MEAN1, COV1, 0.5, nodes=nodes, times=np.linspace(0, 0.5, 11)
+        )
         kept[variant] = out
         rows.append([variant, f"{nodes}^2", out["mean_error"], out["cov_error"]])
-        report.checks.append(Check(f"Gauss-Hermite tokens vs ODE, {variant} (cov, t = 0.5)",
-                                   out["cov_error"], 1e-8))
+        report.checks.append(
+            Check(f"Gauss-Hermite tokens vs ODE, {variant} (cov, t = 0.5)", out["cov_error"], 1e-8)
+        )
         log(f"tokens vs ODE {variant}: cov {out['cov_error']:.1e}")
-    report.sections.append("## Gauss-Hermite tokens vs the Gaussian ODEs (2-D, c1, RK4 dt "
-                           "0.01, t = 0.5)\n\n" + _table(["variant", "tokens", "mean error",
-                                                           "cov error"], rows))
+    report.sections.append(
+        "## Gauss-Hermite tokens vs the Gaussian ODEs (2-D, c1, RK4 dt "
+        "0.01, t = 0.5)\n\n" + _table(["variant", "tokens", "mean error", "cov error"], rows)
+    )
     return kept
 
 
@@ -114,10 +118,18 @@ def closed_forms(report: Report, log: Callable[[str], None]) -> None:
     report.checks.append(Check("softmax V = vI covariance closed form", err, 1e-10))
     # isotropic l2 and Sinkhorn: t = G(lambda) - G(lambda0)
     for name, variant, params, time_of in (
-        ("l2 isotropic", "l2", L2Head(0.8 * np.eye(2), 0.6 * np.eye(2), -0.5 * np.eye(2)),
-         lambda lam: ode.l2_isotropic_time(lam, 0.7, 0.8, 0.6, -0.5)),
-        ("Sinkhorn isotropic", "sinkhorn", SinkhornHead(0.9 * np.eye(2), 0.6 * np.eye(2)),
-         lambda lam: ode.sinkhorn_isotropic_time(lam, 0.7, 0.9, 0.6)),
+        (
+            "l2 isotropic",
+            "l2",
+            L2Head(0.8 * np.eye(2), 0.6 * np.eye(2), -0.5 * np.eye(2)),
+            lambda lam: ode.l2_isotropic_time(lam, 0.7, 0.8, 0.6, -0.5),
+        ),
+        (
+            "Sinkhorn isotropic",
+            "sinkhorn",
+            SinkhornHead(0.9 * np.eye(2), 0.6 * np.eye(2)),
+            lambda lam: ode.sinkhorn_isotropic_time(lam, 0.7, 0.9, 0.6),
+        ),
     ):
         sol = ode.solve(variant, np.zeros(2), 0.7 * np.eye(2), params, 0.6)
         lam = float(sol.at(0.6)[1][0, 0])
@@ -125,28 +137,40 @@ def closed_forms(report: Report, log: Callable[[str], None]) -> None:
         rows.append([f"{name}: t(lambda(0.6)) - 0.6", lam, "", err])
         report.checks.append(Check(f"{name} closed form", err, 1e-10))
     log("closed forms done")
-    report.sections.append("## Closed forms of MATH.md 3\n\n" + _table(
-        ["case", "ODE", "closed form", "error"], rows))
+    report.sections.append(
+        "## Closed forms of MATH.md 3\n\n" + _table(["case", "ODE", "closed form", "error"], rows)
+    )
 
 
-def grid_vs_odes(report: Report, log, variants: list[str], cells: list[int],
-                 t_end: float) -> dict:
+def grid_vs_odes(report: Report, log, variants: list[str], cells: list[int], t_end: float) -> dict:
     rows, kept = [], {}
     for variant in variants:
-        out = studies.gaussian_refinement(variant, CLOSED_FORM_PARAMS[variant], MEAN1, COV1,
-                                          cells, t_end)
+        out = studies.gaussian_refinement(
+            variant, CLOSED_FORM_PARAMS[variant], MEAN1, COV1, cells, t_end
+        )
         kept[variant] = out
         orders = [float("nan")] + list(out.orders)
         for n, em, ec, p in zip(cells, out.mean_errors, out.cov_errors, orders, strict=True):
             rows.append([variant, f"{n}^2", em, ec, f"{p:.2f}"])
-        report.checks.append(Check(f"grid vs ODE, {variant}: cov error at {cells[-1]}^2",
-                                   out.cov_errors[-1], 1e-3 if cells[-1] <= 64 else 1e-5))
-        report.checks.append(Check(f"grid vs ODE, {variant}: observed order "
-                                   f"{cells[-2]}->{cells[-1]}", float(out.orders[-1]), low=4.0))
+        report.checks.append(
+            Check(
+                f"grid vs ODE, {variant}: cov error at {cells[-1]}^2",
+                out.cov_errors[-1],
+                1e-3 if cells[-1] <= 64 else 1e-5,
+            )
+        )
+        report.checks.append(
+            Check(
+                f"grid vs ODE, {variant}: observed order {cells[-2]}->{cells[-1]}",
+                float(out.orders[-1]),
+                low=4.0,
+            )
+        )
         log(f"grid vs ODE {variant}: {out.cov_errors}")
-    report.sections.append(f"## Grid (WENO5-Z + SSP-RK3) vs the Gaussian ODEs (2-D, c1, "
-                           f"t = {t_end})\n\n" + _table(["variant", "cells", "mean error",
-                                                         "cov error", "order"], rows))
+    report.sections.append(
+        f"## Grid (WENO5-Z + SSP-RK3) vs the Gaussian ODEs (2-D, c1, "
+        f"t = {t_end})\n\n" + _table(["variant", "cells", "mean error", "cov error", "order"], rows)
+    )
     return kept
 
 
@@ -155,19 +179,24 @@ def grid_vs_tokens(report: Report, log, cases: list[tuple]) -> None:
     for name, variant, params, grid, density, n, p in cases:
         try:
             out = studies.grid_vs_tokens(variant, params, grid, density, n, 1.0, 0.05, p=p)
-        except (RuntimeError, FloatingPointError) as exc:   # a failed run is a failed check
+        except (RuntimeError, FloatingPointError) as exc:  # a failed run is a failed check
             report.checks.append(Check(f"grid vs tokens, {name}: {exc}", math.inf, 2.0))
             log(f"grid vs tokens {name}: FAILED {exc}")
             continue
         rows.append([name, n, f"W{p}", out["distance_start"], out["distance_end"]])
-        report.checks.append(Check(f"grid vs tokens, {name}: W{p}(t=1) / W{p}(t=0)",
-                                   out["distance_end"] / out["distance_start"], 2.0))
+        report.checks.append(
+            Check(
+                f"grid vs tokens, {name}: W{p}(t=1) / W{p}(t=0)",
+                out["distance_end"] / out["distance_start"],
+                2.0,
+            )
+        )
         log(f"grid vs tokens {name}: {out['distance_start']:.3e} -> {out['distance_end']:.3e}")
     report.sections.append(
         "## Grid vs sampled tokens on non-Gaussian data (t = 1)\n\nThe distance at t = 0 is "
         "the sampling distance of the n tokens; the check asks that the distance at t = 1 "
-        "stays within twice it.\n\n" + _table(["case", "tokens", "metric", "t = 0", "t = 1"],
-                                              rows))
+        "stays within twice it.\n\n" + _table(["case", "tokens", "metric", "t = 0", "t = 1"], rows)
+    )
 
 
 def masked_checks(report: Report, log, cases: list[tuple]) -> None:
@@ -176,41 +205,58 @@ def masked_checks(report: Report, log, cases: list[tuple]) -> None:
     rows = []
     for name, variant, params, grid, positions, density, per_slice in cases:
         try:
-            out = studies.masked_grid_vs_tokens(variant, params, grid, positions, density,
-                                                per_slice, 1.0, 0.02, seed=1)
+            out = studies.masked_grid_vs_tokens(
+                variant, params, grid, positions, density, per_slice, 1.0, 0.02, seed=1
+            )
         except (RuntimeError, FloatingPointError) as exc:
             report.checks.append(Check(f"masked grid vs tokens, {name}: {exc}", math.inf, 1.0))
             log(f"masked {name}: FAILED {exc}")
             continue
         ratio = out["distance_end"] / out["distance_start"]
         rows.append([name, out["tokens"], out["distance_start"], out["distance_end"]])
-        report.checks.append(Check(f"masked grid vs tokens, {name}: W2,nu(t=1) / W2,nu(t=0)",
-                                   ratio, 1.0))
+        report.checks.append(
+            Check(f"masked grid vs tokens, {name}: W2,nu(t=1) / W2,nu(t=0)", ratio, 1.0)
+        )
         log(f"masked {name}: {out['distance_start']:.3e} -> {out['distance_end']:.3e}")
     report.sections.append(
         "## Masked attention: grid vs the masked token system (t = 1)\n\nPosition-dependent "
         "data, tokens sampled per slice (the sink included); conditional distance "
         "W_{2,nu} = (sum_k nu_k W_2(slice_k)^2)^{1/2}. The check asks that the distance at "
         "t = 1 stays below the sampling distance at t = 0 (contracting dynamics).\n\n"
-        + _table(["case", "tokens", "t = 0", "t = 1"], rows))
+        + _table(["case", "tokens", "t = 0", "t = 1"], rows)
+    )
 
 
 def drifting_slices_1d(positions: Positions) -> tuple[Grid, np.ndarray]:
     grid = Grid([-6.0], [6.0], [240])
-    return grid, positions.sliced(lambda s: gaussian_mixture(
-        grid, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s], [1.2]], [[[0.3]], [[0.25]]]), grid)
+    return grid, positions.sliced(
+        lambda s: gaussian_mixture(
+            grid, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s], [1.2]], [[[0.3]], [[0.25]]]
+        ),
+        grid,
+    )
 
 
-def mean_field_study(report: Report, log, grid: Grid, density: np.ndarray, params,
-                     ns: list[int], label: str, seeds: int = 3) -> dict:
+def mean_field_study(
+    report: Report,
+    log,
+    grid: Grid,
+    density: np.ndarray,
+    params,
+    ns: list[int],
+    label: str,
+    seeds: int = 3,
+) -> dict:
     out = studies.mean_field("softmax", params, grid, density, ns, 0.5, 0.05, seeds=seeds)
-    report.checks.append(Check(f"mean-field slope of W1 vs n ({label})", out["slope"],
-                               high=-0.3, low=-0.8))
+    report.checks.append(
+        Check(f"mean-field slope of W1 vs n ({label})", out["slope"], high=-0.3, low=-0.8)
+    )
     rows = [[n, d] for n, d in zip(out["n"], out["distances"], strict=True)]
     report.sections.append(
         f"## Mean-field limit ({label}, softmax, t = 0.5)\n\nW1 between n i.i.d. tokens and "
         f"the grid solution (mean of {seeds} samples per n); fitted slope {out['slope']:.3f} "
-        f"(MATH.md 2: n^-1/2 in 1-D, n^-1/2 log n in 2-D).\n\n" + _table(["n", "W1"], rows))
+        f"(MATH.md 2: n^-1/2 in 1-D, n^-1/2 log n in 2-D).\n\n" + _table(["n", "W1"], rows)
+    )
     log(f"mean field {label}: slope {out['slope']:.3f}")
     return out
 
@@ -218,6 +264,7 @@ def mean_field_study(report: Report, log, grid: Grid, density: np.ndarray, param
 # ---- figures --------------------------------------------------------------------------------
 def covariance_figure(path: Path, refinement, tokens: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -226,12 +273,24 @@ def covariance_figure(path: Path, refinement, tokens: dict) -> None:
     grid_eigs = np.linalg.eigvalsh(np.array(refinement.grid_covariances))
     token_eigs = np.linalg.eigvalsh(tokens["covariances"])
     for k in range(ode_eigs.shape[1]):
-        ax.plot(refinement.times, ode_eigs[:, k], "k-", lw=1.5,
-                label="Gaussian ODE" if k == 0 else None)
-        ax.plot(refinement.times, grid_eigs[:, k], "o", mfc="none", color="C0",
-                label=f"grid {refinement.cells[-1]}^2" if k == 0 else None)
-        ax.plot(tokens["times"], token_eigs[:, k], "x", color="C3",
-                label=f"{tokens['tokens']} Gauss-Hermite tokens" if k == 0 else None)
+        ax.plot(
+            refinement.times, ode_eigs[:, k], "k-", lw=1.5, label="Gaussian ODE" if k == 0 else None
+        )
+        ax.plot(
+            refinement.times,
+            grid_eigs[:, k],
+            "o",
+            mfc="none",
+            color="C0",
+            label=f"grid {refinement.cells[-1]}^2" if k == 0 else None,
+        )
+        ax.plot(
+            tokens["times"],
+            token_eigs[:, k],
+            "x",
+            color="C3",
+            label=f"{tokens['tokens']} Gauss-Hermite tokens" if k == 0 else None,
+        )
     ax.set_xlabel("t")
     ax.set_ylabel("eigenvalues of the covariance")
     ax.set_title("softmax, c1 matrices: grid vs tokens vs Gaussian ODE")
@@ -243,6 +302,7 @@ def covariance_figure(path: Path, refinement, tokens: dict) -> None:
 
 def mean_field_figure(path: Path, studies_out: dict[str, dict]) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -288,47 +348,126 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
     disc_grid = Grid([-5, -5], [5, 5], [40, 40])
     disc = uniform_ball(disc_grid, [0.3, -0.2], 2.0)
     mix_grid = Grid([-5, -5], [5, 5], [40, 40])
-    mix = gaussian_mixture(mix_grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]],
-                           [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]])
+    mix = gaussian_mixture(
+        mix_grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]], [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]]
+    )
     cases = [
         ("1-D two bumps, softmax", "softmax", Head([[0.8]], [[-1.0]]), line, bumps, 4000, 1),
-        ("1-D two bumps, sigmoid", "sigmoid", SigmoidHead([[0.8]], [[-1.0]], bias=-1.0), line,
-         bumps, 4000, 1),
-        ("1-D two bumps, Sinkhorn", "sinkhorn", SinkhornHead([[0.8]], [[-1.0]]), line, bumps,
-         1000, 1),
+        (
+            "1-D two bumps, sigmoid",
+            "sigmoid",
+            SigmoidHead([[0.8]], [[-1.0]], bias=-1.0),
+            line,
+            bumps,
+            4000,
+            1,
+        ),
+        (
+            "1-D two bumps, Sinkhorn",
+            "sinkhorn",
+            SinkhornHead([[0.8]], [[-1.0]]),
+            line,
+            bumps,
+            1000,
+            1,
+        ),
         ("2-D uniform disc, softmax", "softmax", Head(A1, V1), disc_grid, disc, 2000, 2),
-        ("2-D two bumps, l2 (Q = K)", "l2",
-         L2Head(0.7 * np.eye(2), 0.7 * np.eye(2), -0.5 * np.eye(2)), mix_grid, mix, 2000, 2),
+        (
+            "2-D two bumps, l2 (Q = K)",
+            "l2",
+            L2Head(0.7 * np.eye(2), 0.7 * np.eye(2), -0.5 * np.eye(2)),
+            mix_grid,
+            mix,
+            2000,
+            2,
+        ),
     ]
     if suite == "full":
-        cases += [("2-D two bumps, multi-head", "multihead", CLOSED_FORM_PARAMS["multihead"],
-                   mix_grid, mix, 4000, 2),
-                  ("2-D two bumps, Sinkhorn", "sinkhorn",
-                   SinkhornHead(0.5 * np.eye(2), -0.5 * np.eye(2)), mix_grid, mix, 1000, 2)]
+        cases += [
+            (
+                "2-D two bumps, multi-head",
+                "multihead",
+                CLOSED_FORM_PARAMS["multihead"],
+                mix_grid,
+                mix,
+                4000,
+                2,
+            ),
+            (
+                "2-D two bumps, Sinkhorn",
+                "sinkhorn",
+                SinkhornHead(0.5 * np.eye(2), -0.5 * np.eye(2)),
+                mix_grid,
+                mix,
+                1000,
+                2,
+            ),
+        ]
     grid_vs_tokens(report, log, cases)
 
     positions = Positions(3, 0.2)
-    masked = [("1-D drifting bumps, softmax", "softmax", Head([[0.6]], [[-1.0]]),
-               *drifting_slices_1d(positions), 250)]
+    masked = [
+        (
+            "1-D drifting bumps, softmax",
+            "softmax",
+            Head([[0.6]], [[-1.0]]),
+            *drifting_slices_1d(positions),
+            250,
+        )
+    ]
     if suite == "full":
         grid2 = Grid([-5.0, -5.0], [5.0, 5.0], [40, 40])
-        slices2 = positions.sliced(lambda s: gaussian_mixture(
-            grid2, [0.6 - 0.3 * s, 0.4 + 0.3 * s], [[-1.5 + s, 0.0], [1.2, 0.5 - s]],
-            [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]]), grid2)
-        masked += [("1-D drifting bumps, softmax", "softmax", Head([[0.6]], [[-1.0]]),
-                    *drifting_slices_1d(positions), 1000),
-                   ("2-D drifting bumps, softmax", "softmax", Head(-0.5 * np.eye(2), np.eye(2)),
-                    grid2, slices2, 500)]
-    masked_checks(report, log, [(name, variant, params, grid, positions, density, n)
-                                for name, variant, params, grid, density, n in masked])
+        slices2 = positions.sliced(
+            lambda s: gaussian_mixture(
+                grid2,
+                [0.6 - 0.3 * s, 0.4 + 0.3 * s],
+                [[-1.5 + s, 0.0], [1.2, 0.5 - s]],
+                [0.4 * np.eye(2), [[0.3, 0.1], [0.1, 0.35]]],
+            ),
+            grid2,
+        )
+        masked += [
+            (
+                "1-D drifting bumps, softmax",
+                "softmax",
+                Head([[0.6]], [[-1.0]]),
+                *drifting_slices_1d(positions),
+                1000,
+            ),
+            (
+                "2-D drifting bumps, softmax",
+                "softmax",
+                Head(-0.5 * np.eye(2), np.eye(2)),
+                grid2,
+                slices2,
+                500,
+            ),
+        ]
+    masked_checks(
+        report,
+        log,
+        [
+            (name, variant, params, grid, positions, density, n)
+            for name, variant, params, grid, density, n in masked
+        ],
+    )
 
-    mean_fields = {"1-D two bumps": mean_field_study(report, log, line, bumps,
-                                                     Head([[0.8]], [[-1.0]]),
-                                                     [250, 1000, 4000], "1-D")}
+    mean_fields = {
+        "1-D two bumps": mean_field_study(
+            report, log, line, bumps, Head([[0.8]], [[-1.0]]), [250, 1000, 4000], "1-D"
+        )
+    }
     if suite == "full":
         mean_fields["2-D two bumps"] = mean_field_study(
-            report, log, mix_grid, mix, Head(-0.5 * np.eye(2), np.eye(2)),
-            [1000, 3000, 10000, 30000], "2-D", seeds=2)
+            report,
+            log,
+            mix_grid,
+            mix,
+            Head(-0.5 * np.eye(2), np.eye(2)),
+            [1000, 3000, 10000, 30000],
+            "2-D",
+            seeds=2,
+        )
     mean_field_figure(outdir / "mean_field.png", mean_fields)
     report.figures.append("mean_field.png")
     write_report(report, outdir / "report.md", suite, time.perf_counter() - start)
@@ -337,12 +476,21 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
 
 def write_report(report: Report, path: Path, suite: str, seconds: float) -> None:
     failed = [c for c in report.checks if not c.passed]
-    lines = [f"# tpde validation report ({suite} suite)", "",
-             f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed "
-             f"in {seconds:.0f} s.", "",
-             _table(["check", "value", "limit", "result"],
-                    [[c.name, float(c.value), c.limit(), "PASS" if c.passed else "**FAIL**"]
-                     for c in report.checks]), ""]
+    lines = [
+        f"# tpde validation report ({suite} suite)",
+        "",
+        f"{len(report.checks) - len(failed)} of {len(report.checks)} checks passed "
+        f"in {seconds:.0f} s.",
+        "",
+        _table(
+            ["check", "value", "limit", "result"],
+            [
+                [c.name, float(c.value), c.limit(), "PASS" if c.passed else "**FAIL**"]
+                for c in report.checks
+            ],
+        ),
+        "",
+    ]
     for figure in report.figures:
         lines += [f"![{figure}]({figure})", ""]
     lines += [s + "\n" for s in report.sections]

@@ -214,8 +214,9 @@ def l2_field(alpha: np.ndarray, Sigma: np.ndarray, params: L2Head) -> Field:
     return C @ sol[:, 0], C @ sol[:, 1:]
 
 
-def multihead_field(alpha: np.ndarray, Sigma: np.ndarray,
-                    params: Sequence[Head]) -> tuple[np.ndarray, np.ndarray]:
+def multihead_field(
+    alpha: np.ndarray, Sigma: np.ndarray, params: Sequence[Head]
+) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head field (MATH.md 3.4): Gamma(x) = sum_h C_h (alpha + Sigma A_h x), C_h = W_h V_h.
 
     b = sum_h C_h alpha, M = sum_h C_h Sigma A_h.
@@ -248,8 +249,9 @@ def _sinkhorn_D(root: np.ndarray, A: np.ndarray, eps: float) -> np.ndarray:
     return np.linalg.solve(X, 2.0 * B.T).T  # 2 B X^{-1}
 
 
-def sinkhorn_field(alpha: np.ndarray, Sigma: np.ndarray,
-                   params: SinkhornHead | Head) -> tuple[np.ndarray, np.ndarray]:
+def sinkhorn_field(
+    alpha: np.ndarray, Sigma: np.ndarray, params: SinkhornHead | Head
+) -> tuple[np.ndarray, np.ndarray]:
     """Sinkhorn field (MATH.md 3.5): Gamma(x) = V (alpha + C^T Sigma^{-1} (x - alpha)).
 
     With C = Sigma^{1/2} D Sigma^{1/2}: M = V Sigma^{1/2} D^T Sigma^{-1/2} (= V C^T Sigma^{-1}),
@@ -281,8 +283,9 @@ def affine_field(variant: str, alpha: Any, Sigma: Any, params: Params) -> Field:
     return _FIELDS[variant](np.asarray(alpha, float), np.asarray(Sigma, float), params)
 
 
-def _moment_rhs(b: np.ndarray, M: np.ndarray, alpha: np.ndarray,
-                Sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _moment_rhs(
+    b: np.ndarray, M: np.ndarray, alpha: np.ndarray, Sigma: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     MS = M @ Sigma
     return b + M @ alpha, MS + MS.T
 
@@ -401,9 +404,18 @@ def _unpack_many(y: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     return y[:, :d].copy(), S
 
 
-def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
-          times: Any = None, rtol: float = 1e-12, atol: float = 1e-14,
-          blowup_threshold: float | None = 1e8, t0: float = 0.0) -> GaussianSolution:
+def solve(
+    variant: str,
+    mean0: Any,
+    cov0: Any,
+    params: ParamSpec,
+    t_end: float,
+    times: Any = None,
+    rtol: float = 1e-12,
+    atol: float = 1e-14,
+    blowup_threshold: float | None = 1e8,
+    t0: float = 0.0,
+) -> GaussianSolution:
     """Integrate the Gaussian moment ODEs of ``variant`` (MATH.md 3.0-3.5) from t0 to t_end.
 
     State: alpha (d,) and the upper triangle of Sigma (symmetric by construction); scipy
@@ -493,8 +505,16 @@ def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
     step_y: list[np.ndarray] = []
     status, status_time, message = "completed", t_end, "reached t_end"
     for a, b, p in pieces:
-        sol = solve_ivp(make_rhs(p), (a, b), y, method="DOP853", rtol=rtol, atol=atol,
-                        dense_output=True, events=[blowup_event, nonpd_event])
+        sol = solve_ivp(
+            make_rhs(p),
+            (a, b),
+            y,
+            method="DOP853",
+            rtol=rtol,
+            atol=atol,
+            dense_output=True,
+            events=[blowup_event, nonpd_event],
+        )
         t_stop = float(sol.t[-1])
         segments.append((a, t_stop, sol.sol))
         first = 0 if not step_t else 1
@@ -504,8 +524,10 @@ def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
         if sol.status == 1:
             if sol.t_events[0].size:
                 status, status_time = "blowup", float(sol.t_events[0][0])
-                message = (f"lambda_max(Sigma) reached {blowup_threshold:g} x lambda_max(cov0) "
-                           f"at t = {status_time:.12g}")
+                message = (
+                    f"lambda_max(Sigma) reached {blowup_threshold:g} x lambda_max(cov0) "
+                    f"at t = {status_time:.12g}"
+                )
             else:
                 status, status_time = "not_positive_definite", float(sol.t_events[1][0])
                 message = f"Sigma lost positive definiteness at t = {status_time:.12g}"
@@ -516,17 +538,23 @@ def solve(variant: str, mean0: Any, cov0: Any, params: ParamSpec, t_end: float,
             break
 
     solution = GaussianSolution(
-        variant=variant, times=np.empty(0), means=np.empty((0, d)),
-        covariances=np.empty((0, d, d)), status=status, status_time=status_time,
-        message=message, t0=t0, _segments=tuple(segments), _dim=d,
+        variant=variant,
+        times=np.empty(0),
+        means=np.empty((0, d)),
+        covariances=np.empty((0, d, d)),
+        status=status,
+        status_time=status_time,
+        message=message,
+        t0=t0,
+        _segments=tuple(segments),
+        _dim=d,
     )
     if times is None:
         out_t = np.concatenate(step_t)
         means, covs = _unpack_many(np.concatenate(step_y, axis=0), d)
     else:
         out_t = times[times <= status_time]
-        means, covs = solution.at(out_t) if out_t.size else (np.empty((0, d)),
-                                                             np.empty((0, d, d)))
+        means, covs = solution.at(out_t) if out_t.size else (np.empty((0, d)), np.empty((0, d, d)))
     object.__setattr__(solution, "times", out_t)
     object.__setattr__(solution, "means", means)
     object.__setattr__(solution, "covariances", covs)
@@ -606,8 +634,7 @@ def l2_isotropic_time(lam: float, lam0: float, q: float, k: float, v: float) -> 
     return (1.0 / lam0 - 1.0 / lam) / c + (b / c) * math.log(lam / lam0)
 
 
-def sinkhorn_isotropic_time(lam: float, lam0: float, a: float, v: float,
-                            eps: float = 1.0) -> float:
+def sinkhorn_isotropic_time(lam: float, lam0: float, a: float, v: float, eps: float = 1.0) -> float:
     """Time at which the isotropic Sinkhorn solution reaches Sigma = lam I (MATH.md 3.5).
 
     A = a I, V = v I, Sigma0 = lam0 I: lam' = 4 v a lam^2 / (1 + sqrt(1 + 4 a^2 lam^2)), so

@@ -112,8 +112,9 @@ def _array(values, grid: Grid, name: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError(f"metrics.{name}: expected an array of shape {grid.shape}") from None
     if arr.shape != grid.shape:
-        raise ValueError(f"metrics.{name}: expected shape {grid.shape} (grid.shape), "
-                         f"got {arr.shape}")
+        raise ValueError(
+            f"metrics.{name}: expected shape {grid.shape} (grid.shape), got {arr.shape}"
+        )
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"metrics.{name}: contains NaN or Inf")
     return arr
@@ -127,8 +128,9 @@ def _probability(values, grid: Grid, name: str) -> np.ndarray:
     arr = _array(values, grid, name)
     scale = float(np.max(np.abs(arr))) if arr.size else 0.0
     if arr.min() < -_NEG_TOL * scale:
-        raise ValueError(f"metrics.{name}: negative values (min {arr.min():.3e}); "
-                         f"pass a density >= 0")
+        raise ValueError(
+            f"metrics.{name}: negative values (min {arr.min():.3e}); pass a density >= 0"
+        )
     arr = np.clip(arr, 0.0, None)
     total = float(arr.sum())
     if not total > 0:
@@ -145,8 +147,9 @@ def _tokens(tokens, weights, d: int) -> tuple[np.ndarray, np.ndarray]:
     if x.ndim == 1 and d == 1:
         x = x.reshape(-1, 1)
     if x.ndim != 2 or x.shape[1] != d or x.shape[0] < 1:
-        raise ValueError(f"metrics.tokens: expected shape (n, {d}) with n >= 1 for a {d}-D "
-                         f"grid, got {x.shape}")
+        raise ValueError(
+            f"metrics.tokens: expected shape (n, {d}) with n >= 1 for a {d}-D grid, got {x.shape}"
+        )
     if not np.all(np.isfinite(x)):
         raise ValueError("metrics.tokens: contains NaN or Inf")
     n = x.shape[0]
@@ -157,8 +160,9 @@ def _tokens(tokens, weights, d: int) -> tuple[np.ndarray, np.ndarray]:
     except (TypeError, ValueError):
         raise ValueError(f"metrics.weights: expected {n} numbers") from None
     if w.shape != (n,):
-        raise ValueError(f"metrics.weights: expected shape ({n},) (one per token), "
-                         f"got {np.shape(weights)}")
+        raise ValueError(
+            f"metrics.weights: expected shape ({n},) (one per token), got {np.shape(weights)}"
+        )
     if not np.all(np.isfinite(w)) or w.min() < 0:
         raise ValueError("metrics.weights: must be finite and >= 0")
     total = float(w.sum())
@@ -170,16 +174,16 @@ def _tokens(tokens, weights, d: int) -> tuple[np.ndarray, np.ndarray]:
 def _check_transport(grid, p, method, reg, max_cells) -> tuple[Grid, int, float | None]:
     """The arguments every POT distance takes: (grid, p, eps) checked, or ValueError."""
     checked = _check_grid(grid), _check_p(p), _check_method(method, reg)
-    if isinstance(max_cells, bool) or not isinstance(max_cells, int | np.integer) \
-            or max_cells < 1:
+    if isinstance(max_cells, bool) or not isinstance(max_cells, int | np.integer) or max_cells < 1:
         raise ValueError(f"metrics.max_cells: expected an integer >= 1, got {max_cells!r}")
     return checked
 
 
 def _check_method(method, reg) -> float | None:
     if method not in _METHODS:
-        raise ValueError(f"metrics.method: unknown method {method!r}; "
-                         f"choose one of {', '.join(_METHODS)}")
+        raise ValueError(
+            f"metrics.method: unknown method {method!r}; choose one of {', '.join(_METHODS)}"
+        )
     if reg is None:
         return None
     if method == "exact":
@@ -201,8 +205,9 @@ def _cdf_at_edges(prob: np.ndarray) -> np.ndarray:
     return np.minimum(f, 1.0)
 
 
-def _grid_quantile(f: np.ndarray, edges: np.ndarray, u: np.ndarray,
-                   ustart: np.ndarray) -> np.ndarray:
+def _grid_quantile(
+    f: np.ndarray, edges: np.ndarray, u: np.ndarray, ustart: np.ndarray
+) -> np.ndarray:
     """Quantile ``F^{-1}(u)`` of a piecewise-linear CDF on the piece that starts at ``ustart``.
 
     ``f`` holds the CDF at ``edges`` (shape ``(n + 1,)``, ``f[-1] = 1``); for ``ustart < 1``
@@ -233,13 +238,14 @@ def _integral_abs_power(d0: np.ndarray, d1: np.ndarray, du: np.ndarray, p: int) 
 def _check_1d(grid) -> Grid:
     grid = _check_grid(grid)
     if grid.ndim != 1:
-        raise ValueError(f"metrics.grid: expected a 1-D grid, got {grid.ndim}-D; "
-                         f"use wasserstein / wasserstein_tokens")
+        raise ValueError(
+            f"metrics.grid: expected a 1-D grid, got {grid.ndim}-D; "
+            f"use wasserstein / wasserstein_tokens"
+        )
     return grid
 
 
-def wasserstein_1d(density_a: np.ndarray, density_b: np.ndarray, grid: Grid,
-                   p: int = 2) -> float:
+def wasserstein_1d(density_a: np.ndarray, density_b: np.ndarray, grid: Grid, p: int = 2) -> float:
     """Exact ``W_p`` (p = 1, 2) between two 1-D piecewise-constant densities.
 
     Both densities (shape ``grid.shape = (n,)``, cell averages) are normalised to unit mass;
@@ -270,8 +276,13 @@ def wasserstein_1d(density_a: np.ndarray, density_b: np.ndarray, grid: Grid,
     return math.sqrt(max(_integral_abs_power(d0, d1, u1 - u0, 2), 0.0))
 
 
-def wasserstein_1d_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
-                          weights: np.ndarray | None = None, p: int = 2) -> float:
+def wasserstein_1d_tokens(
+    density: np.ndarray,
+    grid: Grid,
+    tokens: np.ndarray,
+    weights: np.ndarray | None = None,
+    p: int = 2,
+) -> float:
     """Exact ``W_p`` (p = 1, 2) between a 1-D piecewise-constant density and weighted tokens.
 
     ``density``: cell averages, shape ``(n,)``, normalised to unit mass; ``tokens``: shape
@@ -318,8 +329,9 @@ def _atoms(prob: np.ndarray, grid: Grid, k: int) -> tuple[np.ndarray, np.ndarray
     arr = prob if k == 1 else _block_sum(prob, k)
     keep = arr > CUTOFF
     idx = np.nonzero(keep)
-    pts = np.stack([grid.lower[a] + grid.spacing[a] * k * (idx[a] + 0.5)
-                    for a in range(grid.ndim)], axis=1)
+    pts = np.stack(
+        [grid.lower[a] + grid.spacing[a] * k * (idx[a] + 0.5) for a in range(grid.ndim)], axis=1
+    )
     w = arr[keep]
     return pts, w / w.sum()
 
@@ -341,38 +353,72 @@ def _cost(xa: np.ndarray, xb: np.ndarray, p: int) -> np.ndarray:
     return cdist(xa, xb, "sqeuclidean") if p == 2 else cdist(xa, xb, "euclidean")
 
 
-def _transport(wa: np.ndarray, wb: np.ndarray, cost: np.ndarray, method: str,
-               eps: float | None, num_iter_max: int | None, stop_thr: float) -> float:
+def _transport(
+    wa: np.ndarray,
+    wb: np.ndarray,
+    cost: np.ndarray,
+    method: str,
+    eps: float | None,
+    num_iter_max: int | None,
+    stop_thr: float,
+) -> float:
     """Optimal (or entropic) transport cost ``<P, C>`` between the weight vectors."""
     if method == "exact":
-        n_iter = num_iter_max if num_iter_max is not None else max(100_000,
-                                                                   50 * wa.size * wb.size)
+        n_iter = num_iter_max if num_iter_max is not None else max(100_000, 50 * wa.size * wb.size)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             value, log = ot.emd2(wa, wb, cost, numItermax=int(n_iter), log=True)
         if log["result_code"] != 1:
-            raise ValueError(f"metrics.num_iter_max: ot.emd2 did not converge "
-                             f"({log['warning']}); raise num_iter_max (was {n_iter})")
+            raise ValueError(
+                f"metrics.num_iter_max: ot.emd2 did not converge "
+                f"({log['warning']}); raise num_iter_max (was {n_iter})"
+            )
         return float(value)
     n_iter = num_iter_max if num_iter_max is not None else 100_000
     with np.errstate(over="ignore"):  # POT's exp(log_u) for the log, unused here
-        value, log = ot.sinkhorn2(wa, wb, cost, eps, method="sinkhorn_log",
-                                  numItermax=int(n_iter), stopThr=stop_thr, log=True)
+        value, log = ot.sinkhorn2(
+            wa,
+            wb,
+            cost,
+            eps,
+            method="sinkhorn_log",
+            numItermax=int(n_iter),
+            stopThr=stop_thr,
+            log=True,
+        )
     err = float(log["err"][-1]) if len(log["err"]) else math.inf
     if not err <= stop_thr:
-        raise ValueError(f"metrics.num_iter_max: Sinkhorn stopped at marginal error {err:.2e} "
-                         f"> {stop_thr:.1e} after {log['niter']} iterations; raise "
-                         f"num_iter_max or reg")
+        raise ValueError(
+            f"metrics.num_iter_max: Sinkhorn stopped at marginal error {err:.2e} "
+            f"> {stop_thr:.1e} after {log['niter']} iterations; raise "
+            f"num_iter_max or reg"
+        )
     if not math.isfinite(float(value)):
         raise ValueError(f"metrics.reg: Sinkhorn returned {float(value)}; increase reg")
     return float(value)
 
 
-def _finish(total: float, p: int, method: str, eps: float | None, na: int, nb: int, k: int,
-            per_side: float, sides: int) -> Distance:
-    return Distance(value=max(total, 0.0) ** (1.0 / p), p=p, method=method,
-                    reg=eps if method == "entropic" else None, support_a=na, support_b=nb,
-                    coarsening=k, bound=sides * per_side)
+def _finish(
+    total: float,
+    p: int,
+    method: str,
+    eps: float | None,
+    na: int,
+    nb: int,
+    k: int,
+    per_side: float,
+    sides: int,
+) -> Distance:
+    return Distance(
+        value=max(total, 0.0) ** (1.0 / p),
+        p=p,
+        method=method,
+        reg=eps if method == "entropic" else None,
+        support_a=na,
+        support_b=nb,
+        coarsening=k,
+        bound=sides * per_side,
+    )
 
 
 def _atom_bound(grid: Grid, k: int) -> float:
@@ -381,9 +427,17 @@ def _atom_bound(grid: Grid, k: int) -> float:
     return diag / math.sqrt(12.0) + 0.5 * (k - 1) * diag
 
 
-def wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid, p: int = 2,
-                method: str = "exact", reg: float | None = None, max_cells: int = 4096,
-                num_iter_max: int | None = None, stop_thr: float = 1e-9) -> Distance:
+def wasserstein(
+    density_a: np.ndarray,
+    density_b: np.ndarray,
+    grid: Grid,
+    p: int = 2,
+    method: str = "exact",
+    reg: float | None = None,
+    max_cells: int = 4096,
+    num_iter_max: int | None = None,
+    stop_thr: float = 1e-9,
+) -> Distance:
     """``W_p`` (p = 1, 2) between two grid densities (1-, 2- or 3-D) with POT.
 
     Both densities (cell averages, shape ``grid.shape``) are normalised to unit mass. In 1-D
@@ -421,8 +475,9 @@ def wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid, p: int
     pb = _probability(density_b, grid, "density_b")
     if grid.ndim == 1 and method == "exact":
         value = wasserstein_1d(pa, pb, grid, p)
-        return Distance(value, p, method, None, int(np.count_nonzero(pa)),
-                        int(np.count_nonzero(pb)))
+        return Distance(
+            value, p, method, None, int(np.count_nonzero(pa)), int(np.count_nonzero(pb))
+        )
     if method == "entropic" and eps is None:
         eps = max(grid.spacing) ** p
     k, ((xa, wa), (xb, wb)) = _coarsen([pa, pb], grid, int(max_cells))
@@ -430,10 +485,18 @@ def wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid, p: int
     return _finish(total, p, method, eps, wa.size, wb.size, k, _atom_bound(grid, k), 2)
 
 
-def wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
-                       weights: np.ndarray | None = None, p: int = 2, method: str = "exact",
-                       reg: float | None = None, max_cells: int = 4096,
-                       num_iter_max: int | None = None, stop_thr: float = 1e-9) -> Distance:
+def wasserstein_tokens(
+    density: np.ndarray,
+    grid: Grid,
+    tokens: np.ndarray,
+    weights: np.ndarray | None = None,
+    p: int = 2,
+    method: str = "exact",
+    reg: float | None = None,
+    max_cells: int = 4096,
+    num_iter_max: int | None = None,
+    stop_thr: float = 1e-9,
+) -> Distance:
     """``W_p`` (p = 1, 2) between a grid density and weighted tokens, with POT.
 
     ``density``: cell averages, shape ``grid.shape``, normalised to unit mass; ``tokens``:
@@ -463,13 +526,18 @@ def _sliced(values, grid: Grid, name: str, count: int | None = None) -> np.ndarr
     try:
         arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"metrics.{name}: expected an array of shape (S, *{grid.shape})") \
-            from None
+        raise ValueError(f"metrics.{name}: expected an array of shape (S, *{grid.shape})") from None
     want = (count if count is not None else "S",) + grid.shape
-    if arr.ndim != grid.ndim + 1 or arr.shape[1:] != grid.shape or arr.shape[0] < 1 \
-            or (count is not None and arr.shape[0] != count):
-        raise ValueError(f"metrics.{name}: expected a sliced density of shape "
-                         f"({', '.join(map(str, want))}), got {arr.shape}")
+    if (
+        arr.ndim != grid.ndim + 1
+        or arr.shape[1:] != grid.shape
+        or arr.shape[0] < 1
+        or (count is not None and arr.shape[0] != count)
+    ):
+        raise ValueError(
+            f"metrics.{name}: expected a sliced density of shape "
+            f"({', '.join(map(str, want))}), got {arr.shape}"
+        )
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"metrics.{name}: contains NaN or Inf")
     return arr
@@ -491,16 +559,17 @@ def _nu(slice_weights, masses: np.ndarray) -> np.ndarray:
         nu = np.asarray(slice_weights, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(f"metrics.slice_weights: expected {count} numbers") from None
-    if nu.shape != (count,) or not np.all(np.isfinite(nu)) or np.any(nu < 0) \
-            or not nu.sum() > 0:
-        raise ValueError(f"metrics.slice_weights: expected {count} finite weights >= 0 with "
-                         f"a positive sum, got shape {nu.shape}")
+    if nu.shape != (count,) or not np.all(np.isfinite(nu)) or np.any(nu < 0) or not nu.sum() > 0:
+        raise ValueError(
+            f"metrics.slice_weights: expected {count} finite weights >= 0 with "
+            f"a positive sum, got shape {nu.shape}"
+        )
     return nu / nu.sum()
 
 
 def _combine(nu: np.ndarray, distances: dict[int, float], p: int) -> float:
     """``(sum_k nu_k W_k^p)^(1/p)`` over the slices that were compared."""
-    total = sum(nu[k] * w ** p for k, w in distances.items())
+    total = sum(nu[k] * w**p for k, w in distances.items())
     return float(max(total, 0.0) ** (1.0 / p))
 
 
@@ -509,15 +578,22 @@ def _compared(mass_a: float, mass_b: float, k: int, names: tuple[str, str]) -> b
     naming the side with zero mass."""
     if (mass_a > 0) != (mass_b > 0):
         empty = names[0] if mass_b > 0 else names[1]
-        raise ValueError(f"metrics.{empty}: slice {k} has zero mass on this side only "
-                         f"({mass_a:.3e} vs {mass_b:.3e}); the conditional distance is "
-                         f"undefined")
+        raise ValueError(
+            f"metrics.{empty}: slice {k} has zero mass on this side only "
+            f"({mass_a:.3e} vs {mass_b:.3e}); the conditional distance is "
+            f"undefined"
+        )
     return bool(mass_a > 0)
 
 
-def conditional_wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: Grid,
-                            slice_weights: np.ndarray | None = None, p: int = 2,
-                            **kwargs) -> float:
+def conditional_wasserstein(
+    density_a: np.ndarray,
+    density_b: np.ndarray,
+    grid: Grid,
+    slice_weights: np.ndarray | None = None,
+    p: int = 2,
+    **kwargs,
+) -> float:
     """Conditional ``W_{p,nu}`` (p = 1, 2) between two position-sliced densities.
 
     MATH.md 1.3 notes: for mu = sum_k nu_k delta_{s_k} (x) mu_k,
@@ -538,9 +614,11 @@ def conditional_wasserstein(density_a: np.ndarray, density_b: np.ndarray, grid: 
     b = _sliced(density_b, grid, "density_b", a.shape[0])
     mass_a, mass_b = _slice_masses(a, grid), _slice_masses(b, grid)
     nu = _nu(slice_weights, mass_a)
-    distances = {k: wasserstein(a[k], b[k], grid, p=p, **kwargs).value
-                 for k in range(a.shape[0])
-                 if _compared(mass_a[k], mass_b[k], k, ("density_a", "density_b"))}
+    distances = {
+        k: wasserstein(a[k], b[k], grid, p=p, **kwargs).value
+        for k in range(a.shape[0])
+        if _compared(mass_a[k], mass_b[k], k, ("density_a", "density_b"))
+    }
     return _combine(nu, distances, p)
 
 
@@ -552,18 +630,22 @@ def _assign(token_positions, slice_positions, n: int) -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError("metrics.token_positions: expected arrays of numbers") from None
     if s.shape != (n,) or not np.all(np.isfinite(s)):
-        raise ValueError(f"metrics.token_positions: expected {n} finite positions (one per "
-                         f"token), got shape {np.shape(token_positions)}")
+        raise ValueError(
+            f"metrics.token_positions: expected {n} finite positions (one per "
+            f"token), got shape {np.shape(token_positions)}"
+        )
     match = np.isclose(s[:, None], levels[None, :])
     if not np.all(match.any(axis=1)):
         bad = s[~match.any(axis=1)][0]
-        raise ValueError(f"metrics.token_positions: a token at s = {bad:g} matches no slice "
-                         f"position")
+        raise ValueError(
+            f"metrics.token_positions: a token at s = {bad:g} matches no slice position"
+        )
     return np.argmax(match, axis=1)
 
 
-def _slice_token_distance(density: np.ndarray, grid: Grid, tokens: np.ndarray,
-                          weights: np.ndarray, p: int, kwargs: dict) -> float:
+def _slice_token_distance(
+    density: np.ndarray, grid: Grid, tokens: np.ndarray, weights: np.ndarray, p: int, kwargs: dict
+) -> float:
     """``W_p`` between one slice (``grid.shape``) and its tokens (m, d) with weights (m,).
 
     1-D: :func:`wasserstein_tokens`, which for ``method="exact"`` (the default) is the exact
@@ -577,11 +659,17 @@ def _slice_token_distance(density: np.ndarray, grid: Grid, tokens: np.ndarray,
     return wasserstein(density, binned, grid, p=p, **kwargs).value
 
 
-def conditional_wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.ndarray,
-                                   token_positions: np.ndarray, slice_positions: np.ndarray,
-                                   token_weights: np.ndarray | None = None,
-                                   slice_weights: np.ndarray | None = None, p: int = 2,
-                                   **kwargs) -> float:
+def conditional_wasserstein_tokens(
+    density: np.ndarray,
+    grid: Grid,
+    tokens: np.ndarray,
+    token_positions: np.ndarray,
+    slice_positions: np.ndarray,
+    token_weights: np.ndarray | None = None,
+    slice_weights: np.ndarray | None = None,
+    p: int = 2,
+    **kwargs,
+) -> float:
     """Conditional ``W_{p,nu}`` (p = 1, 2) between a sliced density and sliced tokens.
 
     ``density``: shape ``(S, *grid.shape)``, slice k at position ``slice_positions[k]``;
@@ -603,8 +691,10 @@ def conditional_wasserstein_tokens(density: np.ndarray, grid: Grid, tokens: np.n
     rho = _sliced(density, grid, "density")
     x, w = _tokens(tokens, token_weights, grid.ndim)
     if np.size(slice_positions) != rho.shape[0]:
-        raise ValueError(f"metrics.slice_positions: expected {rho.shape[0]} positions (one per "
-                         f"slice), got {np.size(slice_positions)}")
+        raise ValueError(
+            f"metrics.slice_positions: expected {rho.shape[0]} positions (one per "
+            f"slice), got {np.size(slice_positions)}"
+        )
     owner = _assign(token_positions, slice_positions, x.shape[0])
     masses = _slice_masses(rho, grid)
     nu = _nu(slice_weights, masses)
@@ -627,8 +717,9 @@ def _matrix(mat, d: int, name: str) -> np.ndarray:
     if c.size == 1 and d == 1:
         c = c.reshape(1, 1)
     if c.shape != (d, d) or not np.all(np.isfinite(c)):
-        raise ValueError(f"metrics.{name}: expected a finite ({d}, {d}) matrix, got shape "
-                         f"{c.shape}")
+        raise ValueError(
+            f"metrics.{name}: expected a finite ({d}, {d}) matrix, got shape {c.shape}"
+        )
     return c
 
 
@@ -699,9 +790,12 @@ def density_errors(density: np.ndarray, reference: np.ndarray, grid: Grid) -> di
     linf = float(diff.max())
     ref_l1 = float(np.abs(b).sum()) * grid.cell_volume
     ref_linf = float(np.abs(b).max())
-    return {"L1": l1, "Linf": linf,
-            "L1_rel": l1 / ref_l1 if ref_l1 > 0 else math.nan,
-            "Linf_rel": linf / ref_linf if ref_linf > 0 else math.nan}
+    return {
+        "L1": l1,
+        "Linf": linf,
+        "L1_rel": l1 / ref_l1 if ref_l1 > 0 else math.nan,
+        "Linf_rel": linf / ref_linf if ref_linf > 0 else math.nan,
+    }
 
 
 def moment_errors(density: np.ndarray, grid: Grid, mean_ref, cov_ref) -> dict[str, float]:
@@ -727,6 +821,8 @@ def moment_errors(density: np.ndarray, grid: Grid, mean_ref, cov_ref) -> dict[st
     total, mu, cov = moments(arr, grid)
     m_norm = float(np.linalg.norm(m_ref))
     dm = float(np.linalg.norm(mu - m_ref))
-    return {"mass": float(total),
-            "mean_error": dm / m_norm if m_norm > 0 else dm,
-            "cov_error": float(np.linalg.norm(cov - c_ref)) / c_norm}
+    return {
+        "mass": float(total),
+        "mean_error": dm / m_norm if m_norm > 0 else dm,
+        "cov_error": float(np.linalg.norm(cov - c_ref)) / c_norm,
+    }

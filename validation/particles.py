@@ -46,13 +46,22 @@ from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHea
 from tpde.variants.sigmoid import sigmoid_sums
 from tpde.variants.sinkhorn import sinkhorn_iterations
 
-__all__ = ["TOKEN_VARIANTS", "TokenSolution", "TokenSystem", "causal_positions",
-           "gauss_hermite_tokens", "load_tokens", "sample_sliced_tokens", "sample_tokens",
-           "simulate", "token_moments"]
+__all__ = [
+    "TOKEN_VARIANTS",
+    "TokenSolution",
+    "TokenSystem",
+    "causal_positions",
+    "gauss_hermite_tokens",
+    "load_tokens",
+    "sample_sliced_tokens",
+    "sample_tokens",
+    "simulate",
+    "token_moments",
+]
 
 TOKEN_VARIANTS = ("softmax", "multihead", "linear", "l2", "sinkhorn", "sigmoid")
-BLOCK_BYTES = 80 * 2**20   # per block of targets x sources
-SIGMOID_DENSE_ROWS = 16    # fewer sigmoid targets than this: dense numpy sum, not numba
+BLOCK_BYTES = 80 * 2**20  # per block of targets x sources
+SIGMOID_DENSE_ROWS = 16  # fewer sigmoid targets than this: dense numpy sum, not numba
 
 
 # ---- initial tokens -------------------------------------------------------------------------
@@ -78,9 +87,9 @@ def causal_positions(n: int) -> np.ndarray:
     return np.arange(1, n + 1) / n
 
 
-def sample_sliced_tokens(density: np.ndarray, grid: Grid, positions: Positions,
-                         per_slice: int, seed: int = 0
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample_sliced_tokens(
+    density: np.ndarray, grid: Grid, positions: Positions, per_slice: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``per_slice`` i.i.d. tokens from every slice of a sliced density.
 
     density: (positions.count, *grid.shape), slice k the cell averages of the joint density
@@ -92,20 +101,19 @@ def sample_sliced_tokens(density: np.ndarray, grid: Grid, positions: Positions,
     (count * per_slice,) and weights (count * per_slice,), slice by slice.
     """
     density = positions.check_density(density, grid)
-    if isinstance(per_slice, bool) or not isinstance(per_slice, int | np.integer) \
-            or per_slice < 1:
+    if isinstance(per_slice, bool) or not isinstance(per_slice, int | np.integer) or per_slice < 1:
         raise ValueError(f"tokens.per_slice: expected an integer >= 1, got {per_slice!r}")
     masses = positions.marginal(density, grid)
     if not np.all(masses > 0):
         k = int(np.argmin(masses > 0))
-        raise ValueError(f"tokens: slice {k} (s = {positions.s[k]:g}) has no mass to sample "
-                         f"from")
+        raise ValueError(f"tokens: slice {k} (s = {positions.s[k]:g}) has no mass to sample from")
     seeds = np.random.SeedSequence(seed).generate_state(positions.count)
-    tokens = [sample_tokens(density[k], grid, int(per_slice), int(seeds[k]))
-              for k in range(positions.count)]
+    tokens = [
+        sample_tokens(density[k], grid, int(per_slice), int(seeds[k]))
+        for k in range(positions.count)
+    ]
     weights = np.repeat(masses / per_slice, per_slice)
-    return (np.concatenate(tokens), np.repeat(positions.s, per_slice),
-            weights / weights.sum())
+    return (np.concatenate(tokens), np.repeat(positions.s, per_slice), weights / weights.sum())
 
 
 def gauss_hermite_tokens(mean: Any, cov: Any, nodes: int = 30) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +123,7 @@ def gauss_hermite_tokens(mean: Any, cov: Any, nodes: int = 30) -> tuple[np.ndarr
     (MATH.md 6.1 uses 40 x 40 in 2-D)."""
     mean = np.atleast_1d(np.asarray(mean, float))
     d = mean.size
-    z, w = hermegauss(int(nodes))           # probabilists' Hermite: weight e^{-z^2/2}
+    z, w = hermegauss(int(nodes))  # probabilists' Hermite: weight e^{-z^2/2}
     w = w / w.sum()
     grids = np.meshgrid(*([z] * d), indexing="ij")
     points = np.stack([g.reshape(-1) for g in grids], axis=1)
@@ -132,15 +140,17 @@ def load_tokens(path: str, ndim: int | None = None) -> np.ndarray:
     if tokens.ndim == 1:
         tokens = tokens[:, None]
     if tokens.ndim != 2 or (ndim is not None and tokens.shape[1] != ndim):
-        raise ValueError(f"tokens.file: expected an (n, {ndim or 'd'}) array in {path}, got "
-                         f"shape {tokens.shape}")
+        raise ValueError(
+            f"tokens.file: expected an (n, {ndim or 'd'}) array in {path}, got shape {tokens.shape}"
+        )
     if not np.all(np.isfinite(tokens)):
         raise ValueError(f"tokens.file: {path} holds non-finite entries")
     return np.asarray(tokens, float)
 
 
-def token_moments(tokens: np.ndarray, weights: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def token_moments(
+    tokens: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Weighted mean (d,) and covariance (d, d) of a token cloud."""
     w = _weights(tokens, weights)
     mean = w @ tokens
@@ -153,14 +163,21 @@ def _weights(tokens: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
         return np.full(tokens.shape[0], 1.0 / tokens.shape[0])
     w = np.asarray(weights, float)
     if w.shape != (tokens.shape[0],) or np.any(w < 0) or not w.sum() > 0:
-        raise ValueError(f"tokens.weights: expected {tokens.shape[0]} non-negative weights with "
-                         f"a positive sum")
+        raise ValueError(
+            f"tokens.weights: expected {tokens.shape[0]} non-negative weights with a positive sum"
+        )
     return w / w.sum()
 
 
 # ---- the velocity of the token system -------------------------------------------------------
-def _field(variant: str, targets: np.ndarray, sources: np.ndarray, weights: np.ndarray,
-           params: Any, block: int) -> np.ndarray:
+def _field(
+    variant: str,
+    targets: np.ndarray,
+    sources: np.ndarray,
+    weights: np.ndarray,
+    params: Any,
+    block: int,
+) -> np.ndarray:
     """Gamma_mu(x) at the targets x (P, d) for mu = sum_j w_j delta_{y_j}: sources y (S, d),
     weights w (S,) (used as given; the normalised variants normalise over the sources).
 
@@ -193,8 +210,9 @@ def _field(variant: str, targets: np.ndarray, sources: np.ndarray, weights: np.n
     return _sigmoid_sums(targets @ params.A.T, params.bias, sources, weights) @ params.C.T
 
 
-def _sigmoid_sums(c: np.ndarray, bias: float, sources: np.ndarray,
-                  weights: np.ndarray) -> np.ndarray:
+def _sigmoid_sums(
+    c: np.ndarray, bias: float, sources: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
     """sum_j w_j sigma(<c_i, y_j> + bias) y_j for every row of c (P, d) -> (P, d).
 
     The parallel numba kernel (``tpde.variants.sigmoid``) pays a thread launch per call (about
@@ -205,8 +223,13 @@ def _sigmoid_sums(c: np.ndarray, bias: float, sources: np.ndarray,
     if c.shape[0] < min(SIGMOID_DENSE_ROWS, sources.shape[0]):
         return (expit(c @ sources.T + bias) * weights) @ sources
     sums = np.zeros_like(c)
-    sigmoid_sums(np.ascontiguousarray(c), bias, np.ascontiguousarray(sources),
-                 np.ascontiguousarray(weights), sums)
+    sigmoid_sums(
+        np.ascontiguousarray(c),
+        bias,
+        np.ascontiguousarray(sources),
+        np.ascontiguousarray(weights),
+        sums,
+    )
     return sums
 
 
@@ -214,8 +237,10 @@ def _check_positions(positions: Any) -> np.ndarray:
     """Token positions as a float (n,) array, finite and in [0, 1], else ValueError."""
     s = np.asarray(positions, dtype=float)
     if s.ndim != 1 or not np.all(np.isfinite(s)) or np.any((s < 0) | (s > 1)):
-        raise ValueError(f"tokens.positions: expected a 1-D array of finite positions in "
-                         f"[0, 1], got shape {s.shape}")
+        raise ValueError(
+            f"tokens.positions: expected a 1-D array of finite positions in "
+            f"[0, 1], got shape {s.shape}"
+        )
     return s
 
 
@@ -241,12 +266,16 @@ class TokenSystem:
 
     def __post_init__(self) -> None:
         if self.variant not in TOKEN_VARIANTS:
-            raise ValueError(f"tokens.variant: unknown {self.variant!r}; choose one of "
-                             f"{', '.join(TOKEN_VARIANTS)}")
+            raise ValueError(
+                f"tokens.variant: unknown {self.variant!r}; choose one of "
+                f"{', '.join(TOKEN_VARIANTS)}"
+            )
         if self.positions is not None:
             if self.variant == "sinkhorn":
-                raise ValueError("tokens.positions: Sinkhorn attention has no causal form (its "
-                                 "plan couples every pair of tokens); drop the positions")
+                raise ValueError(
+                    "tokens.positions: Sinkhorn attention has no causal form (its "
+                    "plan couples every pair of tokens); drop the positions"
+                )
             self.positions = _check_positions(self.positions)
 
     def block(self, n: int) -> int:
@@ -262,24 +291,28 @@ class TokenSystem:
             return _field(self.variant, tokens, tokens, weights, params, block)
         return self._masked(tokens, weights, params, block)
 
-    def _masked(self, tokens: np.ndarray, weights: np.ndarray, params: Any,
-                block: int) -> np.ndarray:
+    def _masked(
+        self, tokens: np.ndarray, weights: np.ndarray, params: Any, block: int
+    ) -> np.ndarray:
         """Causal velocity (n, d): the tokens of each position level L (np.unique) are the
         targets, the tokens with position <= L (a prefix of the stably position-sorted
         tokens) the sources. Sum over levels of targets x sources <= n^2 kernel terms; the
         velocity of a level reads only the tokens at positions <= L (bit-for-bit causal)."""
         n = tokens.shape[0]
         if self.positions.shape != (n,):
-            raise ValueError(f"tokens.positions: expected shape ({n},) (one per token), got "
-                             f"{self.positions.shape}")
+            raise ValueError(
+                f"tokens.positions: expected shape ({n},) (one per token), got "
+                f"{self.positions.shape}"
+            )
         order = np.argsort(self.positions, kind="stable")
         sources, source_weights = tokens[order], weights[order]
         _, starts = np.unique(self.positions[order], return_index=True)
         ends = np.append(starts[1:], n)
         out = np.empty_like(tokens)
         for lo, hi in zip(starts, ends, strict=True):
-            out[order[lo:hi]] = _field(self.variant, sources[lo:hi], sources[:hi],
-                                       source_weights[:hi], params, block)
+            out[order[lo:hi]] = _field(
+                self.variant, sources[lo:hi], sources[:hi], source_weights[:hi], params, block
+            )
         return out
 
     def _sinkhorn(self, tokens, weights, params, t, block) -> np.ndarray:
@@ -288,20 +321,34 @@ class TokenSystem:
         eps = params.eps
         forward, backward = tokens @ (params.A / eps).T, tokens @ params.A / eps
         n = tokens.shape[0]
-        f, g = (self._potentials if self._potentials is not None
-                and self._potentials[0].shape == (n,) else (np.zeros(n), np.zeros(n)))
+        f, g = (
+            self._potentials
+            if self._potentials is not None and self._potentials[0].shape == (n,)
+            else (np.zeros(n), np.zeros(n))
+        )
 
         def half(potential, c):
             top = potential.max()
-            return -eps * log_partition(c, tokens, weights * np.exp((potential - top) / eps),
-                                        block) - top
+            return (
+                -eps * log_partition(c, tokens, weights * np.exp((potential - top) / eps), block)
+                - top
+            )
 
         f, g, count, error = sinkhorn_iterations(
-            lambda pot: half(pot, forward), lambda pot: half(pot, backward), weights, f, g,
-            eps, self.tol, self.max_iter)
+            lambda pot: half(pot, forward),
+            lambda pot: half(pot, backward),
+            weights,
+            f,
+            g,
+            eps,
+            self.tol,
+            self.max_iter,
+        )
         if not error <= self.tol:
-            raise RuntimeError(f"tokens: Sinkhorn marginal error {error:.2e} > tol "
-                               f"{self.tol:.0e} after {count} iterations at t = {t:.6g}")
+            raise RuntimeError(
+                f"tokens: Sinkhorn marginal error {error:.2e} > tol "
+                f"{self.tol:.0e} after {count} iterations at t = {t:.6g}"
+            )
         self.iterations.append(count)
         self._potentials = (f, g)
         tilted = weights * np.exp((g - g.max()) / eps)
@@ -329,9 +376,16 @@ class TokenSolution:
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
 
 
-def simulate(system: TokenSystem, tokens: np.ndarray, t_end: float, dt: float,
-             weights: np.ndarray | None = None, times: Sequence[float] | None = None,
-             method: str = "rk4", t_start: float = 0.0) -> TokenSolution:
+def simulate(
+    system: TokenSystem,
+    tokens: np.ndarray,
+    t_end: float,
+    dt: float,
+    weights: np.ndarray | None = None,
+    times: Sequence[float] | None = None,
+    method: str = "rk4",
+    t_start: float = 0.0,
+) -> TokenSolution:
     """Integrate the token system from t_start to t_end with a fixed step (RK4 or SSP-RK3).
 
     tokens: (n, d); times: output times (default: t_start and t_end); each step is
@@ -340,8 +394,10 @@ def simulate(system: TokenSystem, tokens: np.ndarray, t_end: float, dt: float,
     if method not in ("rk4", "ssprk3"):
         raise ValueError(f"tokens.method: unknown {method!r}; choose rk4 or ssprk3")
     if not (dt > 0 and t_end > t_start):
-        raise ValueError(f"tokens.dt: expected dt > 0 and t_end > t_start, got dt = {dt}, "
-                         f"t = [{t_start}, {t_end}]")
+        raise ValueError(
+            f"tokens.dt: expected dt > 0 and t_end > t_start, got dt = {dt}, "
+            f"t = [{t_start}, {t_end}]"
+        )
     x = np.array(tokens, dtype=float, ndmin=2)
     w = _weights(x, weights)
     outputs = sorted(set([float(t_start), float(t_end)] + [float(s) for s in (times or [])]))

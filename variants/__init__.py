@@ -34,8 +34,25 @@ ATTENTION = {
     "sigmoid": SigmoidAttention,
 }
 
-__all__ = ["VelocityField", "ConstantVelocity", "AffineVelocity", "FunctionVelocity", "Head",
-           "L2Head", "Layers", "SigmoidHead", "SinkhornHead", "head_from_qk", "params_at",
-           "ATTENTION", "SoftmaxAttention", "LinearAttention", "L2Attention",
-           "SinkhornAttention", "SinkhornError", "SigmoidAttention", "CausalAttention",
-           "MASKABLE"]
+__all__ = [
+    "VelocityField",
+    "ConstantVelocity",
+    "AffineVelocity",
+    "FunctionVelocity",
+    "Head",
+    "L2Head",
+    "Layers",
+    "SigmoidHead",
+    "SinkhornHead",
+    "head_from_qk",
+    "params_at",
+    "ATTENTION",
+    "SoftmaxAttention",
+    "LinearAttention",
+    "L2Attention",
+    "SinkhornAttention",
+    "SinkhornError",
+    "SigmoidAttention",
+    "CausalAttention",
+    "MASKABLE",
+]

@@ -54,13 +54,13 @@ class VelocityField:
     face_constant: bool = False
     steady: bool = False
 
-    def at(self, density: np.ndarray, grid: Grid, t: float,
-           offset: Sequence[float]) -> np.ndarray:
+    def at(self, density: np.ndarray, grid: Grid, t: float, offset: Sequence[float]) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
         raise NotImplementedError
 
-    def at_many(self, density: np.ndarray, grid: Grid, t: float,
-                offsets: Sequence[Sequence[float]]) -> list[np.ndarray]:
+    def at_many(
+        self, density: np.ndarray, grid: Grid, t: float, offsets: Sequence[Sequence[float]]
+    ) -> list[np.ndarray]:
         """The velocity on several shifted lattices at once (one array per offset).
 
         The solver asks for all the lattices a stage needs in one call, so a nonlocal field
@@ -69,9 +69,14 @@ class VelocityField:
         """
         return [self.at(density, grid, t, off) for off in offsets]
 
-    def components(self, density: np.ndarray, grid: Grid, t: float,
-                   offsets: Sequence[Sequence[float]],
-                   components: Sequence[int | None]) -> list[np.ndarray]:
+    def components(
+        self,
+        density: np.ndarray,
+        grid: Grid,
+        t: float,
+        offsets: Sequence[Sequence[float]],
+        components: Sequence[int | None],
+    ) -> list[np.ndarray]:
         """Component ``components[i]`` of the velocity on the lattice ``offsets[i]``, shape
         ``(*lattice_shape)``; ``None`` gives all of them, ``(d, *lattice_shape)``.
 
@@ -92,8 +97,10 @@ class VelocityField:
     def lattice_points(grid: Grid, offsets) -> tuple[list, list[np.ndarray]]:
         """The lattices (1-D coordinates per axis) and their points flattened to (P, d)."""
         lattices = [grid.lattice(offset) for offset in offsets]
-        points = [np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
-                  for coords in lattices]
+        points = [
+            np.stack([m.reshape(-1) for m in np.meshgrid(*coords, indexing="ij")], axis=1)
+            for coords in lattices
+        ]
         return lattices, points
 
     def breakpoints(self) -> tuple[float, ...]:

@@ -40,15 +40,16 @@ def density_sources(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.nda
 def _blocks(c: np.ndarray, sources: np.ndarray, block: int):
     """Yield (slice, shifted exponentials e^{c.y - max}, shift) per block of targets."""
     for start in range(0, c.shape[0], block):
-        logits = c[start:start + block] @ sources.T                  # (P_b, S)
+        logits = c[start : start + block] @ sources.T  # (P_b, S)
         shift = logits.max(axis=1, keepdims=True)
         logits -= shift
         np.exp(logits, out=logits)
         yield slice(start, start + block), logits, shift[:, 0]
 
 
-def tilted_means(c: np.ndarray, sources: np.ndarray, weights: np.ndarray,
-                 block: int = DIRECT_BLOCK) -> np.ndarray:
+def tilted_means(
+    c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
+) -> np.ndarray:
     """m(c) for every row of c: (P, d) -> (P, d); sources (S, d), weights (S,) >= 0."""
     c = np.asarray(c, dtype=float)
     out = np.empty_like(c)
@@ -58,8 +59,9 @@ def tilted_means(c: np.ndarray, sources: np.ndarray, weights: np.ndarray,
     return out
 
 
-def log_partition(c: np.ndarray, sources: np.ndarray, weights: np.ndarray,
-                  block: int = DIRECT_BLOCK) -> np.ndarray:
+def log_partition(
+    c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
+) -> np.ndarray:
     """log M(c) = log sum_s w_s e^{c.y_s} for every row of c: (P, d) -> (P,)."""
     c = np.asarray(c, dtype=float)
     out = np.empty(c.shape[0])
@@ -91,8 +93,9 @@ def support_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray
     """
     lower, upper = np.empty(grid.ndim), np.empty(grid.ndim)
     for a in range(grid.ndim):
-        rows = np.flatnonzero(np.any(weights > 0, axis=tuple(b for b in range(grid.ndim)
-                                                              if b != a)))
+        rows = np.flatnonzero(
+            np.any(weights > 0, axis=tuple(b for b in range(grid.ndim) if b != a))
+        )
         if rows.size == 0:
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         edges = grid.edges(a)
@@ -118,7 +121,7 @@ def _grad_log_box_factor(c, spacing, out):
         for a in range(c.shape[1]):
             half = 0.5 * spacing[a]
             u = half * c[i, a]
-            if abs(u) < 1e-3:   # (h/2) (u/3 - u^3/45 + 2u^5/945)
+            if abs(u) < 1e-3:  # (h/2) (u/3 - u^3/45 + 2u^5/945)
                 u2 = u * u
                 out[i, a] = half * u * (1.0 / 3.0 - u2 / 45.0 + 2.0 * u2 * u2 / 945.0)
             else:

@@ -58,14 +58,18 @@ class PlannedFFT:
         if pyfftw is not None:
             threads = FFT_THREADS
             self._in = pyfftw.zeros_aligned(self.shape, dtype="float64")
-            self._forward = pyfftw.builders.rfftn(self._in, threads=threads,
-                                                  planner_effort="FFTW_ESTIMATE",
-                                                  avoid_copy=True)
+            self._forward = pyfftw.builders.rfftn(
+                self._in, threads=threads, planner_effort="FFTW_ESTIMATE", avoid_copy=True
+            )
             spectrum = self._forward.output_array
             self._spectrum = pyfftw.empty_aligned(spectrum.shape, dtype=spectrum.dtype)
-            self._inverse = pyfftw.builders.irfftn(self._spectrum, s=self.shape, threads=threads,
-                                                   planner_effort="FFTW_ESTIMATE",
-                                                   avoid_copy=True)
+            self._inverse = pyfftw.builders.irfftn(
+                self._spectrum,
+                s=self.shape,
+                threads=threads,
+                planner_effort="FFTW_ESTIMATE",
+                avoid_copy=True,
+            )
             self.backend = "pyfftw"
         self._window: tuple | None = None
 
@@ -74,6 +78,7 @@ class PlannedFFT:
         :meth:`spectrum_buffer`) or a new array."""
         if self.backend == "scipy":
             import scipy.fft
+
             return scipy.fft.rfftn(values, s=self.shape, workers=FFT_THREADS)
         window = tuple(slice(0, n) for n in values.shape)
         if window != self._window:
@@ -81,7 +86,7 @@ class PlannedFFT:
             self._window = window
         self._in[window] = values
         out = self.spectrum_buffer() if out is None else out
-        self._forward(output_array=out)   # (rebinds the plan's output: always pass one)
+        self._forward(output_array=out)  # (rebinds the plan's output: always pass one)
         return out
 
     def spectrum_buffer(self) -> np.ndarray | None:
@@ -90,13 +95,14 @@ class PlannedFFT:
             return None
         return pyfftw.empty_aligned(self._spectrum.shape, dtype=self._spectrum.dtype)
 
-    def convolve(self, kernel: np.ndarray, spectrum: np.ndarray,
-                 window: tuple[slice, ...]) -> np.ndarray:
+    def convolve(
+        self, kernel: np.ndarray, spectrum: np.ndarray, window: tuple[slice, ...]
+    ) -> np.ndarray:
         """irfftn(kernel * spectrum)[window] (a new array)."""
         if self.backend == "scipy":
             import scipy.fft
-            return scipy.fft.irfftn(kernel * spectrum, s=self.shape,
-                                    workers=FFT_THREADS)[window]
+
+            return scipy.fft.irfftn(kernel * spectrum, s=self.shape, workers=FFT_THREADS)[window]
         np.multiply(kernel, spectrum, out=self._spectrum)
         return self._inverse()[window].copy()
 
@@ -111,8 +117,10 @@ class FFTSoftmaxSums:
 
     def __init__(self, A: np.ndarray):
         if not np.allclose(A, A.T, rtol=0.0, atol=1e-14 * max(1.0, np.abs(A).max())):
-            raise ValueError("attention.engine: 'fft' needs a symmetric A (A = A^T); use "
-                             "'separable' or 'direct' for a general A")
+            raise ValueError(
+                "attention.engine: 'fft' needs a symmetric A (A = A^T); use "
+                "'separable' or 'direct' for a general A"
+            )
         self.A = np.asarray(A, float)
         self._plans: dict = {}
         self._kernels: dict = {}
@@ -152,8 +160,12 @@ class FFTSoftmaxSums:
         mass = density > 0
         return np.where(mass, density * np.exp(quad - quad[mass].max()), 0.0)
 
-    def convolve(self, fields: list[np.ndarray], grid: Grid,
-                 requests: list[tuple[Sequence[float], list[int]]]) -> list[list[np.ndarray]]:
+    def convolve(
+        self,
+        fields: list[np.ndarray],
+        grid: Grid,
+        requests: list[tuple[Sequence[float], list[int]]],
+    ) -> list[list[np.ndarray]]:
         """For each request (offset, field indices): the sums of those fields on the lattice
         ``grid.lattice(offset)``, each flattened to (P,). One forward transform per field
         that some request uses, one inverse per requested field and lattice."""
@@ -162,15 +174,16 @@ class FFTSoftmaxSums:
         buffers = self._buffers.setdefault(plan.shape, [])
         while len(buffers) < len(used):
             buffers.append(plan.spectrum_buffer())
-        spectra = {k: plan.forward(fields[k], buf)
-                   for k, buf in zip(used, buffers[:len(used)], strict=True)}
+        spectra = {
+            k: plan.forward(fields[k], buf)
+            for k, buf in zip(used, buffers[: len(used)], strict=True)
+        }
         out = []
         for offset, indices in requests:
             offset = tuple(float(o) for o in offset)
             kernel = self._kernel(grid, offset, plan)
             window = tuple(slice(0, len(v)) for v in grid.lattice(offset))
-            out.append([plan.convolve(kernel, spectra[k], window).reshape(-1)
-                        for k in indices])
+            out.append([plan.convolve(kernel, spectra[k], window).reshape(-1) for k in indices])
         return out
 
 
@@ -178,7 +191,9 @@ def checked_total(total: np.ndarray) -> np.ndarray:
     """The denominators of an FFT evaluation; raises when round-off ate some of them."""
     if not np.all(total > 0):
         bad = int(np.count_nonzero(~(total > 0)))
-        raise ValueError(f"attention.engine: the FFT lost {bad} kernel sums to round-off (the "
-                         f"kernel's dynamic range is too large for an FFT); use "
-                         f"engine='separable'")
+        raise ValueError(
+            f"attention.engine: the FFT lost {bad} kernel sums to round-off (the "
+            f"kernel's dynamic range is too large for an FFT); use "
+            f"engine='separable'"
+        )
     return total

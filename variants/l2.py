@@ -27,12 +27,13 @@ from .softmax import TiltedMeanField
 
 def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
     """exp(-|K y_c|^2) at the cell centres, grid.shape."""
-    centres = np.stack(grid.mesh(sparse=False), axis=-1)          # (*cells, d)
+    centres = np.stack(grid.mesh(sparse=False), axis=-1)  # (*cells, d)
     return np.exp(-np.sum((centres @ np.asarray(K, float).T) ** 2, axis=-1))
 
 
-def reweighted_density(density: np.ndarray, grid: Grid, head: L2Head,
-                       weight: np.ndarray | None = None) -> np.ndarray:
+def reweighted_density(
+    density: np.ndarray, grid: Grid, head: L2Head, weight: np.ndarray | None = None
+) -> np.ndarray:
     """w(y_c) = exp(-|K y_c|^2) rho(y_c) at the cell centres (non-negative), grid.shape;
     ``weight``: :func:`key_weight` of the grid and ``head.K``, if already formed."""
     weight = key_weight(grid, head.K) if weight is None else weight
@@ -46,19 +47,27 @@ class L2Attention(TiltedMeanField):
     engine, nodes, block : as for :class:`SoftmaxAttention`.
     """
 
-    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
-                 block: int = 256):
+    def __init__(
+        self, params: ParamSpec, engine: str = "auto", nodes: int | None = None, block: int = 256
+    ):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
-        self._key_weights = Recent(4)   # fixed while K and the grid are
+        self._key_weights = Recent(4)  # fixed while K and the grid are
 
-    def components(self, density, grid: Grid, t: float, offsets,
-                   components) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
-        coupling = 2.0 * head.K.T @ (head.scale * head.Q)              # c = coupling x
+        coupling = 2.0 * head.K.T @ (head.scale * head.Q)  # c = coupling x
         key = (grid.shape, tuple(grid.lower), tuple(grid.upper), head.K.tobytes())
-        weights = reweighted_density(density, grid, head, self._key_weights.get_or_make(
-            key, lambda: key_weight(grid, head.K)))
-        return self.shaped(self.head_velocities(weights, grid, offsets, components, coupling,
-                                                head.C, support_box(weights, grid)),
-                           grid, offsets)
+        weights = reweighted_density(
+            density,
+            grid,
+            head,
+            self._key_weights.get_or_make(key, lambda: key_weight(grid, head.K)),
+        )
+        return self.shaped(
+            self.head_velocities(
+                weights, grid, offsets, components, coupling, head.C, support_box(weights, grid)
+            ),
+            grid,
+            offsets,
+        )

@@ -95,7 +95,7 @@ def interpolate_2d(table, x0, x1, out):
     for chunk in nb.prange(chunks):
         w0 = np.empty(ORDER)
         w1 = np.empty(ORDER)
-        rows = np.empty(ORDER)   # sum_j w0_j table[b, f0 + j, f1 + k]
+        rows = np.empty(ORDER)  # sum_j w0_j table[b, f0 + j, f1 + k]
         for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
             f0 = stencil(x0[i], bary, w0)
             f1 = stencil(x1[i], bary, w1)
@@ -120,7 +120,7 @@ def interpolate_3d(table, x0, x1, x2, out):
         w0 = np.empty(ORDER)
         w1 = np.empty(ORDER)
         w2 = np.empty(ORDER)
-        rows = np.empty(ORDER)   # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
+        rows = np.empty(ORDER)  # sum_jk w0_j w1_k table[b, f0 + j, f1 + k, f2 + m]
         for i in range(chunk * CHUNK, min(x0.size, (chunk + 1) * CHUNK)):
             f0 = stencil(x0[i], bary, w0)
             f1 = stencil(x1[i], bary, w1)
@@ -249,7 +249,7 @@ def max_difference(values, rows, first, count):
             acc = 0.0
             for j in range(ORDER + 1):
                 acc += weights[j] * line[s + j]
-            if abs(acc) > largest:      # False for NaN
+            if abs(acc) > largest:  # False for NaN
                 largest = abs(acc)
         best[i] = largest
     return best.max() if rows.size else 0.0

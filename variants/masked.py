@@ -51,14 +51,16 @@ class CausalAttention(VelocityField):
         from .sinkhorn import SinkhornAttention
 
         if isinstance(base, SinkhornAttention):
-            raise ValueError("attention.masked: Sinkhorn attention has no causal form (its "
-                             "plan couples every pair of tokens); use softmax, multihead, l2, "
-                             "sigmoid or linear")
+            raise ValueError(
+                "attention.masked: Sinkhorn attention has no causal form (its "
+                "plan couples every pair of tokens); use softmax, multihead, l2, "
+                "sigmoid or linear"
+            )
         if not isinstance(base, VelocityField):
             raise TypeError("attention.masked: expected an attention VelocityField")
         self.base = base
-        self.spec = getattr(base, "spec", None)   # layer starts (breakpoints)
-        self._slice_fields: list[VelocityField] = []    # one copy of base per slice
+        self.spec = getattr(base, "spec", None)  # layer starts (breakpoints)
+        self._slice_fields: list[VelocityField] = []  # one copy of base per slice
 
     def reset(self) -> None:
         for field in [self.base, *self._slice_fields]:
@@ -70,17 +72,22 @@ class CausalAttention(VelocityField):
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
         return self.components(density, grid, t, offsets, [None] * len(offsets))
 
-    def components(self, density, grid: Grid, t: float, offsets,
-                   components) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         density = np.asarray(density, float)
         if density.ndim != grid.ndim + 1:
-            raise ValueError(f"attention.masked: expected position slices, a density of shape "
-                             f"(S, *{grid.shape}), got {density.shape}")
-        cumulative = np.cumsum(density, axis=0)       # R_k = sum_{j<=k} rho_j, in s order
+            raise ValueError(
+                f"attention.masked: expected position slices, a density of shape "
+                f"(S, *{grid.shape}), got {density.shape}"
+            )
+        cumulative = np.cumsum(density, axis=0)  # R_k = sum_{j<=k} rho_j, in s order
         while len(self._slice_fields) < density.shape[0]:
             self._slice_fields.append(copy.deepcopy(self.base))
-        slices = [self._slice_fields[k].components(cumulative[k], grid, t, offsets, components)
-                  for k in range(density.shape[0])]
+        slices = [
+            self._slice_fields[k].components(cumulative[k], grid, t, offsets, components)
+            for k in range(density.shape[0])
+        ]
         # one component: (S, *lattice); all of them: (d, S, *lattice)
-        return [np.stack([per[i] for per in slices], axis=0 if comp is not None else 1)
-                for i, comp in enumerate(components)]
+        return [
+            np.stack([per[i] for per in slices], axis=0 if comp is not None else 1)
+            for i, comp in enumerate(components)
+        ]

@@ -22,9 +22,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Head", "L2Head", "Layers", "ParamSpec", "Params", "SigmoidHead", "SinkhornHead",
-           "as_param_spec", "checked_matrix", "head_at", "head_from_qk", "params_at",
-           "shape_str"]
+__all__ = [
+    "Head",
+    "L2Head",
+    "Layers",
+    "ParamSpec",
+    "Params",
+    "SigmoidHead",
+    "SinkhornHead",
+    "as_param_spec",
+    "checked_matrix",
+    "head_at",
+    "head_from_qk",
+    "params_at",
+    "shape_str",
+]
 
 
 # ------------------------------------------------------------------------------
@@ -32,8 +44,12 @@ def shape_str(shape: tuple[int, ...]) -> str:
     return " x ".join(str(s) for s in shape) if shape else "a scalar"
 
 
-def checked_matrix(name: str, value: Any, shape: tuple[int | None, int | None] | None = None,
-            what: str | None = None) -> np.ndarray:
+def checked_matrix(
+    name: str,
+    value: Any,
+    shape: tuple[int | None, int | None] | None = None,
+    what: str | None = None,
+) -> np.ndarray:
     """Return ``value`` as a read-only float 2-D array, checking shape and finiteness.
 
     ``shape`` entries that are None are free.  Raises ValueError with one line naming ``name``.
@@ -60,8 +76,9 @@ def _value_and_output(owner: str, d: int, V: Any, W: Any) -> tuple[np.ndarray, n
     if W is None:
         return checked_matrix(f"{owner}.V", V, (d, d), f"{d} x {d} (no W given)"), None
     Vm = checked_matrix(f"{owner}.V", V, (None, d), f"k x {d}")
-    Wm = checked_matrix(f"{owner}.W", W, (d, Vm.shape[0]),
-                        f"{d} x {Vm.shape[0]} (d x k, V is k x d)")
+    Wm = checked_matrix(
+        f"{owner}.W", W, (d, Vm.shape[0]), f"{d} x {Vm.shape[0]} (d x k, V is k x d)"
+    )
     return Vm, Wm
 
 
@@ -82,8 +99,7 @@ class Head:
         owner = type(self).__name__
         A = checked_matrix(f"{owner}.A", self.A)
         if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"{owner}.A: expected a square d x d matrix, got "
-                             f"{shape_str(A.shape)}")
+            raise ValueError(f"{owner}.A: expected a square d x d matrix, got {shape_str(A.shape)}")
         V, W = _value_and_output(owner, A.shape[0], self.V, self.W)
         object.__setattr__(self, "A", A)
         object.__setattr__(self, "V", V)
@@ -250,11 +266,14 @@ def head_at(spec: ParamSpec, t: float, kind: type, variant: str, ndim: int):
     """The single head of type ``kind`` in force at t, checked against the grid dimension."""
     head = params_at(spec, t)
     if not isinstance(head, kind):
-        raise ValueError(f"attention: the {variant} variant needs a {kind.__name__}, got "
-                         f"{type(head).__name__}")
+        raise ValueError(
+            f"attention: the {variant} variant needs a {kind.__name__}, got {type(head).__name__}"
+        )
     if head.dim != ndim:
-        raise ValueError(f"attention.A: expected {ndim} x {ndim} for a {ndim}-D grid, got "
-                         f"{head.dim} x {head.dim}")
+        raise ValueError(
+            f"attention.A: expected {ndim} x {ndim} for a {ndim}-D grid, got "
+            f"{head.dim} x {head.dim}"
+        )
     return head
 
 

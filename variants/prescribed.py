@@ -31,11 +31,11 @@ class ConstantVelocity(VelocityField):
 
     def at(self, density, grid: Grid, t, offset):
         if self.velocity.size != grid.ndim:
-            raise ValueError(f"velocity: expected {grid.ndim} components, got "
-                             f"{self.velocity.size}")
+            raise ValueError(f"velocity: expected {grid.ndim} components, got {self.velocity.size}")
         shape = tuple(len(c) for c in grid.lattice(offset))
-        return np.broadcast_to(self.velocity.reshape((-1,) + (1,) * grid.ndim),
-                               (grid.ndim,) + shape).copy()
+        return np.broadcast_to(
+            self.velocity.reshape((-1,) + (1,) * grid.ndim), (grid.ndim,) + shape
+        ).copy()
 
 
 class AffineVelocity(VelocityField):

@@ -66,9 +66,12 @@ COARSEN_STEP = 1.25
 ESTIMATE_SAFETY = 2.0
 
 
-def wanted_nodes(bounds: np.ndarray, extent: np.ndarray,
-                 matrix: np.ndarray | None = None,
-                 resolution: float = NODE_RESOLUTION) -> np.ndarray:
+def wanted_nodes(
+    bounds: np.ndarray,
+    extent: np.ndarray,
+    matrix: np.ndarray | None = None,
+    resolution: float = NODE_RESOLUTION,
+) -> np.ndarray:
     """Nodes per axis (d,) the resolution criterion asks for, tilts in ``bounds`` (d, 2), a
     support of widths ``extent``; with the ``matrix`` of c = matrix x, refined where the
     sheared passes need it (:func:`tpde.variants.sheared.resolution_factor`, 2-D;
@@ -85,9 +88,13 @@ def wanted_nodes(bounds: np.ndarray, extent: np.ndarray,
     return np.ceil(width * extent * factor / resolution) + 1
 
 
-def table_nodes(bounds: np.ndarray, extent: np.ndarray,
-                matrix: np.ndarray | None = None, resolution: float = NODE_RESOLUTION,
-                least: int = MIN_NODES) -> np.ndarray:
+def table_nodes(
+    bounds: np.ndarray,
+    extent: np.ndarray,
+    matrix: np.ndarray | None = None,
+    resolution: float = NODE_RESOLUTION,
+    least: int = MIN_NODES,
+) -> np.ndarray:
     """:func:`wanted_nodes` within [least, MAX_NODES[d]], as integers."""
     wanted = wanted_nodes(bounds, extent, matrix, resolution)
     return np.clip(wanted, least, MAX_NODES[len(wanted)]).astype(int)
@@ -105,8 +112,9 @@ BAND_MAX_FRACTION = 0.7
 BAND_MIN_CELLS = 128
 
 
-def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
-                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+def _band_blocks(
+    band: tuple[int, np.ndarray, np.ndarray], rows_axis: int, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per block of BAND_ROWS rows (nodes of ``rows_axis``) of a (shape) table, the column
     range [first, end) that holds every node of ``band`` (sheared.nodes_read) in the block."""
     t2, lo, hi = band
@@ -117,21 +125,25 @@ def _band_blocks(band: tuple[int, np.ndarray, np.ndarray], rows_axis: int,
     k = np.arange(lo.size)
     for b, r0 in enumerate(starts):
         r1 = min(r0 + BAND_ROWS, shape[0])
-        if rows_axis == t2:     # rows are the band's nodes k: their t1 ranges
+        if rows_axis == t2:  # rows are the band's nodes k: their t1 ranges
             sel = valid[r0:r1]
             if sel.any():
                 first[b], end[b] = lo[r0:r1][sel].min(), hi[r0:r1][sel].max() + 1
-        else:                   # rows are t1 nodes: the k whose range meets them
+        else:  # rows are t1 nodes: the k whose range meets them
             sel = k[valid & (lo <= r1 - 1) & (hi >= r0)]
             if sel.size:
                 first[b], end[b] = sel[0], sel[-1] + 1
     return first, end
 
 
-def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
-              fields: str = "means",
-              band: tuple[int, np.ndarray, np.ndarray] | None = None,
-              reuse: dict | None = None) -> np.ndarray:
+def mgf_table(
+    weights: np.ndarray,
+    grid: Grid,
+    nodes: Sequence[np.ndarray],
+    fields: str = "means",
+    band: tuple[int, np.ndarray, np.ndarray] | None = None,
+    reuse: dict | None = None,
+) -> np.ndarray:
     """The tilted means m(c) and / or log M(c) on the tensor grid ``nodes``.
 
     weights: (*grid.shape) >= 0, not all zero; nodes: one 1-D array of tilts per axis;
@@ -153,7 +165,7 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
     for a in range(d):
         centres = grid.centres(a)
         massive = np.flatnonzero(np.any(positive, axis=tuple(b for b in range(d) if b != a)))
-        exponent = np.multiply.outer(nodes[a], centres)                    # (m_a, N_a)
+        exponent = np.multiply.outer(nodes[a], centres)  # (m_a, N_a)
         # the largest exponent over the cells with mass: c y is monotone in y
         shift = np.maximum(exponent[:, massive[0]], exponent[:, massive[-1]])
         e = np.exp(exponent - shift[:, None], out=exponent)
@@ -174,9 +186,11 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
         shape = (len(nodes[order[1]]), len(nodes[order[0]]))
         blocks = _band_blocks(band, order[1], shape)
         rows = np.minimum(BAND_ROWS, shape[0] - np.arange(0, shape[0], BAND_ROWS))
-        if (np.sum(rows * (blocks[1] - blocks[0])) > BAND_MAX_FRACTION * shape[0] * shape[1]
-                or grid.cells[order[1]] < BAND_MIN_CELLS):
-            band = None     # one product is faster: the band covers most of the table, or
+        if (
+            np.sum(rows * (blocks[1] - blocks[0])) > BAND_MAX_FRACTION * shape[0] * shape[1]
+            or grid.cells[order[1]] < BAND_MIN_CELLS
+        ):
+            band = None  # one product is faster: the band covers most of the table, or
             #                 the products are short next to the table-sized work
 
     def contract(moment_axis: int | None) -> np.ndarray:
@@ -186,12 +200,12 @@ def mgf_table(weights: np.ndarray, grid: Grid, nodes: Sequence[np.ndarray],
             key = key + (a == moment_axis,)
             if key not in partial:
                 mat = moment_factors[a] if a == moment_axis else factors[a]
-                if band is not None and len(key) == 2:   # 2-D second level, banded
+                if band is not None and len(key) == 2:  # 2-D second level, banded
                     level1 = np.ascontiguousarray(out if order[0] == 0 else out.T)
                     product = np.empty((mat.shape[0], level1.shape[0]))
                     blocked_dot(mat, level1, product, *blocks, BAND_ROWS)
                     partial[key] = np.moveaxis(product, 0, a)
-                elif len(key) == 1:                       # first level: kept in reuse
+                elif len(key) == 1:  # first level: kept in reuse
                     kept = (a, key[0], nodes[a].tobytes())
                     if kept not in reuse:
                         reuse[kept] = np.moveaxis(row_split_tensordot(mat, out, a), 0, a)
@@ -223,14 +237,20 @@ class TiltTable:
     spacing per axis (the nodes are ``start + step * arange(count)``).
     """
 
-    def __init__(self, values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                 sheared: bool = True, extent: np.ndarray | None = None):
+    def __init__(
+        self,
+        values: np.ndarray,
+        start: np.ndarray,
+        step: np.ndarray,
+        sheared: bool = True,
+        extent: np.ndarray | None = None,
+    ):
         self.values = np.ascontiguousarray(values)
         self.start = np.asarray(start, float)
         self.step = np.asarray(step, float)
         self.count = np.array(self.values.shape[1:])
-        self.sheared = sheared      # on_lattice may use the sheared passes
-        self.extent = extent        # the support widths the 3-D pass plan was chosen for
+        self.sheared = sheared  # on_lattice may use the sheared passes
+        self.extent = extent  # the support widths the 3-D pass plan was chosen for
 
     def nodes(self) -> list[np.ndarray]:
         """The tilts of the nodes, one 1-D array per axis."""
@@ -239,23 +259,28 @@ class TiltTable:
     def __call__(self, c: np.ndarray, field: int | None = None) -> np.ndarray:
         """The fields at the tilts ``c`` (P, d): (P, fields), or (P,) for one ``field``."""
         c = np.asarray(c, float)
-        return self._at_units([np.ascontiguousarray((c[:, a] - self.start[a]) / self.step[a])
-                               for a in range(c.shape[1])], field)
+        return self._at_units(
+            [
+                np.ascontiguousarray((c[:, a] - self.start[a]) / self.step[a])
+                for a in range(c.shape[1])
+            ],
+            field,
+        )
 
-    def on_lattice(self, coords: Sequence[np.ndarray], matrix: np.ndarray,
-                   field: int | None = None) -> np.ndarray:
+    def on_lattice(
+        self, coords: Sequence[np.ndarray], matrix: np.ndarray, field: int | None = None
+    ) -> np.ndarray:
         """The fields at c = matrix x for the points x of the tensor lattice ``coords`` (one
         1-D array per axis, points in C order), without forming the (P, d) points: in 2-D and
         3-D by 1-D passes along sheared lines (:mod:`tpde.variants.sheared`,
         :mod:`tpde.variants.sheared3d`: ORDER instead of ORDER^d multiply-adds per target),
         else (``sheared`` off, or a pass would leave the table) by the pointwise stencils."""
-        table = self.values if field is None else self.values[field:field + 1]
+        table = self.values if field is None else self.values[field : field + 1]
         sheared = None
         if self.sheared and len(coords) == 2:
             sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
         elif self.sheared and len(coords) == 3:
-            sheared = sheared_on_lattice3(table, self.start, self.step, coords, matrix,
-                                          self.extent)
+            sheared = sheared_on_lattice3(table, self.start, self.step, coords, matrix, self.extent)
         if sheared is not None:
             flat = sheared.reshape(table.shape[0], -1)
             return flat[0] if field is not None else flat.T
@@ -269,17 +294,19 @@ class TiltTable:
             units.append(np.ascontiguousarray(np.broadcast_to(unit, shape)).reshape(-1))
         return self._at_units(units, field)
 
-    def pass_errors(self, lattices: Sequence[Sequence[np.ndarray]],
-                    matrix: np.ndarray) -> np.ndarray | None:
+    def pass_errors(
+        self, lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
+    ) -> np.ndarray | None:
         """Estimated errors per table axis (d,) of the sheared passes onto ``lattices`` (the
         largest over them, :func:`tpde.variants.sheared.pass_errors`,
         :func:`tpde.variants.sheared3d.pass_errors3`); None where a lattice has no passes."""
         largest = np.zeros(len(self.count))
         for coords in lattices:
-            errors = (pass_errors(self.values, self.start, self.step, coords, matrix)
-                      if len(coords) == 2 else
-                      pass_errors3(self.values, self.start, self.step, coords, matrix,
-                                   self.extent))
+            errors = (
+                pass_errors(self.values, self.start, self.step, coords, matrix)
+                if len(coords) == 2
+                else pass_errors3(self.values, self.start, self.step, coords, matrix, self.extent)
+            )
             if errors is None:
                 return None
             largest = np.maximum(largest, errors)
@@ -289,7 +316,7 @@ class TiltTable:
         for u, count in zip(units, self.count, strict=True):
             if u.size and (u.min() < LOW or u.max() >= count - HIGH):
                 raise ValueError("separable engine: a target c lies outside the table")
-        table = self.values if field is None else self.values[field:field + 1]
+        table = self.values if field is None else self.values[field : field + 1]
         out = np.empty((units[0].size, table.shape[0]))
         kernel = (interpolate_1d, interpolate_2d, interpolate_3d)[len(units) - 1]
         kernel(table, *units, out)
@@ -313,11 +340,18 @@ class SeparableSums(TiltTable):
     ``matrix`` (refined for them by the caller, :func:`wanted_nodes`).
     """
 
-    def __init__(self, weights: np.ndarray, grid: Grid, bounds: np.ndarray,
-                 nodes: int | Sequence[int], fields: str = "means",
-                 matrix: np.ndarray | None = None,
-                 lattices: Sequence[Sequence[np.ndarray]] | None = None,
-                 extent: np.ndarray | None = None, reuse: dict | None = None):
+    def __init__(
+        self,
+        weights: np.ndarray,
+        grid: Grid,
+        bounds: np.ndarray,
+        nodes: int | Sequence[int],
+        fields: str = "means",
+        matrix: np.ndarray | None = None,
+        lattices: Sequence[Sequence[np.ndarray]] | None = None,
+        extent: np.ndarray | None = None,
+        reuse: dict | None = None,
+    ):
         if not np.any(weights > 0):
             raise ValueError("attention: the density is zero everywhere (no mass on the grid)")
         lower, upper = np.asarray(bounds, float).T
@@ -326,16 +360,20 @@ class SeparableSums(TiltTable):
         step = width / (inner - 1)
         pad = ORDER // 2 + 1 + extra_nodes(matrix, step)
         if matrix is not None and lattices is not None and grid.ndim == 3:
-            pad = pad + padding(inner + 2 * pad, lower - pad * step, step, lattices, matrix,
-                                extent)
+            pad = pad + padding(inner + 2 * pad, lower - pad * step, step, lattices, matrix, extent)
         start = lower - pad * step
         tilts = [start[a] + step[a] * np.arange(inner[a] + 2 * pad[a]) for a in range(grid.ndim)]
         self.fields = fields
         band = None
         if matrix is not None and lattices is not None and grid.ndim == 2:
             band = nodes_read([len(t) for t in tilts], start, step, lattices, matrix)
-        super().__init__(mgf_table(weights, grid, tilts, fields, band, reuse), start, step,
-                         matrix is not None, extent)
+        super().__init__(
+            mgf_table(weights, grid, tilts, fields, band, reuse),
+            start,
+            step,
+            matrix is not None,
+            extent,
+        )
 
     def means(self, c: np.ndarray) -> np.ndarray:
         """m(c), c: (P, d) -> (P, d)."""
@@ -347,12 +385,15 @@ class SeparableSums(TiltTable):
     def log_partition(self, c: np.ndarray) -> np.ndarray:
         """log M(c), c: (P, d) -> (P,)."""
         if self.fields == "means":
-            raise ValueError("separable engine: this table holds the means only "
-                             "(fields='means')")
+            raise ValueError("separable engine: this table holds the means only (fields='means')")
         return self(c, 0)
 
-    def velocity_table(self, C: np.ndarray, box: tuple[np.ndarray, np.ndarray],
-                       spacing: Sequence[float] | None = None) -> TiltTable:
+    def velocity_table(
+        self,
+        C: np.ndarray,
+        box: tuple[np.ndarray, np.ndarray],
+        spacing: Sequence[float] | None = None,
+    ) -> TiltTable:
         """The velocity components ``C clip(m(c) - grad log S(c), box)`` at the nodes.
 
         A lattice that needs one velocity component (the normal one, on faces) then
@@ -369,18 +410,29 @@ class SeparableSums(TiltTable):
             shape = [1] * d
             shape[b] = -1
             shift = 0.0
-            if spacing is not None:   # d/dc_b log S depends on c_b alone
-                shift = grad_log_box_factor(tilts[b][:, None],
-                                            [spacing[b]])[:, 0].reshape(shape)
+            if spacing is not None:  # d/dc_b log S depends on c_b alone
+                shift = grad_log_box_factor(tilts[b][:, None], [spacing[b]])[:, 0].reshape(shape)
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])
-        return TiltTable(np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
-                         self.start, self.step, self.sheared, self.extent)
+        return TiltTable(
+            np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
+            self.start,
+            self.step,
+            self.sheared,
+            self.extent,
+        )
 
 
-def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: np.ndarray,
-                  scale: float, matrix: np.ndarray, lattices: Sequence[Sequence[np.ndarray]],
-                  step: np.ndarray | None = None, fields: str = "means"
-                  ) -> tuple[SeparableSums | None, np.ndarray | None]:
+def resolved_sums(
+    weights: np.ndarray,
+    grid: Grid,
+    bounds: np.ndarray,
+    extent: np.ndarray,
+    scale: float,
+    matrix: np.ndarray,
+    lattices: Sequence[Sequence[np.ndarray]],
+    step: np.ndarray | None = None,
+    fields: str = "means",
+) -> tuple[SeparableSums | None, np.ndarray | None]:
     """The tilted means (or log M, ``fields="log"``) for the sheared passes (2-D, 3-D) onto
     ``lattices`` on a table whose estimated interpolation error is within TABLE_TOLERANCE *
     ``scale`` (the size of the means, the support's radius; 1 for log M: a relative error of
@@ -408,23 +460,22 @@ def resolved_sums(weights: np.ndarray, grid: Grid, bounds: np.ndarray, extent: n
     capped = bool(np.any(wanted_nodes(bounds, extent, matrix) > MAX_NODES[d]))
     finest = table_nodes(bounds, extent, matrix)
     if step is None:
-        nodes = np.minimum(table_nodes(bounds, extent, matrix, COARSE_RESOLUTION,
-                                       ADAPTIVE_MIN_NODES), finest)
+        nodes = np.minimum(
+            table_nodes(bounds, extent, matrix, COARSE_RESOLUTION, ADAPTIVE_MIN_NODES), finest
+        )
     else:
         nodes = np.clip(np.ceil(width / step).astype(int) + 1, ADAPTIVE_MIN_NODES, finest)
     target = TABLE_TOLERANCE * scale
     reuse: dict = {}
     while True:
-        sums = SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent,
-                             reuse)
+        sums = SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent, reuse)
         errors = sums.pass_errors(lattices, matrix)
         if errors is None:
             return (None, None) if capped else (sums, sums.step)
         errors = ESTIMATE_SAFETY * errors
-        factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER),
-                          1.0)
+        factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER), 1.0)
         refined = np.minimum(np.ceil((nodes - 1) * factor).astype(int) + 1, finest)
-        if np.array_equal(refined, nodes):      # within the tolerance, or at the bound
+        if np.array_equal(refined, nodes):  # within the tolerance, or at the bound
             if capped and np.any(errors > target):
                 return None, None
             room = (target / np.maximum(2.0 * errors, 1e-300)) ** (1 / ORDER)

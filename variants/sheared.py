@@ -109,11 +109,11 @@ class Passes:
     """The two passes onto one lattice, in table units (module docstring)."""
 
     plan: ShearPlan
-    p: np.ndarray            # (n_s1,) pass 2: target (i, j) at p_i + q_j along t2
-    q: np.ndarray            # (n_s2,)
-    first_node: np.ndarray   # (n_s1,) row i reads the t2 nodes first_node_i .. last_node_i
+    p: np.ndarray  # (n_s1,) pass 2: target (i, j) at p_i + q_j along t2
+    q: np.ndarray  # (n_s2,)
+    first_node: np.ndarray  # (n_s1,) row i reads the t2 nodes first_node_i .. last_node_i
     last_node: np.ndarray
-    a: np.ndarray            # (n_s1,) pass 1: (row i, t2 node k) at a_i + b k along t1
+    a: np.ndarray  # (n_s1,) pass 1: (row i, t2 node k) at a_i + b k along t1
     b: float
 
 
@@ -122,14 +122,23 @@ class Passes:
 _PLANS = Recent(16)
 
 
-def plan_passes(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
-                coords: Sequence[np.ndarray], matrix: np.ndarray) -> Passes | None:
+def plan_passes(
+    counts: Sequence[int],
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+) -> Passes | None:
     """The passes of a table of ``counts`` nodes per axis onto the lattice ``coords``; None
     where no plan applies or a pass would read beyond the table. Kept for the last 16
     tables and lattices (the arrays are read, never written)."""
-    key = (tuple(int(n) for n in counts), np.asarray(start, float).tobytes(),
-           np.asarray(step, float).tobytes(), np.asarray(matrix, float).tobytes(),
-           *(np.asarray(x, float).tobytes() for x in coords))
+    key = (
+        tuple(int(n) for n in counts),
+        np.asarray(start, float).tobytes(),
+        np.asarray(step, float).tobytes(),
+        np.asarray(matrix, float).tobytes(),
+        *(np.asarray(x, float).tobytes() for x in coords),
+    )
     return _PLANS.get_or_make(key, lambda: _plan_passes(counts, start, step, coords, matrix))
 
 
@@ -151,13 +160,24 @@ def _plan_passes(counts, start, step, coords, matrix) -> Passes | None:
     ends = np.concatenate([a + b * first_node, a + b * last_node])
     if ends.min() < LOW or ends.max() >= counts[t1] - HIGH:
         return None
-    return Passes(plan, np.ascontiguousarray(p), np.ascontiguousarray(q), first_node,
-                  last_node, np.ascontiguousarray(a), b)
+    return Passes(
+        plan,
+        np.ascontiguousarray(p),
+        np.ascontiguousarray(q),
+        first_node,
+        last_node,
+        np.ascontiguousarray(a),
+        b,
+    )
 
 
-def nodes_read(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
-               lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
-               ) -> tuple[int, np.ndarray, np.ndarray] | None:
+def nodes_read(
+    counts: Sequence[int],
+    start: np.ndarray,
+    step: np.ndarray,
+    lattices: Sequence[Sequence[np.ndarray]],
+    matrix: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray] | None:
     """The table nodes :func:`sheared_on_lattice` reads for these lattices: ``(t2, lo, hi)``,
     for each node k along t2 the t1 nodes lo_k .. hi_k (none where lo_k > hi_k); None where
     a lattice has no passes. Exact: first_node, last_node and a are monotone along a lattice
@@ -170,11 +190,11 @@ def nodes_read(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
             return None
         t2 = passes.plan.t2
         first, last, a = passes.first_node, passes.last_node, passes.a
-        if first[-1] < first[0]:                # descending along the row: reverse
+        if first[-1] < first[0]:  # descending along the row: reverse
             first, last, a = first[::-1], last[::-1], a[::-1]
         k = np.arange(counts[t2])
-        lowest = np.searchsorted(last, k, side="left")           # first row with last >= k
-        highest = np.searchsorted(first, k, side="right") - 1    # last row with first <= k
+        lowest = np.searchsorted(last, k, side="left")  # first row with last >= k
+        highest = np.searchsorted(first, k, side="right") - 1  # last row with first <= k
         valid = lowest <= highest
         ends = np.stack([a[np.clip(lowest, 0, a.size - 1)], a[np.clip(highest, 0, a.size - 1)]])
         lo = np.where(valid, np.floor(ends.min(axis=0) + passes.b * k) - LOW, counts[1 - t2])
@@ -182,13 +202,21 @@ def nodes_read(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
         if band is None:
             band = (t2, lo.astype(np.int64), hi.astype(np.int64))
         else:
-            band = (t2, np.minimum(band[1], lo).astype(np.int64),
-                    np.maximum(band[2], hi).astype(np.int64))
+            band = (
+                t2,
+                np.minimum(band[1], lo).astype(np.int64),
+                np.maximum(band[2], hi).astype(np.int64),
+            )
     return band
 
 
-def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                       coords: Sequence[np.ndarray], matrix: np.ndarray) -> np.ndarray | None:
+def sheared_on_lattice(
+    values: np.ndarray,
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+) -> np.ndarray | None:
     """The table ``values`` (F, m_0, m_1) (nodes ``start + step * k`` per axis) at c = matrix x
     on the lattice ``coords`` (two 1-D arrays): (F, n_0, n_1), or None where no plan applies
     or a pass would read beyond the table."""
@@ -206,9 +234,14 @@ def sheared_on_lattice(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     return out if plan.s1 == 0 else out.transpose(0, 2, 1)
 
 
-def pass_errors(values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                coords: Sequence[np.ndarray], matrix: np.ndarray,
-                stride: int = 16) -> np.ndarray | None:
+def pass_errors(
+    values: np.ndarray,
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+    stride: int = 16,
+) -> np.ndarray | None:
     """Estimated interpolation errors of :func:`sheared_on_lattice` per table axis, (2,):
     ERROR_CONSTANT times the largest ORDER-th difference of what each pass interpolates, on
     every ``stride``-th lattice row and table row. Along t1: the table's rows (pass 1); along
@@ -227,9 +260,17 @@ def pass_errors(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     for table in values:
         table = plan.pass_one_layout(table)
         nodes = np.arange(0, table.shape[0], stride)
-        largest[plan.t1] = max(largest[plan.t1], kernels.max_difference(
-            table, nodes, np.zeros(nodes.size, np.int64), np.full(nodes.size, table.shape[1])))
+        largest[plan.t1] = max(
+            largest[plan.t1],
+            kernels.max_difference(
+                table, nodes, np.zeros(nodes.size, np.int64), np.full(nodes.size, table.shape[1])
+            ),
+        )
         kernels.pass_one(table, passes.a[rows], passes.b, first, length, line)
-        largest[plan.t2] = max(largest[plan.t2], kernels.max_difference(
-            line, np.arange(rows.size), np.zeros(rows.size, np.int64), length))
+        largest[plan.t2] = max(
+            largest[plan.t2],
+            kernels.max_difference(
+                line, np.arange(rows.size), np.zeros(rows.size, np.int64), length
+            ),
+        )
     return kernels.ERROR_CONSTANT * largest

@@ -45,7 +45,7 @@ class ShearPlan3:
     beta13: float
     alpha2: tuple[float, float]
     beta2: float
-    direction3: np.ndarray   # (3,) dc / dc_t3 along pass 3
+    direction3: np.ndarray  # (3,) dc / dc_t3 along pass 3
 
     def factor(self, extent: np.ndarray) -> np.ndarray:
         """(3,) growth of the resolution width per table axis (module docstring)."""
@@ -77,9 +77,16 @@ def shear_plan3(matrix: np.ndarray, extent: np.ndarray | None = None) -> ShearPl
             alpha1 = A[t1, s1] - beta1 @ A[[t2, t3], s1]
             beta2 = A[t2, s3] / pivot
             alpha2 = (A[t2, s1] - beta2 * A[t3, s1], A[t2, s2] - beta2 * A[t3, s2])
-            plan = ShearPlan3(tau, sigma, float(alpha1), float(beta1[0]), float(beta1[1]),
-                              (float(alpha2[0]), float(alpha2[1])), float(beta2),
-                              A[:, s3] / pivot)
+            plan = ShearPlan3(
+                tau,
+                sigma,
+                float(alpha1),
+                float(beta1[0]),
+                float(beta1[1]),
+                (float(alpha2[0]), float(alpha2[1])),
+                float(beta2),
+                A[:, s3] / pivot,
+            )
             size = np.prod(plan.factor(extent))
             if size < best_size:
                 best, best_size = plan, size
@@ -98,17 +105,17 @@ class Windows:
     """What the passes read for one lattice (node indices of the table)."""
 
     plan: ShearPlan3
-    p: np.ndarray            # (n1, n2) pass 3: target (i, j, k) at p_ij + q_k along t3
-    q: np.ndarray            # (n3,)
-    row_first: np.ndarray    # (n1, n2) t3 nodes row (i, j) reads: row_first .. row_last
+    p: np.ndarray  # (n1, n2) pass 3: target (i, j, k) at p_ij + q_k along t3
+    q: np.ndarray  # (n3,)
+    row_first: np.ndarray  # (n1, n2) t3 nodes row (i, j) reads: row_first .. row_last
     row_last: np.ndarray
-    a2: np.ndarray           # (n1, n2) pass 2: (i, j, t3 node l) at a2_ij + b2 l along t2
+    a2: np.ndarray  # (n1, n2) pass 2: (i, j, t3 node l) at a2_ij + b2 l along t2
     b2: float
-    m_first: np.ndarray      # (n1,) t2 nodes plane i reads: m_first .. m_last
+    m_first: np.ndarray  # (n1,) t2 nodes plane i reads: m_first .. m_last
     m_last: np.ndarray
-    l_first: np.ndarray      # (n1,) t3 nodes plane i reads: l_first .. l_last
+    l_first: np.ndarray  # (n1,) t3 nodes plane i reads: l_first .. l_last
     l_last: np.ndarray
-    a1: np.ndarray           # (n1,) pass 1: (i, m, l) at a1_i + c2 m + c3 l along t1
+    a1: np.ndarray  # (n1,) pass 1: (i, m, l) at a1_i + c2 m + c3 l along t1
     c2: float
     c3: float
 
@@ -118,15 +125,24 @@ class Windows:
         out = np.zeros((3, 2), np.int64)
         out[t3] = self.row_first.min(), self.row_last.max()
         out[t2] = self.m_first.min(), self.m_last.max()
-        corners = np.stack([self.a1 + self.c2 * m + self.c3 * l
-                            for m in (self.m_first, self.m_last)
-                            for l in (self.l_first, self.l_last)])
+        corners = np.stack(
+            [
+                self.a1 + self.c2 * m + self.c3 * l
+                for m in (self.m_first, self.m_last)
+                for l in (self.l_first, self.l_last)
+            ]
+        )
         out[t1] = np.floor(corners.min()) - LOW, np.floor(corners.max()) + HIGH
         return out
 
 
-def windows(start: np.ndarray, step: np.ndarray, coords: Sequence[np.ndarray],
-            plan: ShearPlan3, matrix: np.ndarray) -> Windows:
+def windows(
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    plan: ShearPlan3,
+    matrix: np.ndarray,
+) -> Windows:
     """The node windows of the three passes onto the lattice ``coords`` (no range check)."""
     A = np.asarray(matrix, float)
     t1, t2, t3 = plan.tau
@@ -136,22 +152,45 @@ def windows(start: np.ndarray, step: np.ndarray, coords: Sequence[np.ndarray],
     q = A[t3, s3] * x3 / step[t3]
     row_first = np.floor(p + q.min()).astype(np.int64) - LOW
     row_last = np.floor(p + q.max()).astype(np.int64) + HIGH
-    a2 = (plan.alpha2[0] * x1[:, None] + plan.alpha2[1] * x2[None, :]
-          + plan.beta2 * start[t3] - start[t2]) / step[t2]
+    a2 = (
+        plan.alpha2[0] * x1[:, None]
+        + plan.alpha2[1] * x2[None, :]
+        + plan.beta2 * start[t3]
+        - start[t2]
+    ) / step[t2]
     b2 = plan.beta2 * step[t3] / step[t2]
     ends = np.stack([a2 + b2 * row_first, a2 + b2 * row_last])
     m_first = np.floor(ends.min(axis=(0, 2))).astype(np.int64) - LOW
     m_last = np.floor(ends.max(axis=(0, 2))).astype(np.int64) + HIGH
-    a1 = (plan.alpha1 * x1 + plan.beta12 * start[t2] + plan.beta13 * start[t3]
-          - start[t1]) / step[t1]
-    return Windows(plan, p, q, row_first, row_last, a2, b2, m_first, m_last,
-                   row_first.min(axis=1), row_last.max(axis=1), a1,
-                   plan.beta12 * step[t2] / step[t1], plan.beta13 * step[t3] / step[t1])
+    a1 = (plan.alpha1 * x1 + plan.beta12 * start[t2] + plan.beta13 * start[t3] - start[t1]) / step[
+        t1
+    ]
+    return Windows(
+        plan,
+        p,
+        q,
+        row_first,
+        row_last,
+        a2,
+        b2,
+        m_first,
+        m_last,
+        row_first.min(axis=1),
+        row_last.max(axis=1),
+        a1,
+        plan.beta12 * step[t2] / step[t1],
+        plan.beta13 * step[t3] / step[t1],
+    )
 
 
-def padding(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
-            lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray,
-            extent: np.ndarray) -> np.ndarray:
+def padding(
+    counts: Sequence[int],
+    start: np.ndarray,
+    step: np.ndarray,
+    lattices: Sequence[Sequence[np.ndarray]],
+    matrix: np.ndarray,
+    extent: np.ndarray,
+) -> np.ndarray:
     """(3,) nodes to add at both ends of each axis so that every read of the passes onto
     ``lattices`` lies in the table (a dry run on the table as it stands)."""
     plan = shear_plan3(matrix, extent)
@@ -164,9 +203,14 @@ def padding(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
     return extra
 
 
-def checked_windows(counts: Sequence[int], start: np.ndarray, step: np.ndarray,
-                    coords: Sequence[np.ndarray], matrix: np.ndarray,
-                    extent: np.ndarray | None) -> Windows | None:
+def checked_windows(
+    counts: Sequence[int],
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+    extent: np.ndarray | None,
+) -> Windows | None:
     """The windows of the passes of a table of ``counts`` nodes per axis onto the lattice
     ``coords``; None where no plan applies or a pass would read beyond the table."""
     plan = shear_plan3(matrix, extent)
@@ -185,9 +229,14 @@ def pass_one_layout(table: np.ndarray, plan: ShearPlan3) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(table, (t2, t3, t1)))
 
 
-def sheared_on_lattice3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                        coords: Sequence[np.ndarray], matrix: np.ndarray,
-                        extent: np.ndarray | None = None) -> np.ndarray | None:
+def sheared_on_lattice3(
+    values: np.ndarray,
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+    extent: np.ndarray | None = None,
+) -> np.ndarray | None:
     """The table ``values`` (F, m_0, m_1, m_2) at c = matrix x on the lattice ``coords`` (three
     1-D arrays): (F, n_0, n_1, n_2), or None where no plan applies or a pass would read beyond
     the table. ``extent``: the support widths the plan was chosen for (the table's)."""
@@ -202,18 +251,34 @@ def sheared_on_lattice3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
     rows = np.empty((n1, n2, int(row_count.max())))
     out = np.empty((values.shape[0], n1, n2, n3))
     for f, table in enumerate(values):
-        kernels.pass3_one(pass_one_layout(table, win.plan), win.a1, win.c2, win.c3,
-                          win.m_first, m_count, win.l_first, l_count, planes)
-        kernels.pass3_two(planes, win.a2, win.b2, win.m_first, win.l_first, win.row_first,
-                          row_count, rows)
+        kernels.pass3_one(
+            pass_one_layout(table, win.plan),
+            win.a1,
+            win.c2,
+            win.c3,
+            win.m_first,
+            m_count,
+            win.l_first,
+            l_count,
+            planes,
+        )
+        kernels.pass3_two(
+            planes, win.a2, win.b2, win.m_first, win.l_first, win.row_first, row_count, rows
+        )
         kernels.pass3_three(rows, win.p, win.q, win.row_first, out[f])
-    order = np.argsort(win.plan.sigma)      # (s1, s2, s3) order -> lattice order
+    order = np.argsort(win.plan.sigma)  # (s1, s2, s3) order -> lattice order
     return np.ascontiguousarray(np.transpose(out, (0, *(1 + order))))
 
 
-def pass_errors3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
-                 coords: Sequence[np.ndarray], matrix: np.ndarray,
-                 extent: np.ndarray | None = None, stride: int = 16) -> np.ndarray | None:
+def pass_errors3(
+    values: np.ndarray,
+    start: np.ndarray,
+    step: np.ndarray,
+    coords: Sequence[np.ndarray],
+    matrix: np.ndarray,
+    extent: np.ndarray | None = None,
+    stride: int = 16,
+) -> np.ndarray | None:
     """Estimated interpolation errors of :func:`sheared_on_lattice3` per table axis, (3,):
     ERROR_CONSTANT times the largest ORDER-th difference of what each pass interpolates
     (as :func:`tpde.variants.sheared.pass_errors` in 2-D): the table along t1 (pass 1, every
@@ -239,18 +304,53 @@ def pass_errors3(values: np.ndarray, start: np.ndarray, step: np.ndarray,
         table = pass_one_layout(table, win.plan)
         lines = table.reshape(-1, table.shape[2])
         sampled = np.arange(0, lines.shape[0], stride)
-        largest[t1] = max(largest[t1], kernels.max_difference(
-            lines, sampled, np.zeros(sampled.size, np.int64),
-            np.full(sampled.size, lines.shape[1])))
-        kernels.pass3_one(table, win.a1[picked], win.c2, win.c3, win.m_first[picked], m_count,
-                          win.l_first[picked], l_count, planes)
-        largest[t2] = max(largest[t2], kernels.max_difference(
-            planes.reshape(-1, planes.shape[2]), plane_rows,
-            np.zeros(plane_rows.size, np.int64), plane_counts))
-        kernels.pass3_two(planes, win.a2[picked], win.b2, win.m_first[picked],
-                          win.l_first[picked], win.row_first[picked], row_count, rows)
+        largest[t1] = max(
+            largest[t1],
+            kernels.max_difference(
+                lines,
+                sampled,
+                np.zeros(sampled.size, np.int64),
+                np.full(sampled.size, lines.shape[1]),
+            ),
+        )
+        kernels.pass3_one(
+            table,
+            win.a1[picked],
+            win.c2,
+            win.c3,
+            win.m_first[picked],
+            m_count,
+            win.l_first[picked],
+            l_count,
+            planes,
+        )
+        largest[t2] = max(
+            largest[t2],
+            kernels.max_difference(
+                planes.reshape(-1, planes.shape[2]),
+                plane_rows,
+                np.zeros(plane_rows.size, np.int64),
+                plane_counts,
+            ),
+        )
+        kernels.pass3_two(
+            planes,
+            win.a2[picked],
+            win.b2,
+            win.m_first[picked],
+            win.l_first[picked],
+            win.row_first[picked],
+            row_count,
+            rows,
+        )
         flat_counts = row_count.reshape(-1)
-        largest[t3] = max(largest[t3], kernels.max_difference(
-            rows.reshape(-1, rows.shape[2]), np.arange(flat_counts.size),
-            np.zeros(flat_counts.size, np.int64), flat_counts))
+        largest[t3] = max(
+            largest[t3],
+            kernels.max_difference(
+                rows.reshape(-1, rows.shape[2]),
+                np.arange(flat_counts.size),
+                np.zeros(flat_counts.size, np.int64),
+                flat_counts,
+            ),
+        )
     return kernels.ERROR_CONSTANT * largest

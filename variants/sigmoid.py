@@ -64,8 +64,10 @@ class SigmoidAttention(VelocityField):
 
     def __init__(self, params: ParamSpec, engine: str = "auto"):
         if engine not in ENGINES:
-            raise ValueError(f"attention.engine: unknown {engine!r} for sigmoid; choose one of "
-                             f"{', '.join(ENGINES)}")
+            raise ValueError(
+                f"attention.engine: unknown {engine!r} for sigmoid; choose one of "
+                f"{', '.join(ENGINES)}"
+            )
         self.spec = as_param_spec(params)
         self.engine = engine
 
@@ -76,7 +78,7 @@ class SigmoidAttention(VelocityField):
         head = head_at(self.spec, t, SigmoidHead, "sigmoid", grid.ndim)
         values = np.maximum(point_values(density, grid), 0.0)
         lattices, points = self.lattice_points(grid, offsets)
-        has_mass = bool(np.any(values > 0))   # unnormalised: no mass gives the zero field
+        has_mass = bool(np.any(values > 0))  # unnormalised: no mass gives the zero field
         if has_mass:
             sources, weights = density_sources(values * grid.cell_volume, grid)
             sources = np.ascontiguousarray(sources)
@@ -84,8 +86,7 @@ class SigmoidAttention(VelocityField):
         for coords, x in zip(lattices, points, strict=True):
             sums = np.zeros_like(x)
             if has_mass:
-                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias, sources, weights,
-                             sums)
+                sigmoid_sums(np.ascontiguousarray(x @ head.A.T), head.bias, sources, weights, sums)
             velocity = sums @ head.C.T
             out.append(velocity.T.reshape((grid.ndim,) + tuple(len(v) for v in coords)))
         return out

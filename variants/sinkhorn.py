@@ -42,8 +42,16 @@ class SinkhornError(RuntimeError):
     """The Sinkhorn iterations did not reach the marginal tolerance."""
 
 
-def sinkhorn_iterations(half_f, half_g, q: np.ndarray, f: np.ndarray, g: np.ndarray,
-                        eps: float, tol: float, max_iter: int):
+def sinkhorn_iterations(
+    half_f,
+    half_g,
+    q: np.ndarray,
+    f: np.ndarray,
+    g: np.ndarray,
+    eps: float,
+    tol: float,
+    max_iter: int,
+):
     """Alternating log-domain Sinkhorn updates f = half_f(g), g = half_g(f) from (f, g).
 
     Stops when the l1 row-marginal error of the plan (f, g), sum_x q_x |e^{(f - f_new)/eps}
@@ -83,9 +91,16 @@ class SinkhornAttention(TiltedMeanField):
     ``marginal_error`` the error reached by the last one.
     """
 
-    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
-                 block: int = 256, tol: float = 1e-11, max_iter: int = 1000,
-                 warm_start: bool = True):
+    def __init__(
+        self,
+        params: ParamSpec,
+        engine: str = "auto",
+        nodes: int | None = None,
+        block: int = 256,
+        tol: float = 1e-11,
+        max_iter: int = 1000,
+        warm_start: bool = True,
+    ):
         super().__init__(engine, nodes, block)
         if not (np.isfinite(tol) and tol > 0):
             raise ValueError(f"attention.tol: expected a finite number > 0, got {tol}")
@@ -97,14 +112,15 @@ class SinkhornAttention(TiltedMeanField):
         self.warm_start = bool(warm_start)
         self.iterations: list[int] = []
         self.marginal_error = np.nan
-        self._previous: tuple | None = None   # (shape, A, eps, f, g)
+        self._previous: tuple | None = None  # (shape, A, eps, f, g)
 
     def reset(self) -> None:
         super().reset()
         self._previous = None
 
-    def potentials(self, weights: np.ndarray, grid: Grid, head: SinkhornHead,
-                   t: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    def potentials(
+        self, weights: np.ndarray, grid: Grid, head: SinkhornHead, t: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Sinkhorn potentials (f, g) at every cell centre, each (N,) in C order.
 
         weights: q (grid.shape, sum 1). The formulas define f and g everywhere; only the
@@ -116,8 +132,13 @@ class SinkhornAttention(TiltedMeanField):
         forward, backward = head.A / eps, head.A.T / eps
         c_f, c_g = points[0] @ forward.T, points[0] @ backward.T
         previous = self._previous
-        if (self.warm_start and previous is not None and previous[0] == grid.shape
-                and np.array_equal(previous[1], head.A) and previous[2] == eps):
+        if (
+            self.warm_start
+            and previous is not None
+            and previous[0] == grid.shape
+            and np.array_equal(previous[1], head.A)
+            and previous[2] == eps
+        ):
             f, g = previous[3].copy(), previous[4].copy()
         else:
             f, g = np.zeros(q.size), np.zeros(q.size)
@@ -127,34 +148,56 @@ class SinkhornAttention(TiltedMeanField):
             """-eps log sum_s q_s e^{c.y_s + potential_s/eps} (potential shifted by its max)."""
             top = potential[mass].max()
             field = np.where(mass, q * np.exp(np.minimum(potential - top, 0.0) / eps), 0.0)
-            sums = self.sums(field.reshape(grid.shape), grid, lattices, matrix, fields="log",
-                             sheared=True)
-            log_partition = (sums.on_lattice(lattices[0], matrix, 0)
-                             if isinstance(sums, SeparableSums) else sums.log_partition(c))
+            sums = self.sums(
+                field.reshape(grid.shape), grid, lattices, matrix, fields="log", sheared=True
+            )
+            log_partition = (
+                sums.on_lattice(lattices[0], matrix, 0)
+                if isinstance(sums, SeparableSums)
+                else sums.log_partition(c)
+            )
             return -eps * log_partition - top
 
         f, g, count, error = sinkhorn_iterations(
-            lambda pot: half_step(pot, forward, c_f), lambda pot: half_step(pot, backward, c_g),
-            q, f, g, eps, self.tol, self.max_iter)
+            lambda pot: half_step(pot, forward, c_f),
+            lambda pot: half_step(pot, backward, c_g),
+            q,
+            f,
+            g,
+            eps,
+            self.tol,
+            self.max_iter,
+        )
         self.iterations.append(count)
         self.marginal_error = error
         if not error <= self.tol:
             raise SinkhornError(
                 f"attention.max_iter: Sinkhorn marginal error {error:.2e} > tol {self.tol:.0e} "
                 f"after {self.max_iter} iterations at t = {t:.6g}; raise max_iter or tol, or "
-                f"increase eps")
+                f"increase eps"
+            )
         self._previous = (grid.shape, head.A, eps, f, g)
         return f, g
 
-    def components(self, density, grid: Grid, t: float, offsets,
-                   components) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
         weights = quadrature_weights(density, grid)
         _, g = self.potentials(weights, grid, head, t)
         g = g.reshape(grid.shape)
         mass = weights > 0
-        tilted = np.where(mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps),
-                          0.0)
-        return self.shaped(self.head_velocities(tilted, grid, offsets, components,
-                                                head.A / head.eps, head.C,
-                                                support_box(weights, grid)), grid, offsets)
+        tilted = np.where(
+            mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps), 0.0
+        )
+        return self.shaped(
+            self.head_velocities(
+                tilted,
+                grid,
+                offsets,
+                components,
+                head.A / head.eps,
+                head.C,
+                support_box(weights, grid),
+            ),
+            grid,
+            offsets,
+        )

@@ -62,12 +62,15 @@ def _heads(params) -> list[Head]:
     return heads
 
 
-def component_bounds(C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def component_bounds(
+    C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """Range of each component of C m over the means m in ``box`` (lower, upper): the clip of
     one tabulated or convolved velocity component (MATH.md 9.4)."""
-    return (np.minimum(C * box[0], C * box[1]).sum(axis=1),
-            np.maximum(C * box[0], C * box[1]).sum(axis=1))
+    return (
+        np.minimum(C * box[0], C * box[1]).sum(axis=1),
+        np.maximum(C * box[0], C * box[1]).sum(axis=1),
+    )
 
 
 class TiltedMeanField(VelocityField):
@@ -87,8 +90,10 @@ class TiltedMeanField(VelocityField):
 
     def __init__(self, engine: str = "auto", nodes: int | None = None, block: int = 256):
         if engine not in self.engines:
-            raise ValueError(f"attention.engine: unknown {engine!r} for {type(self).__name__}; "
-                             f"choose one of {', '.join(self.engines)}")
+            raise ValueError(
+                f"attention.engine: unknown {engine!r} for {type(self).__name__}; "
+                f"choose one of {', '.join(self.engines)}"
+            )
         self.engine = engine
         self.nodes = nodes
         self.block = int(block)
@@ -103,16 +108,21 @@ class TiltedMeanField(VelocityField):
             return self.engine
         return "direct" if grid.size <= DIRECT_MAX_CELLS else "separable"
 
-    def at(self, density: np.ndarray, grid: Grid, t: float,
-           offset: Sequence[float]) -> np.ndarray:
+    def at(self, density: np.ndarray, grid: Grid, t: float, offset: Sequence[float]) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
         return self.components(density, grid, t, offsets, [None] * len(offsets))
 
-    def sums(self, weights: np.ndarray, grid: Grid, lattices: list,
-             matrix: np.ndarray, fields: str = "means",
-             sheared: bool = False) -> DirectSums | SeparableSums:
+    def sums(
+        self,
+        weights: np.ndarray,
+        grid: Grid,
+        lattices: list,
+        matrix: np.ndarray,
+        fields: str = "means",
+        sheared: bool = False,
+    ) -> DirectSums | SeparableSums:
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
         x on ``lattices`` (per-axis coordinates, as from :meth:`lattice_points`): an object
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
@@ -124,8 +134,12 @@ class TiltedMeanField(VelocityField):
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
         lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
         upper = np.max([[axis.max() for axis in coords] for coords in lattices], axis=0)
-        corners = np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"),
-                           axis=-1).reshape(-1, grid.ndim) @ matrix.T
+        corners = (
+            np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"), axis=-1).reshape(
+                -1, grid.ndim
+            )
+            @ matrix.T
+        )
         bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
         low, high = support_box(weights, grid)
         extent = high - low
@@ -133,29 +147,61 @@ class TiltedMeanField(VelocityField):
         # are resolved a posteriori, and one the cap binds goes pointwise where the passes
         # cannot reach the tolerance under it (remembered: POINTWISE)
         key = (grid.shape, matrix.tobytes(), fields)
-        if (sheared and self.nodes is None and fields in ("means", "log")
-                and grid.ndim in (2, 3) and self._table_steps.get(key) is not POINTWISE):
+        if (
+            sheared
+            and self.nodes is None
+            and fields in ("means", "log")
+            and grid.ndim in (2, 3)
+            and self._table_steps.get(key) is not POINTWISE
+        ):
             # the tolerance: of the means' size (the support radius), of log M absolutely
             # (a relative error of M)
             scale = float(np.abs([low, high]).max()) if fields == "means" else 1.0
-            sums, step = resolved_sums(weights, grid, bounds, extent, scale, matrix, lattices,
-                                       self._table_steps.pop(key, None), fields)
+            sums, step = resolved_sums(
+                weights,
+                grid,
+                bounds,
+                extent,
+                scale,
+                matrix,
+                lattices,
+                self._table_steps.pop(key, None),
+                fields,
+            )
             self._table_steps[key] = POINTWISE if sums is None else step
             if sums is not None:
                 return sums
             sheared = False
-        sheared = sheared and self.nodes is None and bool(
-            np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]))
+        sheared = (
+            sheared
+            and self.nodes is None
+            and bool(np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]))
+        )
         if not sheared:
             nodes = self.nodes if self.nodes is not None else table_nodes(bounds, extent)
             return SeparableSums(weights, grid, bounds, nodes, fields)
-        return SeparableSums(weights, grid, bounds, table_nodes(bounds, extent, matrix), fields,
-                             matrix, lattices, extent)
+        return SeparableSums(
+            weights,
+            grid,
+            bounds,
+            table_nodes(bounds, extent, matrix),
+            fields,
+            matrix,
+            lattices,
+            extent,
+        )
 
-
-    def head_velocities(self, weights: np.ndarray, grid: Grid, offsets, components,
-                        matrix: np.ndarray, C: np.ndarray, box: tuple[np.ndarray, np.ndarray],
-                        spacing: Sequence[float] | None = None) -> list[np.ndarray]:
+    def head_velocities(
+        self,
+        weights: np.ndarray,
+        grid: Grid,
+        offsets,
+        components,
+        matrix: np.ndarray,
+        C: np.ndarray,
+        box: tuple[np.ndarray, np.ndarray],
+        spacing: Sequence[float] | None = None,
+    ) -> list[np.ndarray]:
         """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (MATH.md 9.4, 9.9):
         component ``components[i]`` (None: all) on the lattice ``offsets[i]``, each (P,) or
         (P, d) over the lattice points in C order.
@@ -210,33 +256,37 @@ class SoftmaxAttention(TiltedMeanField):
 
     engines = TiltedMeanField.engines + ("fft",)
 
-    def __init__(self, params: ParamSpec, engine: str = "auto", nodes: int | None = None,
-                 block: int = 256):
+    def __init__(
+        self, params: ParamSpec, engine: str = "auto", nodes: int | None = None, block: int = 256
+    ):
         super().__init__(engine, nodes, block)
         self.spec = as_param_spec(params)
-        self._fft = Recent(4)     # per A: plans and kernel spectra
+        self._fft = Recent(4)  # per A: plans and kernel spectra
         self._corrections = Recent(8)
         if not callable(self.spec):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
 
-    def components(self, density, grid: Grid, t: float, offsets,
-                   components) -> list[np.ndarray]:
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         heads = _heads(params_at(self.spec, t))
         for i, head in enumerate(heads):
             if head.dim != grid.ndim:
-                raise ValueError(f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
-                                 f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}")
+                raise ValueError(
+                    f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
+                    f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}"
+                )
         box = support_box(density, grid)
         total = None
         for head in heads:
             if self.engine == "fft":
                 velocity = self._fft_velocities(density, grid, offsets, components, head, box)
             else:
-                velocity = self.head_velocities(density, grid, offsets, components, head.A,
-                                                head.C, box, grid.spacing)
-            total = velocity if total is None else [a + b for a, b in zip(total, velocity,
-                                                                          strict=True)]
+                velocity = self.head_velocities(
+                    density, grid, offsets, components, head.A, head.C, box, grid.spacing
+                )
+            total = (
+                velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
+            )
         return self.shaped(total, grid, offsets)
 
     def _fft_velocities(self, density, grid, offsets, components, head, box):
@@ -246,14 +296,20 @@ class SoftmaxAttention(TiltedMeanField):
         sums = self._fft.get_or_make(head.A.tobytes(), lambda: FFTSoftmaxSums(head.A))
         w = sums.weights(density, grid)
         y, d, C = grid.mesh(), grid.ndim, head.C
-        fields = ([w] + [w * y[b] for b in range(d)]
-                  + [w * sum(C[a, b] * y[b] for b in range(d)) for a in range(d)])
-        requests = [(offset, [0] + (list(range(1, d + 1)) if comp is None else [1 + d + comp]))
-                    for offset, comp in zip(offsets, components, strict=True)]
+        fields = (
+            [w]
+            + [w * y[b] for b in range(d)]
+            + [w * sum(C[a, b] * y[b] for b in range(d)) for a in range(d)]
+        )
+        requests = [
+            (offset, [0] + (list(range(1, d + 1)) if comp is None else [1 + d + comp]))
+            for offset, comp in zip(offsets, components, strict=True)
+        ]
         low, high = component_bounds(C, box)
         out = []
-        for convolved, offset, comp in zip(sums.convolve(fields, grid, requests), offsets,
-                                           components, strict=True):
+        for convolved, offset, comp in zip(
+            sums.convolve(fields, grid, requests), offsets, components, strict=True
+        ):
             total = checked_total(convolved[0])
             correction = self._correction(grid, offset, head, comp)
             if comp is None:
@@ -267,8 +323,15 @@ class SoftmaxAttention(TiltedMeanField):
     def _correction(self, grid: Grid, offset, head: Head, comp: int | None) -> np.ndarray:
         """grad log S(A x) on a lattice, (P, d), or its C-combination for one component,
         (P,): fixed while the parameters are, so kept for the last few lattices."""
-        key = (grid.shape, tuple(grid.lower), tuple(grid.upper), tuple(map(float, offset)),
-               head.A.tobytes(), head.C.tobytes(), comp)
+        key = (
+            grid.shape,
+            tuple(grid.lower),
+            tuple(grid.upper),
+            tuple(map(float, offset)),
+            head.A.tobytes(),
+            head.C.tobytes(),
+            comp,
+        )
 
         def make() -> np.ndarray:
             _, (x,) = self.lattice_points(grid, [offset])

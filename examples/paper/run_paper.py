@@ -14,6 +14,7 @@ at t = 5000, exact limits for softmax, the paper's counts beside them) and a tab
 ``summary.md`` with the largest |Sigma/tr - Sigma_ode/tr| of every grid trajectory.
 The full set at 64^2 takes about 20 minutes on 2 cores; --no-grid about 1 minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,28 +40,40 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=list(EXPERIMENTS))
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    rows = ["| experiment | variant | Sigma_0 | grid to t | ODE blow-up | max gap of Sigma/tr |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| experiment | variant | Sigma_0 | grid to t | ODE blow-up | max gap of Sigma/tr |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in args.only:
         experiment = EXPERIMENTS[name]
         for variant in experiment.params:
             start = time.perf_counter()
-            trajectories = run_experiment(name, variant, args.count, args.cells,
-                                          grid=not args.no_grid)
+            trajectories = run_experiment(
+                name, variant, args.count, args.cells, grid=not args.no_grid
+            )
             title = f"{name} {experiment.title}: {variant}"
-            trajectory_figures(trajectories, title, args.output / f"{name}_{variant}_3d.png",
-                               args.output / f"{name}_{variant}_2d.png")
+            trajectory_figures(
+                trajectories,
+                title,
+                args.output / f"{name}_{variant}_3d.png",
+                args.output / f"{name}_{variant}_2d.png",
+            )
             for t in trajectories:
                 if t.grid_failure:
-                    rows.append(f"| {name} | {variant} | {t.cov0.round(3).tolist()} | "
-                                f"failed | {t.ode_event:.3g} | {t.grid_failure} |")
+                    rows.append(
+                        f"| {name} | {variant} | {t.cov0.round(3).tolist()} | "
+                        f"failed | {t.ode_event:.3g} | {t.grid_failure} |"
+                    )
                 elif len(t.grid_times):
-                    rows.append(f"| {name} | {variant} | {t.cov0.round(3).tolist()} | "
-                                f"{t.grid_times[-1]:.3g} | {t.ode_event:.3g} | "
-                                f"{t.normalised_gap():.2e} |")
+                    rows.append(
+                        f"| {name} | {variant} | {t.cov0.round(3).tolist()} | "
+                        f"{t.grid_times[-1]:.3g} | {t.ode_event:.3g} | "
+                        f"{t.normalised_gap():.2e} |"
+                    )
             print(f"{title}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    counts = {(variant, d): rank_counts(variant, d) for variant in ("softmax", "l2")
-              for d in (3, 4, 5)}
+    counts = {
+        (variant, d): rank_counts(variant, d) for variant in ("softmax", "l2") for d in (3, 4, 5)
+    }
     rank_histogram_figure(counts, args.output / "ranks.png")
     rows += ["", "| variant | d | ODE limit ranks | exact limit ranks |", "|---|---|---|---|"]
     rows += [f"| {v} | {d} | {c['ode']} | {c.get('exact', '')} |" for (v, d), c in counts.items()]
