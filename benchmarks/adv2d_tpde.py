@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 from common import Problem, emit, make_parser, measure, report  # noqa: E402
 
 from tpde.grid import Grid  # noqa: E402
-from tpde.solver import Problem as TpdeProblem  # noqa: E402
-from tpde.solver import Scheme, Solver  # noqa: E402
+from tpde.schemes.solver import Problem as TpdeProblem  # noqa: E402
+from tpde.schemes.solver import Scheme, Solver  # noqa: E402
 from tpde.variants import ConstantVelocity  # noqa: E402
 
 SCHEMES = {

@@ -44,7 +44,7 @@ def child(n: int, steps: int) -> dict:
     import numba
 
     from tpde.grid import Grid, gaussian
-    from tpde.solver import Problem, Scheme, Solver
+    from tpde.schemes.solver import Problem, Scheme, Solver
     from tpde.variants import Head
     from tpde.variants.softmax import SoftmaxAttention
 

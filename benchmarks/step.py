@@ -42,7 +42,7 @@ from _machine import A1, V1, emit, loadavg  # noqa: E402
 
 import tpde  # noqa: E402
 from tpde.grid import Grid, gaussian  # noqa: E402
-from tpde.solver import Problem, Scheme, Solver  # noqa: E402
+from tpde.schemes.solver import Problem, Scheme, Solver  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
 from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
 from tpde.variants.sinkhorn import SinkhornAttention  # noqa: E402

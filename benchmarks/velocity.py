@@ -31,7 +31,7 @@ from _machine import A1, V1, emit  # noqa: E402
 
 from tpde.grid import Grid, gaussian  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
-from tpde.variants.direct import (  # noqa: E402
+from tpde.variants.engines.direct import (  # noqa: E402
     density_sources,
     grad_log_box_factor,
     log_partition,

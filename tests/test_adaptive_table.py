@@ -1,4 +1,4 @@
-"""Adaptive table resolution of the 2-D separable engine (tpde.variants.separable.resolved_sums).
+"""Adaptive table resolution of the 2-D separable engine (engines.separable.resolved_sums).
 
 References: numpy's ORDER-th differences, the exact function a table samples (for the error
 estimate of the sheared passes), and the dense kernel sums (for the velocity it gives).
@@ -13,18 +13,18 @@ from test_variants import A1, V1
 
 from tpde.grid import Grid, gaussian, gaussian_mixture
 from tpde.variants import Head
-from tpde.variants import separable as separable_module
-from tpde.variants.direct import DirectSums, grad_log_box_factor, support_box
-from tpde.variants.lagrange import ORDER, max_difference
-from tpde.variants.separable import (
+from tpde.variants.engines import separable as separable_module
+from tpde.variants.engines.direct import DirectSums, grad_log_box_factor, support_box
+from tpde.variants.engines.lagrange import ORDER, max_difference
+from tpde.variants.engines.separable import (
     COARSEN_STEP,
     ESTIMATE_SAFETY,
     TABLE_TOLERANCE,
     resolved_sums,
     table_nodes,
 )
-from tpde.variants.sheared import pass_errors, sheared_on_lattice
-from tpde.variants.sheared3d import padding, pass_errors3, sheared_on_lattice3
+from tpde.variants.engines.sheared import pass_errors, sheared_on_lattice
+from tpde.variants.engines.sheared3d import padding, pass_errors3, sheared_on_lattice3
 from tpde.variants.softmax import SoftmaxAttention
 
 
@@ -349,7 +349,7 @@ def test_snapshots_drop_the_warm_starts(monkeypatch):
     """The solver calls VelocityField.reset at every snapshot; after it the separable engine
     picks the table a fresh field picks (a resumed run repeats the run's evaluations), and
     Sinkhorn forgets its potentials."""
-    from tpde.solver import Problem, Scheme, Solver
+    from tpde.schemes.solver import Problem, Scheme, Solver
     from tpde.variants import SinkhornHead
     from tpde.variants.sinkhorn import SinkhornAttention
 

@@ -22,7 +22,7 @@ from exact import (
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.schemes import get_reconstruction
-from tpde.solver import Problem, Scheme, Solver
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.variants import AffineVelocity, ConstantVelocity
 
 

@@ -32,7 +32,7 @@ from tpde.grid import Grid, gaussian, gaussian_mixture, moments
 from tpde.grid.stencils import point_values
 from tpde.io import SnapshotWriter, read
 from tpde.run import run_config
-from tpde.solver import Problem, Solver
+from tpde.schemes.solver import Problem, Solver
 from tpde.validation.gaussian import sinkhorn_cross_covariance, solve
 from tpde.variants import Head, L2Head, Layers, SinkhornAttention, SinkhornHead, SoftmaxAttention
 from tpde.variants.sinkhorn import quadrature_weights

@@ -17,7 +17,7 @@ from test_variants import A1, COV1, MEAN1, V1
 
 from tpde.grid import Grid, gaussian, gaussian_mixture
 from tpde.schemes.operator import GAUSS3_NODES, POINT_ORDER, point_interpolation
-from tpde.solver import Problem, Scheme, Solver
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.variants import ATTENTION, Head, SigmoidHead
 
 

@@ -158,7 +158,7 @@ def test_ncdump_header(tmp_path):
 
 def test_solver_callback(tmp_path):
     """A real run with the writer as the Solver's on_snapshot callback."""
-    from tpde.solver import Problem, Solver
+    from tpde.schemes.solver import Problem, Solver
     from tpde.variants import AffineVelocity
 
     grid = Grid([-6.0], [6.0], [64])

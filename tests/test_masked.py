@@ -15,7 +15,7 @@ from test_engines import random_params
 from test_variants import A1, COV1, MEAN1, V1
 
 from tpde.grid import Grid, Positions, gaussian, gaussian_mixture, moments
-from tpde.solver import Problem, Scheme, Solver
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.studies import fitted_box, relative_errors
 from tpde.validation.gaussian import solve
 from tpde.variants import ATTENTION, CausalAttention, Head, SigmoidHead

@@ -9,7 +9,7 @@ from test_solver import stage_minimum_recorder
 
 from tpde.grid import Grid
 from tpde.schemes import RECONSTRUCTIONS
-from tpde.solver import Problem, Scheme, Solver
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.variants import AffineVelocity, FunctionVelocity
 
 

@@ -23,7 +23,7 @@ from test_l2 import HEAD as L2_HEAD
 from test_variants import A1, COV1, MEAN1, V1, multihead_c1, relative_errors
 
 from tpde.grid import Grid, gaussian, moments
-from tpde.solver import Problem, Solver
+from tpde.schemes.solver import Problem, Solver
 from tpde.studies import fitted_box
 from tpde.validation import solve
 from tpde.variants import ATTENTION, Head, Layers, SinkhornHead

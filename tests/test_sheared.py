@@ -1,4 +1,4 @@
-"""Sheared two-pass interpolation of the separable tables (tpde.variants.sheared).
+"""Sheared two-pass interpolation of the separable tables (tpde.variants.engines.sheared).
 
 References: the exact function the table samples, the pointwise ORDER^2 stencils, a brute-force
 marking of every table node the passes read, and the dense kernel sums.
@@ -12,12 +12,12 @@ from test_variants import A1, V1
 
 import tpde
 from tpde.grid import Grid, gaussian_mixture
-from tpde.threads import row_split_tensordot
 from tpde.variants import Head
-from tpde.variants.direct import DirectSums, grad_log_box_factor, support_box
-from tpde.variants.lagrange import LOW, ORDER
-from tpde.variants.separable import TiltTable, mgf_table
-from tpde.variants.sheared import extra_nodes, nodes_read, plan_passes, sheared_on_lattice
+from tpde.variants.engines.direct import DirectSums, grad_log_box_factor, support_box
+from tpde.variants.engines.lagrange import LOW, ORDER
+from tpde.variants.engines.products import row_split_tensordot
+from tpde.variants.engines.separable import TiltTable, mgf_table
+from tpde.variants.engines.sheared import extra_nodes, nodes_read, plan_passes, sheared_on_lattice
 from tpde.variants.softmax import SoftmaxAttention
 
 MATRICES = {
@@ -132,7 +132,7 @@ def test_sheared_engine_is_as_accurate_as_the_pointwise_stencils(monkeypatch):
     box = support_box(rho, grid)
     direct = DirectSums(rho, grid, 256)
     offsets = [np.array([-0.5, 0.0]), np.array([0.0, -0.5])]
-    import tpde.variants.separable as separable
+    import tpde.variants.engines.separable as separable
 
     all_errors = {}
     for scale in (1.0, 2.0):
@@ -197,7 +197,7 @@ MATRICES_3D = {
 def test_sheared_passes_3d_interpolate_like_the_pointwise_stencils(name):
     """3-D: the padding from the dry run of the windows keeps every read in the table, and
     the three passes reproduce a smooth function to round-off, as the 12^3 stencils do."""
-    from tpde.variants.sheared3d import padding, sheared_on_lattice3
+    from tpde.variants.engines.sheared3d import padding, sheared_on_lattice3
 
     matrix = MATRICES_3D[name]
     grid = Grid([-3.0, -2.0, -1.0], [3.0, 4.0, 2.0], [20, 22, 18])
@@ -230,7 +230,7 @@ def test_sheared_passes_3d_interpolate_like_the_pointwise_stencils(name):
 def test_sheared_engine_3d_is_as_accurate_as_the_pointwise_stencils(monkeypatch):
     """Two bumps in 3-D with a small A (the refined table fits under the 160-node cap, so the
     passes apply), against the dense sums: the passes vs the pointwise engine they replace."""
-    import tpde.variants.separable as separable
+    import tpde.variants.engines.separable as separable
 
     grid = Grid([-5.0] * 3, [5.0] * 3, [32] * 3)
     rho = gaussian_mixture(

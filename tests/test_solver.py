@@ -8,7 +8,7 @@ from exact import sin2_cell_averages
 
 from tpde.grid import Grid, gaussian, uniform_box
 from tpde.schemes import RECONSTRUCTIONS, get_integrator
-from tpde.solver import Problem, Scheme, SimulationError, Solver
+from tpde.schemes.solver import Problem, Scheme, SimulationError, Solver
 from tpde.variants import AffineVelocity, ConstantVelocity, FunctionVelocity
 
 SCHEMES = sorted(RECONSTRUCTIONS)

@@ -2,22 +2,29 @@
 
 ``tpde.simulate(config)`` runs a configuration (a TOML path or text, or a mapping) and
 returns an ``xarray.Dataset``; the physics lives in ``tpde.grid``, ``tpde.schemes``,
-``tpde.variants`` and ``tpde.validation``.
+``tpde.variants`` and ``tpde.validation``. Importing ``tpde`` (or a subpackage) has no side
+effect: the thread policy is applied when a solver is built
+(:func:`tpde.grid.threads.set_num_threads` sets it explicitly).
 """
 
-from .threads import set_num_threads
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("tpde")
+except PackageNotFoundError:  # pragma: no cover - running from a tree that is not installed
+    __version__ = "0+unknown"
 
-set_num_threads()
-
-__all__ = ["set_num_threads", "simulate"]
+__all__ = ["__version__", "set_num_threads", "simulate"]
 
 
 def __getattr__(name: str):
-    # lazy: importing tpde.grid must not pull in xarray / netCDF4 through tpde.run
+    # lazy: importing tpde.grid must load neither numba nor xarray / netCDF4
     if name == "simulate":
         from .run import simulate
 
         return simulate
+    if name == "set_num_threads":
+        from tpde.grid.threads import set_num_threads
+
+        return set_num_threads
     raise AttributeError(f"module 'tpde' has no attribute {name!r}")

@@ -72,6 +72,7 @@ from tpde.grid import (
     uniform_box,
 )
 from tpde.schemes import INTEGRATORS, RECONSTRUCTIONS
+from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
     ATTENTION,
     MASKABLE,
@@ -83,8 +84,6 @@ from tpde.variants import (
     SinkhornHead,
 )
 from tpde.variants.parameters import checked_matrix
-
-from .solver import Problem, Scheme
 
 SECTIONS = {
     "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass"},

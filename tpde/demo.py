@@ -19,7 +19,7 @@ import numpy as np
 from scipy.linalg import expm
 
 from tpde.grid import Grid, gaussian, moments
-from tpde.solver import Problem, Scheme, Solver
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.variants import AffineVelocity
 
 MATRIX = np.array([[0.1, -1.0], [0.4, -0.15]])

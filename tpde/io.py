@@ -110,7 +110,7 @@ EnergyCallable = Callable[[np.ndarray, float], Mapping[str, Any]]
 
 
 class SnapshotLike(Protocol):
-    """What :meth:`SnapshotWriter.write` reads (``tpde.solver.Snapshot`` fits)."""
+    """What :meth:`SnapshotWriter.write` reads (``tpde.schemes.solver.Snapshot`` fits)."""
 
     time: float
     density: np.ndarray

@@ -13,10 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tpde.schemes.solver import SimulationError, Snapshot, Solver
+
 from . import io
 from .config import Config, ConfigError, build
 from .energies import run_energies
-from .solver import SimulationError, Snapshot, Solver
 
 __all__ = ["Progress", "run_config", "simulate"]
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tpde.grid import Grid, Positions, from_tokens, gaussian, moments
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.validation.gaussian import solve
 from tpde.validation.metrics import (
     conditional_wasserstein_tokens,
@@ -40,8 +41,6 @@ from tpde.validation.particles import (
     token_moments,
 )
 from tpde.variants import ATTENTION, CausalAttention
-
-from .solver import Problem, Scheme, Solver
 
 __all__ = [
     "Refinement",

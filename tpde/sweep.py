@@ -47,9 +47,10 @@ from typing import Any
 
 import numpy as np
 
+from tpde.grid.threads import THREADS_VARIABLE
+
 from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load, parse_toml, read_text
 from .run import StatusLine
-from .threads import THREADS_VARIABLE
 
 __all__ = [
     "Run",
@@ -487,9 +488,10 @@ def run_one(task: Mapping) -> dict:
     try:
         if not os.environ.get(THREADS_VARIABLE, "").strip():
             os.environ[THREADS_VARIABLE] = "1"
+        from tpde.grid.threads import set_num_threads
+
         from .config import build
         from .run import run_config
-        from .threads import set_num_threads
 
         set_num_threads()
         config = build(task["raw"])

@@ -7,7 +7,7 @@ quadrature weights for the deterministic Gauss-Hermite nodes), move by
 
 the same velocity field as the PDE evaluated on the empirical measure (MATH.md 1.3: mu^n is
 an exact weak solution). Every variant reuses the grid's dense engines (one piece of code per
-kernel sum, ``tpde.variants.direct`` and ``tpde.variants.sigmoid``): targets and sources are
+kernel sum, ``tpde.variants.engines.direct`` and ``tpde.variants.sigmoid``): targets and sources are
 the tokens, blocked over targets so that memory stays at ``block x n`` (n = 10^5 fits in
 2 x 80 MB). Softmax / multi-head: tilted means at ``A_h x_i``; l2: tilted means of
 ``w_j e^{-|K x_j|^2}`` at ``2 K^T Q_s x_i``; linear: ``C M2 A x_i`` with the token second
@@ -41,7 +41,7 @@ from numpy.polynomial.hermite_e import hermegauss
 from scipy.special import expit
 
 from tpde.grid import Grid, Positions
-from tpde.variants.direct import log_partition, tilted_means
+from tpde.variants.engines.direct import log_partition, tilted_means
 from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHead, params_at
 from tpde.variants.sigmoid import sigmoid_sums
 from tpde.variants.sinkhorn import sinkhorn_iterations

@@ -8,7 +8,8 @@ kernel-sum engines of :mod:`.direct` (dense reference) and :mod:`.separable` (fa
 causal over position slices.
 """
 
-from .base import VelocityField
+from tpde.schemes.velocity import VelocityField
+
 from .l2 import L2Attention
 from .masked import MASKABLE, CausalAttention
 from .parameters import (

@@ -19,8 +19,8 @@ import numpy as np
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
-from .base import Recent
-from .direct import support_box
+from .engines.cache import Recent
+from .engines.direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField
 

@@ -31,8 +31,7 @@ import copy
 import numpy as np
 
 from tpde.grid import Grid
-
-from .base import VelocityField
+from tpde.schemes.velocity import VelocityField
 
 #: variants with a causal form (the attention registry names)
 MASKABLE = ("softmax", "multihead", "l2", "sigmoid", "linear")

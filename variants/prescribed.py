@@ -7,8 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tpde.grid import Grid
-
-from .base import VelocityField
+from tpde.schemes.velocity import VelocityField
 
 
 def _finite_vector(values, ndim_name: str, name: str) -> np.ndarray:

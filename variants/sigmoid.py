@@ -25,9 +25,9 @@ import numpy as np
 
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
+from tpde.schemes.velocity import VelocityField
 
-from .base import VelocityField
-from .direct import density_sources
+from .engines.direct import density_sources
 from .parameters import ParamSpec, SigmoidHead, as_param_spec, head_at
 
 JIT = {"cache": True, "error_model": "numpy"}

@@ -32,9 +32,9 @@ import numpy as np
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
-from .direct import support_box
+from .engines.direct import support_box
+from .engines.separable import SeparableSums
 from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
-from .separable import SeparableSums
 from .softmax import TiltedMeanField
 
 

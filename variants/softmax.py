@@ -21,15 +21,15 @@ for a resolved density (the naive sum has an O(h^2) error).
 
 Engines (``engine=``):
 
-* ``"direct"``: :mod:`tpde.variants.direct` evaluates the sums densely, blocked over
+* ``"direct"``: :mod:`tpde.variants.engines.direct` evaluates the sums densely, blocked over
   targets, with each row's exponents shifted by its maximum (every term <= 1, all terms
   positive: relative accuracy ~ n eps however small the sums are; no overflow, no NaN where
   the density underflows). The exact reference, O(targets x sources): up to about 2-D 64^2.
-* ``"separable"``: :mod:`tpde.variants.separable`, the moment-generating function on a
+* ``"separable"``: :mod:`tpde.variants.engines.separable`, the moment-generating function on a
   tensor grid of ``c`` by one matrix product per axis, interpolated to ``c = A x``;
   ``O(m N^d)``. Measured against the direct engine (tests/test_engines.py): 1e-15..1e-11
   on Gaussians and two-bump mixtures in 1-D, 2-D and 3-D.
-* ``"fft"`` (symmetric A only): :mod:`tpde.variants.fft`, convolutions; absolute accuracy
+* ``"fft"`` (symmetric A only): :mod:`tpde.variants.engines.fft`, convolutions; absolute accuracy
   only (measured on two bumps at 48^2: 1e-15 for A = s [[1, .3], [.3, .8]] with s <= 0.5,
   lost sums for s = 2 or a negative-definite A), so never chosen automatically.
 * ``"auto"`` (default): direct up to 1024 cells (32^2), separable above.
@@ -42,12 +42,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpde.grid import Grid
+from tpde.schemes.velocity import VelocityField
 
-from .base import Recent, VelocityField
-from .direct import DirectSums, grad_log_box_factor, support_box
-from .fft import FFTSoftmaxSums, checked_total
+from .engines.cache import Recent
+from .engines.direct import DirectSums, grad_log_box_factor, support_box
+from .engines.fft import FFTSoftmaxSums, checked_total
+from .engines.separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wanted_nodes
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wanted_nodes
 
 DIRECT_MAX_CELLS = 1024
 #: a TiltedMeanField's table spacing for a grid and matrix whose tables the sheared passes
@@ -78,9 +79,9 @@ class TiltedMeanField(VelocityField):
 
     engine : "auto" | "direct" | "separable" (module docstring); nodes: separable table
     nodes per axis (default: automatic from the tilt range and the support width,
-    :func:`tpde.variants.separable.table_nodes`, refined for the sheared passes; in 2-D
+    :func:`tpde.variants.engines.separable.table_nodes`, refined for the sheared passes; in 2-D
     and 3-D that size bounds the velocity tables, which are resolved a posteriori and
-    warm-started from the previous evaluation, :func:`tpde.variants.separable.resolved_sums`;
+    warm-started from the previous evaluation, :func:`.engines.separable.resolved_sums`;
     the interpolation uses 12 points per axis; a fixed ``nodes`` table, or a capped one the
     passes cannot resolve, is interpolated pointwise); block: targets per block of the
     direct sums.
@@ -128,7 +129,7 @@ class TiltedMeanField(VelocityField):
         with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
         ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
         padded and, in 2-D, formed only where the sheared passes read:
-        :mod:`tpde.variants.sheared`; a table of means or of log M on the adaptive
+        :mod:`tpde.variants.engines.sheared`; a table of means or of log M on the adaptive
         resolution)."""
         if self.engine_for(grid) == "direct":
             return DirectSums(weights, grid, self.block)  # raises when there is no mass
@@ -250,7 +251,7 @@ class SoftmaxAttention(TiltedMeanField):
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
         ``t -> params`` (MATH.md 1.3, time-dependent parameters).
     engine, nodes, block : see :class:`TiltedMeanField`; softmax also has ``engine="fft"``
-        for symmetric A (:mod:`tpde.variants.fft`: absolute accuracy only, never chosen by
+        for symmetric A (:mod:`tpde.variants.engines.fft`: absolute accuracy only, never chosen by
         "auto").
     """
 

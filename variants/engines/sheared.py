@@ -2,7 +2,7 @@
 
 The softmax-type fields need a table ``T(c)`` (uniform nodes in ``c``) at ``c = A x`` for the
 points ``x`` of a tensor lattice. Pointwise, each target costs an ORDER x ORDER stencil
-(:mod:`tpde.variants.separable`). Eliminating one lattice coordinate instead turns the 2-D
+(:mod:`tpde.variants.engines.separable`). Eliminating one lattice coordinate instead turns the 2-D
 interpolation into two 1-D ones, as an image is rotated by shears (Paeth 1986): with the
 table axes ``t1, t2`` and the lattice axes ``s1, s2`` (a pivot ``A[t2, s2] != 0``),
 
@@ -13,7 +13,7 @@ table axes ``t1, t2`` and the lattice axes ``s1, s2`` (a pivot ``A[t2, s2] != 0`
 so pass 1 interpolates ``T`` along ``c_t1`` to ``G(x_s1, c_t2) = T(alpha x_s1 + beta c_t2,
 c_t2)`` at the table's own ``c_t2`` nodes (only the window a lattice row reads), and pass 2
 interpolates ``G`` along ``c_t2`` to each target. Both passes are the same local Lagrange
-stencil (ORDER points, :mod:`tpde.variants.lagrange`): the result is the interpolant of T
+stencil (ORDER points, :mod:`tpde.variants.engines.lagrange`): the result is the interpolant of T
 along the sheared direction ``(beta, 1)`` instead of the table axes, of the same order.
 Cost per target: ORDER multiply-adds plus one stencil in pass 2 (pass 1 works on the
 lattice rows times a window of table nodes), against ORDER^2 pointwise.
@@ -24,7 +24,7 @@ refined along ``t2`` by that factor so the passes are as accurate as the pointwi
 (measured, three bumps at 256^2 against the dense sums: 3.5e-9 without the refinement,
 8.8e-10 with it and pointwise; at 128^2 4.0e-10 against 2.3e-9 pointwise on the unrefined
 table, ``tests/test_sheared.py``). :func:`nodes_read` gives the nodes the passes read, so
-the table need not be formed elsewhere (:func:`tpde.variants.separable.mgf_table`).
+the table need not be formed elsewhere (:func:`tpde.variants.engines.separable.mgf_table`).
 Pass 1 reads ``c_t1`` up to ``|beta| step_t2 / step_t1 * ORDER/2`` nodes beyond the targets'
 range (the window overhang): :func:`extra_nodes` gives the table padding for it. A lattice
 whose passes would leave the table returns None (the caller falls back to the pointwise
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import lagrange as kernels
-from .base import Recent
+from .cache import Recent
 from .lagrange import HIGH, LOW
 
 

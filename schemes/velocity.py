@@ -10,32 +10,11 @@ attention variants compute a nonlocal average of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from tpde.grid import Grid
-
-
-class Recent(dict):
-    """A dict that keeps its ``kept`` most recently inserted entries: the caches of what is
-    fixed while the parameters and the grid are (kernel corrections, key weights, pass
-    plans) and the warm starts kept per grid and matrix."""
-
-    def __init__(self, kept: int):
-        super().__init__()
-        self.kept = kept
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        while len(self) > self.kept:
-            del self[next(iter(self))]
-
-    def get_or_make(self, key, make: Callable[[], object]):
-        """``self[key]``, made by ``make()`` where it is missing."""
-        if key not in self:
-            self[key] = make()
-        return self[key]
 
 
 class VelocityField:
@@ -104,15 +83,13 @@ class VelocityField:
         return lattices, points
 
     def breakpoints(self) -> tuple[float, ...]:
-        """Times where the field jumps (layer starts of piecewise-constant parameters).
+        """Times where the field jumps (layer starts of piecewise-constant parameters,
+        ``self.spec.starts`` where the field has such a spec).
 
         The solver lands a step on each of them: a Runge-Kutta step across a jump of the
         parameters would be first-order accurate only.
         """
-        from .parameters import Layers
-
-        spec = getattr(self, "spec", None)
-        return tuple(spec.starts) if isinstance(spec, Layers) else ()
+        return tuple(getattr(getattr(self, "spec", None), "starts", ()))
 
     def __call__(self, density: np.ndarray, grid: Grid, t: float) -> np.ndarray:
         """Velocity at the cell centres, shape ``(d, *grid.shape)``."""

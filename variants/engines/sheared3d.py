@@ -1,5 +1,5 @@
 """A 3-D tilt table on a lattice by three one-dimensional passes (the 2-D scheme of
-:mod:`tpde.variants.sheared`, one level deeper).
+:mod:`tpde.variants.engines.sheared`, one level deeper).
 
 With table axes ``t1, t2, t3`` and lattice axes ``s1, s2, s3`` (pivots ``A[t3, s3]`` and the
 block ``A[(t2, t3), (s2, s3)]`` invertible):
@@ -281,7 +281,7 @@ def pass_errors3(
 ) -> np.ndarray | None:
     """Estimated interpolation errors of :func:`sheared_on_lattice3` per table axis, (3,):
     ERROR_CONSTANT times the largest ORDER-th difference of what each pass interpolates
-    (as :func:`tpde.variants.sheared.pass_errors` in 2-D): the table along t1 (pass 1, every
+    (as :func:`tpde.variants.engines.sheared.pass_errors` in 2-D): the table along t1 (pass 1, every
     ``stride``-th table line), pass 1's output along t2 (pass 2) and pass 2's output along t3
     (pass 3), on every ``stride``-th lattice plane. None where no plan applies or a pass
     would leave the table."""

@@ -18,11 +18,11 @@ and exactly quadratic / linear for a Gaussian, so a local Lagrange interpolation
 ``ORDER - 1 = 11`` on the uniform ``c``-grid gives their values at ``A x`` at a controllable error
 (``tests/test_engines.py`` prints the convergence table against the dense engine).
 
-The interpolation kernels (:mod:`tpde.variants.lagrange`) compute their weights in O(ORDER)
+The interpolation kernels (:mod:`tpde.variants.engines.lagrange`) compute their weights in O(ORDER)
 per axis; in 2-D a lattice of targets is reached by two sheared 1-D passes
-(:mod:`tpde.variants.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
+(:mod:`tpde.variants.engines.sheared`: ORDER instead of ORDER^2 multiply-adds per target, the table
 refined along the pass-2 axis to keep the accuracy, and its second-level products formed
-only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.sheared3d`).
+only on the nodes the passes read), in 3-D by three (:mod:`tpde.variants.engines.sheared3d`).
 Accuracy is set by the table nodes (``nodes``); the velocity tables of the passes choose
 them a posteriori (:func:`resolved_sums`: the coarsest table whose estimated interpolation
 error is within TABLE_TOLERANCE, never finer than the a-priori :func:`table_nodes`; in 3-D,
@@ -37,10 +37,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpde.grid import Grid
-from tpde.threads import blocked_dot, row_split_tensordot
 
 from .direct import grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
+from .products import blocked_dot, row_split_tensordot
 from .sheared import extra_nodes, nodes_read, pass_errors, resolution_factor, sheared_on_lattice
 from .sheared3d import padding, pass_errors3, sheared_on_lattice3
 from .sheared3d import resolution_factor as resolution_factor3
@@ -61,7 +61,7 @@ ADAPTIVE_MIN_NODES = 2 * ORDER
 TABLE_TOLERANCE = 1e-12
 REFINE_MARGIN = 1.1
 COARSEN_STEP = 1.25
-#: the estimate of :func:`tpde.variants.sheared.pass_errors` is the leading term of the
+#: the estimate of :func:`tpde.variants.engines.sheared.pass_errors` is the leading term of the
 #: remainder: 0.54..1.01 of the measured error from 1e-4 down (tests/test_adaptive_table.py)
 ESTIMATE_SAFETY = 2.0
 
@@ -74,8 +74,8 @@ def wanted_nodes(
 ) -> np.ndarray:
     """Nodes per axis (d,) the resolution criterion asks for, tilts in ``bounds`` (d, 2), a
     support of widths ``extent``; with the ``matrix`` of c = matrix x, refined where the
-    sheared passes need it (:func:`tpde.variants.sheared.resolution_factor`, 2-D;
-    :func:`tpde.variants.sheared3d.resolution_factor`, 3-D); ``resolution``: the largest
+    sheared passes need it (:func:`tpde.variants.engines.sheared.resolution_factor`, 2-D;
+    :func:`tpde.variants.engines.sheared3d.resolution_factor`, 3-D); ``resolution``: the largest
     change of c.y between neighbouring nodes. Before the [MIN, MAX] clip."""
     extent = np.asarray(extent, float)
     d = len(extent)
@@ -148,7 +148,7 @@ def mgf_table(
 
     weights: (*grid.shape) >= 0, not all zero; nodes: one 1-D array of tilts per axis;
     fields: "means" (m_1..m_d), "log" (log M) or "both" (log M, then m_1..m_d); band (2-D):
-    the only nodes that will be read, as from :func:`tpde.variants.sheared.nodes_read` (the
+    the only nodes that will be read, as from :func:`tpde.variants.engines.sheared.nodes_read` (the
     sheared passes read a parallelogram): the second-level products are then formed in
     blocks of BAND_ROWS rows over the columns the band needs, NaN elsewhere (a stray read
     cannot pass unnoticed); reuse: a dict that keeps the first-level products (one axis
@@ -272,8 +272,8 @@ class TiltTable:
     ) -> np.ndarray:
         """The fields at c = matrix x for the points x of the tensor lattice ``coords`` (one
         1-D array per axis, points in C order), without forming the (P, d) points: in 2-D and
-        3-D by 1-D passes along sheared lines (:mod:`tpde.variants.sheared`,
-        :mod:`tpde.variants.sheared3d`: ORDER instead of ORDER^d multiply-adds per target),
+        3-D by 1-D passes along sheared lines (:mod:`tpde.variants.engines.sheared`,
+        :mod:`tpde.variants.engines.sheared3d`: ORDER instead of ORDER^d multiply-adds per target),
         else (``sheared`` off, or a pass would leave the table) by the pointwise stencils."""
         table = self.values if field is None else self.values[field : field + 1]
         sheared = None
@@ -298,8 +298,8 @@ class TiltTable:
         self, lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
     ) -> np.ndarray | None:
         """Estimated errors per table axis (d,) of the sheared passes onto ``lattices`` (the
-        largest over them, :func:`tpde.variants.sheared.pass_errors`,
-        :func:`tpde.variants.sheared3d.pass_errors3`); None where a lattice has no passes."""
+        largest over them, :func:`tpde.variants.engines.sheared.pass_errors`,
+        :func:`.sheared3d.pass_errors3`); None where a lattice has no passes."""
         largest = np.zeros(len(self.count))
         for coords in lattices:
             errors = (
@@ -331,11 +331,11 @@ class SeparableSums(TiltTable):
     :func:`table_nodes` for the automatic choice); fields: what the table holds, "means"
     (velocities), "log" (Sinkhorn potentials: one contraction instead of d) or "both"
     (see :func:`mgf_table`); matrix: the c = matrix x of :meth:`on_lattice`, if known: the
-    table is padded for its sheared passes (:func:`tpde.variants.sheared.extra_nodes`);
+    table is padded for its sheared passes (:func:`tpde.variants.engines.sheared.extra_nodes`);
     lattices: with ``matrix``, the only lattices the table will serve through
     :meth:`on_lattice` (also after :meth:`velocity_table`): a 2-D table is then formed only
     on the nodes their sheared passes read (NaN elsewhere), a 3-D table padded for what its
-    passes read (:func:`tpde.variants.sheared3d.padding`); extent: the support widths (the
+    passes read (:func:`tpde.variants.engines.sheared3d.padding`); extent: the support widths (the
     3-D pass plan). :meth:`on_lattice` uses the sheared passes only on a table built with
     ``matrix`` (refined for them by the caller, :func:`wanted_nodes`).
     """
@@ -445,7 +445,7 @@ def resolved_sums(
     are linear in c). Here the first table has the spacing ``step`` per axis (the previous
     evaluation's: a warm start) or, without one, COARSE_RESOLUTION; the passes' errors are
     estimated from the ORDER-th differences of what they interpolate
-    (:func:`tpde.variants.sheared.pass_errors`, :func:`tpde.variants.sheared3d.pass_errors3`),
+    (:func:`.sheared.pass_errors`, :func:`.sheared3d.pass_errors3`),
     and an axis whose estimate exceeds the tolerance is refined by the factor the h^ORDER
     remainder predicts (times REFINE_MARGIN) and the table formed again, never beyond
     :func:`table_nodes` (the bound, accepted whatever its estimate where the node cap does

@@ -170,7 +170,7 @@ def pass_two(rows, p, q, first_node, out):
             out[i, j] = acc
 
 
-# Three-dimensional sheared passes (tpde.variants.sheared3d), one field per call.
+# Three-dimensional sheared passes (tpde.variants.engines.sheared3d), one field per call.
 @nb.njit(parallel=True, **JIT)
 def pass3_one(table, a, b2, b3, m_first, m_count, l_first, l_count, out):
     """out[i, l', m'] = T(a_i + b2 m + b3 l) along the last axis of ``table`` (m_t2, m_t3,

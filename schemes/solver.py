@@ -25,10 +25,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tpde.grid import Grid, Positions
-from tpde.schemes import FaceVelocity, FluxOperator, PositivityError, get_integrator, kernels
-from tpde.schemes.operator import FACE_QUADRATURES, FACE_VELOCITIES
-from tpde.schemes.reconstruction import get_reconstruction
-from tpde.variants import VelocityField
+from tpde.grid.threads import ensure_policy
+
+from . import kernels
+from .operator import (
+    FACE_QUADRATURES,
+    FACE_VELOCITIES,
+    FaceVelocity,
+    FluxOperator,
+    PositivityError,
+)
+from .reconstruction import get_reconstruction
+from .rk import get_integrator
+from .velocity import VelocityField
 
 STATUSES = ("completed", "blowup", "mass_left_domain", "interrupted", "failed")
 
@@ -201,6 +210,7 @@ class Solver:
     def __init__(
         self, problem: Problem, on_snapshot: Callable[[Snapshot], None] | Sequence[Callable] = ()
     ):
+        ensure_policy()
         self.problem = problem
         self.grid = problem.grid
         scheme = problem.scheme

@@ -1,0 +1,21 @@
+"""Kernel-sum engines: how the sums over the density behind the attention variants are
+computed, independent of which variant asks.
+
+Every engine answers one question for a weight field ``w`` on the grid and tilts ``c``:
+the log-partition ``log sum_s w_s e^{c.y_s}`` and the tilted mean ``m(c)``
+(:class:`~tpde.variants.engines.direct.DirectSums`,
+:class:`~tpde.variants.engines.separable.SeparableSums`); the FFT engine answers the same
+sums for symmetric matrices by convolution. Modules:
+
+* :mod:`.direct` -- dense reference sums, blocked over targets.
+* :mod:`.separable` -- tensor tables of the moment-generating function, one matrix product
+  per axis, interpolated to the tilts; :func:`~.separable.resolved_sums` sizes them a
+  posteriori.
+* :mod:`.sheared`, :mod:`.sheared3d` -- a 2-D / 3-D table taken to a lattice by sheared
+  1-D interpolation passes.
+* :mod:`.lagrange` -- the compiled 12-point Lagrange kernels (one source file: numba's
+  cache is per file).
+* :mod:`.fft` -- convolutions for symmetric matrices.
+* :mod:`.products` -- table products split over numba's workers.
+* :mod:`.cache` -- a bounded cache for what is fixed while parameters and grid are.
+"""
