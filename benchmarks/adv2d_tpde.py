@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""tpde as a row of the ADV2D peer benchmark (protocol of shared/peers/template_new_solver.py).
+"""tpde as a row of the ADV2D benchmark (problem and protocol: benchmarks/peers/adv2d.py).
 
     .venv/bin/python benchmarks/adv2d_tpde.py --n 256 --repeat 3 [--reconstruction weno5]
     NUMBA_NUM_THREADS=2 .venv/bin/python benchmarks/adv2d_tpde.py ...   # 2 numba threads
@@ -11,29 +11,27 @@ uses; weno5z = WENO5-Z), upwind face fluxes, positivity limiter on, SSP-RK3 (Shu
 fixed dt = prob.dt, prob.nsteps calls of Solver.step. The constant velocity is evaluated on the
 faces once (steady field, cached) outside the timing, as Solver.advance_to does.
 
-The peers folder (common.py) is $TPDE_PEERS_DIR, else <repo>/../shared/peers. common is
-imported before numpy / numba: it pins NUMBA_NUM_THREADS=1 unless the caller set it.
+The problem module (benchmarks/peers/adv2d.py) is imported before numpy / numba: it pins
+NUMBA_NUM_THREADS=1 unless the caller set it.
 """
 
 import os
 import sys
 from pathlib import Path
 
-PEERS_DIR = Path(
-    os.environ.get("TPDE_PEERS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "peers"
-)
+PEERS_DIR = Path(__file__).resolve().parent / "peers"
 sys.path.insert(0, str(PEERS_DIR))
 
-import common  # noqa: E402, F401, I001  (must come first: pins thread counts)
+import adv2d  # noqa: E402, F401, I001  (must come first: pins thread counts)
 
-# tpde sets numba's thread count itself at import (TPDE_NUM_THREADS, default 1): follow
-# NUMBA_NUM_THREADS (pinned by common) unless TPDE_NUM_THREADS is given explicitly.
+# tpde sets numba's thread count itself (TPDE_NUM_THREADS, default 1): follow
+# NUMBA_NUM_THREADS (pinned by adv2d) unless TPDE_NUM_THREADS is given explicitly.
 os.environ.setdefault("TPDE_NUM_THREADS", os.environ["NUMBA_NUM_THREADS"])
 
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from common import Problem, emit, make_parser, measure, report  # noqa: E402
+from adv2d import Problem, emit, make_parser, measure, report  # noqa: E402
 
 from tpde.grid import Grid  # noqa: E402
 from tpde.schemes.solver import Problem as TpdeProblem  # noqa: E402

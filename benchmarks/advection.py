@@ -3,14 +3,14 @@
 
     .venv/bin/python benchmarks/advection.py [--n 256] [--repeat 3]
 
-Problem and timing protocol: shared/peers (README.md, common.py): rho_t + div(rho u) = 0 on
+Problem and timing protocol: benchmarks/peers (README.md, adv2d.py): rho_t + div(rho u) = 0 on
 the periodic unit square, u = (1, 0.5), Gaussian bump, N x N cells, 0.625 N fixed steps of
 dt = 0.4 dx / max|u| to T = 0.25; only the stepping loop is timed, median of --repeat.
 
 Rows, each a fresh subprocess, interleaved so that machine noise hits all of them:
     tpde WENO5-JS + SSP-RK3, 1 thread              (benchmarks/adv2d_tpde.py,
                                                     NUMBA_NUM_THREADS = TPDE_NUM_THREADS = 1)
-    SharpClaw WENO5 + SSP33, Fortran               (shared/peers/pyclaw_adv2d.py in the peer
+    SharpClaw WENO5 + SSP33, Fortran               (benchmarks/peers/pyclaw_adv2d.py in the peer
                                                     venv benchmarks/_peers/venv, made by
                                                     benchmarks/setup_peers.sh; null if absent)
     tpde WENO5-JS, 2 threads (NUMBA_NUM_THREADS = TPDE_NUM_THREADS = 2; a row that ran
@@ -47,7 +47,7 @@ from _machine import cpu_model, host, loadavg
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-PEERS_DIR = Path(os.environ.get("TPDE_PEERS_DIR") or REPO.parent / "shared" / "peers")
+PEERS_DIR = HERE / "peers"
 PEER_PY = HERE / "_peers" / "venv" / "bin" / "python"
 THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -163,7 +163,6 @@ def main() -> int:
     base_env = dict(os.environ)
     for v in THREAD_VARS:  # every row: one thread unless the row says otherwise
         base_env[v] = "1"
-    base_env["TPDE_PEERS_DIR"] = str(PEERS_DIR)
     # A private numba cache for this run (cold compile in the first row's untimed warmup):
     # the rows do not depend on the state of the repository's __pycache__ (concurrent test
     # runs, edits in progress; a cache index grown by many processes once made every compile
@@ -190,7 +189,7 @@ def main() -> int:
     elif not PEER_PY.exists():
         peer_reason = f"peer venv missing ({PEER_PY}): run bash benchmarks/setup_peers.sh"
     elif not peer_script.exists():
-        peer_reason = f"peer script missing ({peer_script}): set TPDE_PEERS_DIR"
+        peer_reason = f"peer script missing ({peer_script})"
 
     def sharpclaw_row(timeout):
         with tempfile.TemporaryDirectory(prefix="adv2d_sharpclaw_") as tmp:
@@ -261,7 +260,7 @@ def main() -> int:
     sc_mcups = fig("sharpclaw", "mcups")
     out = {
         "benchmark": "advection",
-        "problem": "ADV2D gauss (shared/peers/common.py)",
+        "problem": "ADV2D gauss (benchmarks/peers/adv2d.py)",
         "n": args.n,
         "steps": t1["steps"],
         "repeat": args.repeat,
