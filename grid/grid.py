@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 BOUNDARY_MODES = ("outflow", "periodic", "noflux")
 AXIS_NAMES = ("x", "y", "z")
@@ -56,9 +57,9 @@ class Grid:
 
     def __init__(
         self,
-        lower: Sequence[float],
-        upper: Sequence[float],
-        cells: Sequence[int] | int,
+        lower: ArrayLike,
+        upper: ArrayLike,
+        cells: ArrayLike,
         boundary: str | Sequence[str] = "outflow",
     ):
         lower_arr = np.atleast_1d(np.asarray(lower, dtype=float))
@@ -132,16 +133,17 @@ class Grid:
         """Cell centres along ``axis``, shape ``(cells[axis],)``."""
         return self.lower[axis] + self.spacing[axis] * (np.arange(self.cells[axis]) + 0.5)
 
-    def lattice(self, offset: Sequence[float]) -> list[np.ndarray]:
+    def lattice(self, offset: ArrayLike) -> list[np.ndarray]:
         """Coordinates of the shifted lattice ``x_c + offset * h`` as one 1-D array per axis.
 
         ``offset[a]`` is in cell widths relative to the cell centres. An offset of +1/2 along
         ``a`` gives the cell faces; ``(cells[a] + 1)`` faces are returned then (including the
         lower boundary face at offset -1/2 of cell 0), otherwise ``cells[a]`` points.
         """
+        offsets = np.asarray(offset, dtype=float)
         coords = []
         for a in range(self.ndim):
-            off = float(offset[a])
+            off = float(offsets[a])
             if off == 0.5:
                 coords.append(self.edges(a))
             else:
@@ -150,8 +152,8 @@ class Grid:
 
     def mesh(self, sparse: bool = True) -> list[np.ndarray]:
         """Cell-centre coordinates as broadcastable arrays (``numpy.meshgrid``, ``ij``)."""
-        return np.meshgrid(
-            *[self.centres(a) for a in range(self.ndim)], indexing="ij", sparse=sparse
+        return list(
+            np.meshgrid(*[self.centres(a) for a in range(self.ndim)], indexing="ij", sparse=sparse)
         )
 
     # ---- integration ----------------------------------------------------------------------

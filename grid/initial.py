@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import ndtr
 
 from .grid import Grid
@@ -192,7 +192,7 @@ def _active_range(p: np.ndarray) -> tuple[int, int]:
 
 # ---- Gaussians ----------------------------------------------------------------------------------
 def gaussian(
-    grid: Grid, mean: Sequence[float], covariance, mass: float = 1.0, nodes: int | None = None
+    grid: Grid, mean: ArrayLike, covariance: ArrayLike, mass: float = 1.0, nodes: int | None = None
 ) -> np.ndarray:
     """Cell averages of ``mass * N(mean, covariance)``.
 
@@ -301,7 +301,9 @@ def _gaussian_unit(grid: Grid, mu: np.ndarray, cov: np.ndarray, nodes: int | Non
         k0 = np.clip(k0, 0, nz - window).astype(np.intp)
         e = (z_edges[k0[..., None] + np.arange(window + 1)] - cmean[..., None]) / s_last
         pw = _normal_interval(e) * dens[..., None]
-        cshape = (cmean.shape[0],) if cmean.ndim == 2 else (cmean.shape[0], cmean.shape[2])
+        cshape: tuple[int, ...] = (
+            (cmean.shape[0],) if cmean.ndim == 2 else (cmean.shape[0], cmean.shape[2])
+        )
         cell = np.arange(cmean.shape[0]).reshape((-1,) + (1,) * (cmean.ndim - 1))
         if cmean.ndim == 4:
             cell = cell * cshape[1] + np.arange(cshape[1])[None, None, :, None]
@@ -346,7 +348,7 @@ def _gaussian_unit(grid: Grid, mu: np.ndarray, cov: np.ndarray, nodes: int | Non
 
 def gaussian_mixture(
     grid: Grid,
-    weights: Sequence[float],
+    weights: ArrayLike,
     means,
     covariances,
     mass: float = 1.0,
@@ -418,7 +420,7 @@ def _warn_outside(kind: str, fraction_inside: float) -> None:
 
 
 def uniform_box(
-    grid: Grid, lower: Sequence[float], upper: Sequence[float], mass: float = 1.0
+    grid: Grid, lower: ArrayLike, upper: ArrayLike, mass: float = 1.0
 ) -> np.ndarray:
     """Cell averages of ``mass / |B| * 1_B`` for the box ``B = [lower, upper]``.
 
@@ -484,7 +486,7 @@ def _disk_rect_area(
 
 
 def uniform_ball(
-    grid: Grid, centre: Sequence[float], radius: float, mass: float = 1.0, nodes: int = 20
+    grid: Grid, centre: ArrayLike, radius: float, mass: float = 1.0, nodes: int = 20
 ) -> np.ndarray:
     """Cell averages of ``mass / |B| * 1_B`` for the ball ``B = {|x - centre| <= radius}``.
 
@@ -528,8 +530,8 @@ def uniform_ball(
         # Per-axis edge offsets from the centre; nearest / farthest distance of each cell.
         lo = [grid.edges(a)[:-1] - c[a] for a in range(d)]
         hi = [grid.edges(a)[1:] - c[a] for a in range(d)]
-        near2 = 0.0
-        far2 = 0.0
+        near2 = np.zeros((1,) * d)
+        far2 = np.zeros((1,) * d)
         for a in range(d):
             shape = [1] * d
             shape[a] = -1

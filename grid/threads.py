@@ -36,7 +36,8 @@ def default_threads() -> int:
             ) from None
     import numba as nb
 
-    return int(nb.config.NUMBA_NUM_THREADS)
+    # numba.config sets its NUMBA_* names from the environment at import: untyped.
+    return int(nb.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
 
 
 def set_num_threads(threads: int | None = None) -> int:
@@ -52,7 +53,7 @@ def set_num_threads(threads: int | None = None) -> int:
 
     if threads is None:
         threads = default_threads()
-    threads = max(1, min(int(threads), nb.config.NUMBA_NUM_THREADS))
+    threads = max(1, min(int(threads), nb.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
     nb.set_num_threads(threads)
     _applied = threads
     try:

@@ -12,6 +12,8 @@ vacuum (outflow: nothing comes in).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 
@@ -35,7 +37,7 @@ PARALLEL = True
 #: error_model="numpy": no Python ZeroDivisionError checks, which would stop LLVM from
 #: vectorising every loop that divides (WENO weights); fast-math flags as for the
 #: reconstructions (no NaN/Inf assumptions).
-JIT = {"cache": True, "error_model": "numpy", "fastmath": FAST}
+JIT: dict[str, Any] = {"cache": True, "error_model": "numpy", "fastmath": FAST}
 
 
 @nb.njit(inline="always", **JIT)

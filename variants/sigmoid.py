@@ -20,6 +20,8 @@ variants do not apply; runs are practical up to about 2-D 48^2 (one 64^2 lattice
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 
@@ -30,7 +32,7 @@ from tpde.schemes.velocity import VelocityField
 from .engines.direct import density_sources
 from .parameters import ParamSpec, SigmoidHead, as_param_spec, head_at
 
-JIT = {"cache": True, "error_model": "numpy"}
+JIT: dict[str, Any] = {"cache": True, "error_model": "numpy"}
 ENGINES = ("auto", "direct")
 
 

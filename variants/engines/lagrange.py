@@ -15,10 +15,12 @@ computed in O(ORDER) by prefix and suffix products (no division).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba as nb
 import numpy as np
 
-JIT = {"cache": True, "error_model": "numpy"}
+JIT: dict[str, Any] = {"cache": True, "error_model": "numpy"}
 #: interpolation points per axis
 ORDER = 12
 #: first stencil node relative to floor(u): the stencil covers floor(u) - LOW .. + HIGH
