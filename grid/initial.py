@@ -4,7 +4,7 @@ Every function returns a float64 array of shape ``grid.shape`` whose entry ``[i,
 average of the initial density over cell ``(x_i, y_j, z_k)``, i.e. ``(1/|cell|) * int_cell rho``.
 Summing it times ``grid.cell_volume`` gives the mass inside the box. Nothing is sampled at cell
 centres (a point value differs from the cell average by ``(h^2/24) rho''`` per axis; see
-MATH.md 9.1).
+docs/theory.md, 'Cell averages').
 
 Invalid input raises ``ValueError`` with a one-line message that starts with the config field,
 e.g. ``"initial.covariance: not positive definite (eigenvalues [...])"``.

@@ -1,6 +1,6 @@
 """The position coordinate of masked (causal) attention: slices in s, an attention sink at 0.
 
-MATH.md 1.3 (masked row) and its notes: tokens are pairs (s, x) with a position s in [0, 1]
+docs/theory.md, 'Masked attention': tokens are pairs (s, x) with a position s in [0, 1]
 fixed in time; the token at s attends to the tokens at s' <= s. The position marginal nu is
 invariant (no transport along s), and the model is well posed when nu has an atom at s = 0 (a
 first token every token attends to: the attention sink, BOS).

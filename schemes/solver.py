@@ -1,6 +1,6 @@
 """The time loop: SSP Runge-Kutta over the finite-volume operator, with events and snapshots.
 
-Data flow of one step (DESIGN.md section 2)::
+Data flow of one step (docs/architecture.md, 'One step')::
 
     for each SSP-RK stage k:
         u_faces = velocity.at(u^(k), grid, t + c_k dt, face nodes)   # nonlocal: every stage
@@ -345,7 +345,7 @@ class Solver:
     def _stage_time(self, fraction: float, dt: float) -> float:
         """t + c_k dt; a stage at the end of the step (c_k = 1) is taken a hair before it,
         so that a step ending on a layer start uses the layer it belongs to (the left limit:
-        parameters are right-continuous, MATH.md 1.3)."""
+        parameters are right-continuous, docs/theory.md, 'Layer-wise parameters')."""
         t = self.t + fraction * dt
         if fraction == 1.0:
             t -= min(1e-12 * max(1.0, abs(t)), 1e-3 * dt)

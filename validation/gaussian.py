@@ -1,32 +1,33 @@
 """Gaussian closure of the Transformer PDE: mean/covariance ODEs and their closed forms.
 
-Reference: ``/work/shared/MATH.md`` (cited below as MATH.md), sections 0.1, 1.1, 1.3, 3, 6.
+Reference: docs/theory.md, sections 'Conventions', 'Gaussian closures' and 'Closed forms'
+(cited below by section title).
 
-Convention (MATH.md 1.1): the attention matrix is ``A = K^T Q`` (d x d) and the softmax
+Convention ('Conventions'): the attention matrix is ``A = K^T Q`` (d x d) and the softmax
 kernel is ``exp(<A x, y>) = exp(y^T A x)``; particle logits are ``L = (X A^T) X^T``.
 
-Mechanism (MATH.md 3.0): on a Gaussian ``mu = N(alpha, Sigma)`` every variant below has an
+Mechanism ('Gaussian closures'): on a Gaussian ``mu = N(alpha, Sigma)`` every variant below has an
 affine velocity field ``Gamma(x) = b + M x``, so the flow keeps ``mu`` Gaussian and
 
     alpha' = b + M alpha,        Sigma' = M Sigma + Sigma M^T.
 
 Each variant is written once, as its affine field (``*_field``); the ODE right-hand sides
 (``*_rhs``, ``gaussian_rhs``) are derived from it, and the tests compare them with the
-explicit formulas of MATH.md 3.1-3.5.
+explicit formulas of docs/theory.md, 'Gaussian closures'.
 
 Variants (``VARIANTS``) and their parameters (defined in ``tpde.variants.parameters``, shared
 with the grid variants and the token system):
 
-* ``"softmax"``   (3.1)  ``Head(A, V, W=None)``
-* ``"linear"``    (3.2)  ``Head(A, V, W=None)``
-* ``"l2"``        (3.3)  ``L2Head(Q, K, V, scale=1.0, W=None)``, kernel exp(-|scale Q x - K y|^2)
-* ``"multihead"`` (3.4)  a sequence of ``Head`` (one per head, ``C_h = W_h V_h``)
-* ``"sinkhorn"``  (3.5)  ``SinkhornHead(A, V, W=None, eps=1.0)`` or ``Head`` (eps = 1)
+* ``"softmax"``    ``Head(A, V, W=None)``
+* ``"linear"``     ``Head(A, V, W=None)``
+* ``"l2"``         ``L2Head(Q, K, V, scale=1.0, W=None)``, kernel exp(-|scale Q x - K y|^2)
+* ``"multihead"``  a sequence of ``Head`` (one per head, ``C_h = W_h V_h``)
+* ``"sinkhorn"``   ``SinkhornHead(A, V, W=None, eps=1.0)`` or ``Head`` (eps = 1)
 
 In every head the value matrix applied to the attention average is ``C = W V`` (``C = V``
 without ``W``): ``V`` is d x d, or k x d together with an output matrix ``W`` (d x k).
 
-Time dependence (MATH.md 1.3, last table row: every ODE holds verbatim with ``A(t), V(t)``):
+Time dependence ('Layer-wise parameters': every ODE holds as written with ``A(t), V(t)``):
 a parameter specification is a constant parameter object, piecewise-constant ``Layers``
 (or a mapping ``{"layers": [(t_start, params), ...]}``), or a callable ``t -> params``;
 ``params_at(spec, t)`` resolves it.
@@ -177,9 +178,9 @@ def _spd_sqrt_pair(Sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (U * r) @ U.T, (U / r) @ U.T
 
 
-# ---- affine fields and right-hand sides (MATH.md 3.0-3.5) ------------------------------------
+# ---- affine fields and right-hand sides (docs/theory.md, 'Gaussian closures') ----------------
 def softmax_field(alpha: np.ndarray, Sigma: np.ndarray, params: Head) -> Field:
-    """Softmax field on N(alpha, Sigma) (MATH.md 3.0, 3.1): Gamma(x) = C (alpha + Sigma A x).
+    """Softmax field on N(alpha, Sigma) ('Softmax on Gaussians'): Gamma(x) = C (alpha + Sigma A x).
 
     The tilted law exp(<A x, y>) N(alpha, Sigma)(dy) / Z is N(alpha + Sigma A x, Sigma), so
     b = C alpha, M = C Sigma A.  alpha: (d,), Sigma: (d, d); returns b (d,), M (d, d).
@@ -189,7 +190,7 @@ def softmax_field(alpha: np.ndarray, Sigma: np.ndarray, params: Head) -> Field:
 
 
 def linear_field(alpha: np.ndarray, Sigma: np.ndarray, params: Head) -> Field:
-    """Linear-attention field (MATH.md 1.3, 3.2): Gamma(x) = C (Sigma + alpha alpha^T) A x.
+    """Linear-attention field ('Linear attention on Gaussians'): C (Sigma + alpha alpha^T) A x.
 
     Gamma(x) = int <A x, y> C y dmu(y) = C M2 A x with M2 the second moment; b = 0.
     """
@@ -198,7 +199,7 @@ def linear_field(alpha: np.ndarray, Sigma: np.ndarray, params: Head) -> Field:
 
 
 def l2_field(alpha: np.ndarray, Sigma: np.ndarray, params: L2Head) -> Field:
-    """l2 field (MATH.md 3.3), kernel exp(-|Qs x - K y|^2) with Qs = scale Q:
+    """l2 field ('l2 on Gaussians'), kernel exp(-|Qs x - K y|^2) with Qs = scale Q:
 
     Gamma(x) = C (I + 2 Sigma K^T K)^{-1} (alpha + 2 Sigma K^T Qs x)
     (posterior mean of y under the weight exp(-|Qs x - K y|^2) N(alpha, Sigma)), so
@@ -217,9 +218,9 @@ def l2_field(alpha: np.ndarray, Sigma: np.ndarray, params: L2Head) -> Field:
 def multihead_field(
     alpha: np.ndarray, Sigma: np.ndarray, params: Sequence[Head]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-head field (MATH.md 3.4): Gamma(x) = sum_h C_h (alpha + Sigma A_h x), C_h = W_h V_h.
+    """Multi-head field ('Multi-head on Gaussians'): sum_h C_h (alpha + Sigma A_h x).
 
-    b = sum_h C_h alpha, M = sum_h C_h Sigma A_h.
+    C_h = W_h V_h; b = sum_h C_h alpha, M = sum_h C_h Sigma A_h.
     """
     b = np.zeros_like(alpha, dtype=float)
     M = np.zeros_like(Sigma, dtype=float)
@@ -231,7 +232,8 @@ def multihead_field(
 
 
 def sinkhorn_cross_covariance(Sigma: np.ndarray, A: np.ndarray, eps: float = 1.0) -> np.ndarray:
-    """Cross-covariance C = E_pi[(x - alpha)(y - alpha)^T] of the Sinkhorn plan (MATH.md 3.5).
+    """Cross-covariance C = E_pi[(x - alpha)(y - alpha)^T] of the Sinkhorn plan of
+    N(alpha, Sigma) with itself (docs/theory.md, 'Sinkhorn on Gaussians').
 
     B = Sigma^{1/2} A^T Sigma^{1/2} / eps,  D = 2 B (I + (I + 4 B^T B)^{1/2})^{-1},
     C = Sigma^{1/2} D Sigma^{1/2}.  C solves Sigma^{-1} C (Sigma - C^T Sigma^{-1} C)^{-1} = A^T/eps.
@@ -252,7 +254,7 @@ def _sinkhorn_D(root: np.ndarray, A: np.ndarray, eps: float) -> np.ndarray:
 def sinkhorn_field(
     alpha: np.ndarray, Sigma: np.ndarray, params: SinkhornHead | Head
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sinkhorn field (MATH.md 3.5): Gamma(x) = V (alpha + C^T Sigma^{-1} (x - alpha)).
+    """Sinkhorn field ('Sinkhorn on Gaussians'): Gamma(x) = V (alpha + C^T Sigma^{-1} (x - alpha)).
 
     With C = Sigma^{1/2} D Sigma^{1/2}: M = V Sigma^{1/2} D^T Sigma^{-1/2} (= V C^T Sigma^{-1}),
     b = V alpha - M alpha.  (V stands for W V when W is given; eps = 1 for a plain Head.)
@@ -275,7 +277,9 @@ _FIELDS: dict[str, Callable[[np.ndarray, np.ndarray, Any], Field]] = {
 
 
 def affine_field(variant: str, alpha: Any, Sigma: Any, params: Params) -> Field:
-    """Affine velocity field Gamma(x) = b + M x of ``variant`` on N(alpha, Sigma) (MATH.md 3.0).
+    """Affine velocity field Gamma(x) = b + M x of ``variant`` on N(alpha, Sigma).
+
+    docs/theory.md, 'Gaussian closures'.
 
     alpha: (d,), Sigma: (d, d) symmetric; returns b: (d,), M: (d, d).
     """
@@ -293,7 +297,7 @@ def _moment_rhs(
 def gaussian_rhs(variant: str, alpha: Any, Sigma: Any, params: Params) -> Field:
     """(alpha', Sigma') = (b + M alpha, M Sigma + Sigma M^T) for the field of ``variant``.
 
-    MATH.md 3.0; alpha: (d,), Sigma: (d, d); returns ((d,), (d, d)).
+    docs/theory.md, 'Gaussian closures'; alpha: (d,), Sigma: (d, d); returns ((d,), (d, d)).
     """
     alpha = np.asarray(alpha, float)
     Sigma = np.asarray(Sigma, float)
@@ -302,30 +306,31 @@ def gaussian_rhs(variant: str, alpha: Any, Sigma: Any, params: Params) -> Field:
 
 
 def softmax_rhs(alpha, Sigma, params: Head):
-    """Softmax (MATH.md 3.1): alpha' = C (I + Sigma A) alpha, Sigma' = C Sigma A Sigma + (.)^T."""
+    """Softmax ('Softmax on Gaussians'): alpha' = C (I + Sigma A) alpha,
+    Sigma' = C Sigma A Sigma + (.)^T."""
     return gaussian_rhs("softmax", alpha, Sigma, params)
 
 
 def linear_rhs(alpha, Sigma, params: Head):
-    """Linear (MATH.md 3.2): alpha' = C (Sigma + a a^T) A alpha, Sigma' = C (Sigma + a a^T) A
-    Sigma + (.)^T with a = alpha."""
+    """Linear ('Linear attention on Gaussians'): alpha' = C (Sigma + a a^T) A alpha,
+    Sigma' = C (Sigma + a a^T) A Sigma + (.)^T with a = alpha."""
     return gaussian_rhs("linear", alpha, Sigma, params)
 
 
 def l2_rhs(alpha, Sigma, params: L2Head):
-    """l2 (MATH.md 3.3): alpha' = C (I + 2 Sigma K^T K)^{-1} (I + 2 Sigma K^T Qs) alpha,
+    """l2 ('l2 on Gaussians'): alpha' = C (I + 2 Sigma K^T K)^{-1} (I + 2 Sigma K^T Qs) alpha,
     Sigma' = 2 C Sigma (I + 2 K^T K Sigma)^{-1} K^T Qs Sigma + (.)^T, Qs = scale Q."""
     return gaussian_rhs("l2", alpha, Sigma, params)
 
 
 def multihead_rhs(alpha, Sigma, params: Sequence[Head]):
-    """Multi-head (MATH.md 3.4): alpha' = sum_h C_h (I + Sigma A_h) alpha,
+    """Multi-head ('Multi-head on Gaussians'): alpha' = sum_h C_h (I + Sigma A_h) alpha,
     Sigma' = sum_h C_h Sigma A_h Sigma + (.)^T."""
     return gaussian_rhs("multihead", alpha, Sigma, params)
 
 
 def sinkhorn_rhs(alpha, Sigma, params: SinkhornHead | Head):
-    """Sinkhorn (MATH.md 3.5): alpha' = V alpha, Sigma' = V C^T + C V^T (C the plan's
+    """Sinkhorn ('Sinkhorn on Gaussians'): alpha' = V alpha, Sigma' = V C^T + C V^T (C the plan's
     cross-covariance, ``sinkhorn_cross_covariance``)."""
     return gaussian_rhs("sinkhorn", alpha, Sigma, params)
 
@@ -416,7 +421,7 @@ def solve(
     blowup_threshold: float | None = 1e8,
     t0: float = 0.0,
 ) -> GaussianSolution:
-    """Integrate the Gaussian moment ODEs of ``variant`` (MATH.md 3.0-3.5) from t0 to t_end.
+    """Integrate the Gaussian moment ODEs of ``variant`` ('Gaussian closures') from t0 to t_end.
 
     State: alpha (d,) and the upper triangle of Sigma (symmetric by construction); scipy
     ``solve_ivp`` with DOP853 and dense output.  Piecewise-constant ``Layers`` are integrated
@@ -561,9 +566,9 @@ def solve(
     return solution
 
 
-# ---- closed forms (MATH.md 3.3, 3.5, 3.6) ----------------------------------------------------
+# ---- closed forms (docs/theory.md, 'Closed forms') --------------------------------------------
 def softmax_scalar_v_inverse_covariance(cov0: Any, A: Any, v: float, t: float) -> np.ndarray:
-    """Softmax with V = v I (MATH.md 3.6 a): Sigma(t)^{-1} = Sigma0^{-1} - v t (A + A^T).
+    """Softmax with V = v I ('Closed forms'): Sigma(t)^{-1} = Sigma0^{-1} - v t (A + A^T).
 
     (P = Sigma^{-1} satisfies P' = -v (A + A^T).)  cov0, A: (d, d); returns (d, d).
     """
@@ -573,14 +578,14 @@ def softmax_scalar_v_inverse_covariance(cov0: Any, A: Any, v: float, t: float) -
 
 
 def softmax_scalar_v_covariance(cov0: Any, A: Any, v: float, t: float) -> np.ndarray:
-    """Sigma(t) = (Sigma0^{-1} - v t (A + A^T))^{-1} (MATH.md 3.6 a), valid for t < t*."""
+    """Sigma(t) = (Sigma0^{-1} - v t (A + A^T))^{-1} ('Closed forms'), valid for t < t*."""
     P = softmax_scalar_v_inverse_covariance(cov0, A, v, t)
     _spd_eigh(P, "Sigma(t)^{-1}")
     return _sym(np.linalg.inv(P))
 
 
 def softmax_blowup_time(cov0: Any, A: Any, v: float) -> float:
-    """Blow-up time of softmax with V = v I (MATH.md 3.6 a).
+    """Blow-up time of softmax with V = v I ('Closed forms').
 
     t* = 1 / lambda_max(v Sigma0^{1/2} (A + A^T) Sigma0^{1/2}); inf when that is <= 0.
     Scalar case A = a I: t* = 1 / (2 v a lambda_max(Sigma0)).
@@ -592,7 +597,7 @@ def softmax_blowup_time(cov0: Any, A: Any, v: float) -> float:
 
 
 def softmax_mean_scalar(mean0: Any, cov0: Any, a: float, v: float, t: float) -> np.ndarray:
-    """Mean for softmax with A = a I, V = v I (MATH.md 3.6 a):
+    """Mean for softmax with A = a I, V = v I ('Closed forms'):
 
     alpha(t) = e^{v t} (I - 2 v a t Sigma0)^{-1/2} alpha0 (matrix function of Sigma0).
     mean0: (d,), cov0: (d, d); returns (d,).  ValueError at or after the blow-up time.
@@ -606,7 +611,7 @@ def softmax_mean_scalar(mean0: Any, cov0: Any, a: float, v: float, t: float) -> 
 
 
 def softmax_rank_deficient_limit(cov0: Any, A: Any, tol: float = 1e-10) -> np.ndarray:
-    """Limit of Sigma(t) for softmax with V = v I and v (A + A^T) <= 0 (MATH.md 3.6 a).
+    """Limit of Sigma(t) for softmax with V = v I and v (A + A^T) <= 0 ('Closed forms').
 
     Sigma_inf = P (P^T Sigma0^{-1} P)^{-1} P^T, P an orthonormal basis of ker(A + A^T)
     (eigenvalues below tol * max|eig| count as zero); rank Sigma_inf = d - rank(A + A^T).
@@ -624,7 +629,7 @@ def softmax_rank_deficient_limit(cov0: Any, A: Any, tol: float = 1e-10) -> np.nd
 
 
 def l2_isotropic_time(lam: float, lam0: float, q: float, k: float, v: float) -> float:
-    """Time at which the isotropic l2 solution reaches Sigma = lam I (MATH.md 3.3).
+    """Time at which the isotropic l2 solution reaches Sigma = lam I ('Closed forms', l2 isotropic).
 
     Q = q I, K = k I, V = v I, Sigma0 = lam0 I: lam' = c lam^2 / (1 + b lam), c = 4 v k q,
     b = 2 k^2, so t = (1/c)(1/lam0 - 1/lam) + (b/c) log(lam/lam0).
@@ -635,7 +640,7 @@ def l2_isotropic_time(lam: float, lam0: float, q: float, k: float, v: float) -> 
 
 
 def sinkhorn_isotropic_time(lam: float, lam0: float, a: float, v: float, eps: float = 1.0) -> float:
-    """Time at which the isotropic Sinkhorn solution reaches Sigma = lam I (MATH.md 3.5).
+    """Time at which the isotropic Sinkhorn solution reaches Sigma = lam I ('Closed forms').
 
     A = a I, V = v I, Sigma0 = lam0 I: lam' = 4 v a lam^2 / (1 + sqrt(1 + 4 a^2 lam^2)), so
     t = G(lam) - G(lam0), G(lam) = -(1 + sqrt(1 + 4 a^2 lam^2)) / (4 v a lam)
@@ -652,5 +657,5 @@ def sinkhorn_isotropic_time(lam: float, lam0: float, a: float, v: float, eps: fl
 
 
 def sinkhorn_mean(mean0: Any, V: Any, t: float) -> np.ndarray:
-    """Sinkhorn mean (MATH.md 3.5): alpha(t) = expm(t V) alpha0 for constant V, any A, Sigma."""
+    """Sinkhorn mean ('Closed forms'): alpha(t) = expm(t V) alpha0 for constant V, any A, Sigma."""
     return expm(t * np.asarray(V, float)) @ np.asarray(mean0, float)

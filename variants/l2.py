@@ -1,4 +1,6 @@
-"""l2 attention on the grid (MATH.md 1.3 and 3.3): kernel exp(-|Q_s x - K y|^2), Q_s = scale Q.
+"""l2 attention on the grid: kernel exp(-|Q_s x - K y|^2), Q_s = scale Q.
+
+docs/theory.md, 'l2 attention' and 'l2 on Gaussians'.
 
 Expanding the square, the factor exp(-|Q_s x|^2) cancels between numerator and denominator:
 

@@ -1,6 +1,7 @@
 """Masked (causal) attention: the velocity at position s averages over the tokens at s' <= s.
 
-MATH.md 1.3 (masked row), 9.6. Tokens are pairs (s, x); the density is stored as position
+docs/theory.md, 'Masked attention' and 'Masked attention on the grid'. Tokens are pairs
+(s, x); the density is stored as position
 slices, ``density[k]`` the cell averages of slice k (shape ``(S, *grid.shape)``, see
 :class:`tpde.grid.Positions`: slice 0 is the attention sink at s = 0). For the normalised
 variants

@@ -6,7 +6,8 @@ One head is ``Head(A, V, W=None)`` with ``A = K^T Q`` (d x d) and the value matr
 ``Q`` and ``K`` themselves: ``L2Head(Q, K, V, scale, W)``, kernel exp(-|scale Q x - K y|^2).
 Sinkhorn adds the entropic parameter: ``SinkhornHead(A, V, W, eps)``; sigmoid its bias:
 ``SigmoidHead(A, V, W, bias)``. Multi-head attention is a
-sequence of heads. Time dependence (MATH.md 1.3): a constant parameter object, piecewise-constant
+sequence of heads (docs/theory.md, 'Conventions'). Time dependence (docs/theory.md,
+'Layer-wise parameters'): a constant parameter object, piecewise-constant
 ``Layers`` (or ``{"layers": [(t_start, params), ...]}``), or a callable ``t -> params``;
 ``params_at(spec, t)`` resolves any of them. Invalid entries raise ValueError with one line
 naming the field (``Head.A: expected 2 x 2, got 3 x 3``).
@@ -84,7 +85,7 @@ def _value_and_output(owner: str, d: int, V: Any, W: Any) -> tuple[np.ndarray, n
 
 @dataclass(frozen=True, eq=False)
 class Head:
-    """One softmax / linear / multi-head attention head (MATH.md 1.1, 1.3).
+    """One softmax / linear / multi-head attention head (docs/theory.md, 'Conventions').
 
     A: (d, d), the attention matrix A = K^T Q (kernel exp(<A x, y>)); V: (d, d), or (k, d)
     with the output matrix W: (d, k).  The value map applied to the attention average is
@@ -111,13 +112,14 @@ class Head:
 
     @property
     def C(self) -> np.ndarray:
-        """C = W V (d x d); C = V when there is no W (MATH.md 1.3, multi-head row)."""
+        """C = W V (d x d); C = V when there is no W (docs/theory.md, 'Conventions')."""
         return self.V if self.W is None else self.W @ self.V
 
 
 @dataclass(frozen=True, eq=False)
 class SinkhornHead(Head):
-    """Sinkhorn attention head (MATH.md 1.3, 3.5): entropic plan for exp(<A x, y>/eps).
+    """Sinkhorn attention head (docs/theory.md, 'Sinkhorn attention'): entropic plan for
+    exp(<A x, y>/eps).
 
     A: (d, d) with A = K^T Q (no 1/sqrt(d) in the authors' code); V: (d, d), or (k, d) with
     W: (d, k); eps > 0 the entropic regularisation (1 in the authors' code).
@@ -135,7 +137,8 @@ class SinkhornHead(Head):
 
 @dataclass(frozen=True, eq=False)
 class SigmoidHead(Head):
-    """Sigmoid attention head (MATH.md 1.3): Gamma(x) = C int sigma(<A x, y> + bias) y dmu(y).
+    """Sigmoid attention head (docs/theory.md, 'Sigmoid attention'):
+    Gamma(x) = C int sigma(<A x, y> + bias) y dmu(y).
 
     A: (d, d); V: (d, d), or (k, d) with W: (d, k); bias: real (Ramapuram et al. use
     -log n for n tokens). Unnormalised: the field scales with the mass of mu.
@@ -153,10 +156,10 @@ class SigmoidHead(Head):
 
 @dataclass(frozen=True, eq=False)
 class L2Head:
-    """l2 attention head (MATH.md 1.3, 3.3): kernel exp(-|scale Q x - K y|^2).
+    """l2 attention head (docs/theory.md, 'l2 attention'): kernel exp(-|scale Q x - K y|^2).
 
     Q, K: (k, d); V: (d, d), or (k', d) with W: (d, k'); scale: multiplies Q only (pass
-    scale = 1/sqrt(d) to reproduce the authors' code, MATH.md 1.3 notes).
+    scale = 1/sqrt(d) to reproduce the authors' code, docs/theory.md, 'l2 attention').
     """
 
     Q: np.ndarray
@@ -190,7 +193,7 @@ class L2Head:
 
 
 def head_from_qk(Q: Any, K: Any, V: Any, W: Any = None, scale: float = 1.0) -> Head:
-    """Head with A = scale K^T Q (MATH.md 1.1: <Q x, K y> = <A x, y>).
+    """Head with A = scale K^T Q (docs/theory.md, 'Conventions': <Q x, K y> = <A x, y>).
 
     Q, K: (k, d); V: (d, d) or (k', d) with W: (d, k').  scale = 1/sqrt(d) reproduces the
     authors' single-head code, 1/sqrt(k) their multi-head code.

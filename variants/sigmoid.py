@@ -1,4 +1,6 @@
-"""Sigmoid attention on the grid (MATH.md 1.3): unnormalised, no Gaussian closure.
+"""Sigmoid attention on the grid: unnormalised, no Gaussian closure.
+
+docs/theory.md, 'Sigmoid attention' (the model) and 'Sigmoid sums' (the discretisation):
 
     Gamma(x) = C int sigma(<A x, y> + b) y dmu(y),   sigma(z) = 1 / (1 + e^{-z}),
 
@@ -9,7 +11,8 @@ sum needs no range shifts; it is evaluated densely as a trapezoid sum over the c
 
 with ``p`` eighth-order point values of the cell averages (``tpde.grid.stencils``): the
 integrand is smooth, so the sum is spectrally accurate once the density is resolved (the
-naive sum over cell averages has an O(h^2) error). Bound (MATH.md 9.4):
+naive sum over cell averages has an O(h^2) error). Bound (docs/theory.md, 'Support and speed
+bounds'):
 |Gamma| <= ||C|| int |y| dmu.
 
 Engine: direct only (a numba loop, O(targets x cells)). sigma(<A x, y> + b) is not a

@@ -1,4 +1,6 @@
-"""Sinkhorn attention on the grid (MATH.md 1.3, 3.5, 9.7): the entropic self-transport plan.
+"""Sinkhorn attention on the grid: the entropic self-transport plan.
+
+docs/theory.md, 'Sinkhorn attention' (the model) and 'Sinkhorn iterations' (on the grid).
 
 The plan of mu with itself for the kernel exp(<A x, y> / eps),
 
@@ -9,7 +11,7 @@ mean of the plan, mapped by C = W V:
 
     Gamma(x) = C int y dpi(y | x) = C m_w(A x / eps),   w(y) = e^{g(y)/eps} mu(y),
 
-the tilted mean of the reweighted density (the softmax engines, MATH.md 9.9). The potentials
+the tilted mean of the reweighted density (the softmax engines). The potentials
 come from log-domain Sinkhorn iterations on the cell centres, each half-step one
 log-partition evaluation through the same engines:
 

@@ -1,17 +1,18 @@
 """Softmax (and multi-head softmax) attention on the grid; linear attention from moments.
 
-Velocity (MATH.md 1.3, A = K^T Q, kernel exp(<A x, y>)):
+Velocity (docs/theory.md, 'Softmax attention' and 'Multi-head attention'; A = K^T Q, kernel
+exp(<A x, y>)):
 
     Gamma(x) = sum_h C_h m(A_h x),   m(c) = int y e^{c.y} dmu(y) / int e^{c.y} dmu(y),
 
 ``C_h = W_h V_h`` (``C = V`` for one head): ``m(c)`` is the mean of the exponentially tilted
-law, the gradient of the cumulant generating function ``log int e^{c.y} dmu`` (MATH.md 9.9).
+law, the gradient of the cumulant generating function ``log int e^{c.y} dmu``.
 
-Cell averages, exactly (MATH.md 9.1). The density is known by its cell averages
-``rho_bar = B * rho`` (``B`` the cell box filter). Since ``B * e^{c.y} = S(c) e^{c.y}`` with
-``S(c) = prod_a sinh(c_a h_a / 2) / (c_a h_a / 2)`` and ``B * (y e^{c.y}) = (y + grad log S(c))
-S(c) e^{c.y}``, the midpoint sums over cell averages give the point-value integrals once the
-mean is shifted back:
+Cell averages, exactly (docs/theory.md, 'Exact cell-average correction'). The density is
+known by its cell averages ``rho_bar = B * rho`` (``B`` the cell box filter). Since
+``B * e^{c.y} = S(c) e^{c.y}`` with ``S(c) = prod_a sinh(c_a h_a / 2) / (c_a h_a / 2)`` and
+``B * (y e^{c.y}) = (y + grad log S(c)) S(c) e^{c.y}``, the midpoint sums over cell averages
+give the point-value integrals once the mean is shifted back:
 
     m(c) = sum_s rho_bar_s y_s e^{c.y_s} / sum_s rho_bar_s e^{c.y_s}  -  grad log S(c),
     d/dc_a log S = (h_a / 2) coth(c_a h_a / 2) - 1 / c_a   (= c_a h_a^2 / 12 + O(c^3 h^4)).
@@ -203,7 +204,8 @@ class TiltedMeanField(VelocityField):
         box: tuple[np.ndarray, np.ndarray],
         spacing: Sequence[float] | None = None,
     ) -> list[np.ndarray]:
-        """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (MATH.md 9.4, 9.9):
+        """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (docs/theory.md,
+        'Clip of tilted means'):
         component ``components[i]`` (None: all) on the lattice ``offsets[i]``, each (P,) or
         (P, d) over the lattice points in C order.
 
@@ -249,7 +251,7 @@ class SoftmaxAttention(TiltedMeanField):
     """Softmax attention, one head or several (multi-head: the heads' fields add up).
 
     params : a :class:`Head`, a list of heads, :class:`Layers` of those, or a callable
-        ``t -> params`` (MATH.md 1.3, time-dependent parameters).
+        ``t -> params`` (docs/theory.md, 'Layer-wise parameters').
     engine, nodes, block : see :class:`TiltedMeanField`; softmax also has ``engine="fft"``
         for symmetric A (:mod:`tpde.variants.engines.fft`: absolute accuracy only, never chosen by
         "auto").
@@ -343,7 +345,9 @@ class SoftmaxAttention(TiltedMeanField):
 
 
 class LinearAttention(VelocityField):
-    """Linear attention, Gamma(x) = C M2 A x with M2 = int y y^T dmu (MATH.md 3.2), in O(N).
+    """Linear attention, Gamma(x) = C M2 A x with M2 = int y y^T dmu, in O(N).
+
+    docs/theory.md, 'Linear attention'.
 
     M2 comes from the cell averages without the h^2/12 bias (tpde.grid moments).
     """

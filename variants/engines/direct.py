@@ -5,11 +5,12 @@ For weights ``w_s >= 0`` at source points ``y_s`` (cells that hold mass) and til
     M(c)     = sum_s w_s e^{c.y_s}                 (moment-generating function),
     log M(c),  m(c) = sum_s w_s y_s e^{c.y_s} / M(c)  (tilted mean = grad log M).
 
-Softmax, multi-head, l2 and Sinkhorn all reduce to these (MATH.md 9.9). Each block of
+Softmax, multi-head, l2 and Sinkhorn all reduce to these (docs/theory.md, 'Softmax
+attention': every exponential kernel is a tilted mean of a weighted measure). Each block of
 targets shifts its exponents by the row maximum, so every term is <= 1 and positive: the
 sums keep relative accuracy ~ n eps however small they are (no overflow, no NaN where the
-density underflows, MATH.md 9.3). Cost O(targets x sources): the reference up to about
-2-D 64^2.
+density underflows; docs/theory.md, 'Other engines'). Cost O(targets x sources): the
+reference up to about 2-D 64^2.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def support_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray
     """Lower and upper corners (d,) of the box of cells with positive weight (their edges).
 
     The normalised variants average over the measure, so their tilted means lie in the
-    convex hull of its support, inside this box (MATH.md 9.4): the engines clip to it, which
+    convex hull of its support, inside this box (docs/theory.md, 'Clip of tilted means'): the
+    engines clip to it, which
     bounds |Gamma| by ||C|| max|y| however the sums were approximated.
     """
     lower, upper = np.empty(grid.ndim), np.empty(grid.ndim)

@@ -1,4 +1,6 @@
-"""FFT convolution engine for softmax with a symmetric A (MATH.md 9.2), and its transforms.
+"""FFT convolution engine for softmax with a symmetric A, and its transforms.
+
+docs/theory.md, 'Other engines' (the convolution form and why "auto" never picks it).
 
 For A = A^T, <A x, y> = 1/2 x^T A x + 1/2 y^T A y - 1/2 (x - y)^T A (x - y); the x factor
 cancels between numerator and denominator, so the softmax sums are convolutions:
@@ -13,7 +15,7 @@ forms, so the cell-average correction of softmax applies unchanged.
 
 Accuracy is only absolute: an FFT returns each sum to about eps * max|terms| * N, so where the
 true sum is many orders below the largest term (the tails of the density, large |A| R^2, an
-indefinite A whose g grows) the relative accuracy is lost (MATH.md 9.3). The engine is kept
+indefinite A whose g grows) the relative accuracy is lost. The engine is kept
 for what it shows: ``tests/test_engines.py`` measures it against the dense sums (1e-15 for
 A = s [[1, .3], [.3, .8]] with s <= 0.5 on two bumps at 48^2; O(1) errors for s = 2 or a
 negative-definite A, and a ValueError when a sum comes out <= 0), whereas the separable

@@ -1,9 +1,9 @@
 """Fast exponential-kernel sums: the moment-generating function on a tensor grid of tilts.
 
-MATH.md 9.9. With ``M(c) = sum_s w_s e^{c.y_s}`` over the cells, every exponential-kernel
-variant needs ``log M`` or its gradient, the tilted mean ``m(c) = grad log M(c)``, at
-``c = A x``. On a tensor grid of ``c`` values ``M`` and its first moments are separable sums,
-one matrix product per axis:
+docs/theory.md, 'Separable kernel sums'. With ``M(c) = sum_s w_s e^{c.y_s}`` over the
+cells, every exponential-kernel variant needs ``log M`` or its gradient, the tilted mean
+``m(c) = grad log M(c)``, at ``c = A x``. On a tensor grid of ``c`` values ``M`` and its
+first moments are separable sums, one matrix product per axis:
 
     M(c_1i, c_2j) = sum_p e^{c_1i y_1p} ( sum_q e^{c_2j y_2q} w_pq ),
 
@@ -48,7 +48,8 @@ from .sheared3d import resolution_factor as resolution_factor3
 #: automatic table size: step_a * extent_a <= NODE_RESOLUTION, where extent_a is the width of
 #: the support along axis a (c . y changes by at most this between neighbouring nodes),
 #: within [MIN_NODES, MAX_NODES[d]] (the cap bounds the table memory: 160^3 x 3 fields
-#: = 100 MB in 3-D). 2-D 256^2 softmax on the c1 case of MATH.md 6 gets 512 nodes.
+#: = 100 MB in 3-D). 2-D 256^2 softmax on the c1 test matrices (docs/theory.md, 'Test
+#: matrices c1 and c2') gets 512 nodes.
 NODE_RESOLUTION = 0.7
 MIN_NODES = 64
 MAX_NODES = {1: 16384, 2: 2048, 3: 160}
