@@ -8,11 +8,12 @@
     tpde validate [--suite quick|full] [-o DIR]
     tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [-o DIR] [--quiet]
 
-Exit codes (DESIGN.md 4): 0 success (a detected blow-up or mass leaving the box is a result,
-stored in the file's ``status``), 2 bad input (one line on stderr naming the key and the
-fix; existing output is never touched), 1 internal or numerical failure. ``tpde sweep`` exits 0
-when every run is accounted for (failed runs are results, listed in the summary), 2 for a bad
-sweep file, 1 when the sweep itself cannot go on (e.g. no scheduler at ADDRESS).
+Exit codes (docs/user-guide.md, 'The command line'): 0 success (a detected blow-up or mass
+leaving the box is a result, stored in the file's ``status``), 2 bad input (one line on stderr
+naming the key and the fix; existing output is never touched), 1 internal or numerical
+failure. ``tpde sweep`` exits 0 when every run is accounted for (failed runs are results,
+listed in the summary), 2 for a bad sweep file, 1 when the sweep itself cannot go on (e.g.
+no scheduler at ADDRESS).
 """
 
 from __future__ import annotations

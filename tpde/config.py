@@ -1,4 +1,5 @@
-"""Run configuration: TOML (DESIGN.md section 4) -> validated objects -> a Problem.
+"""Run configuration: TOML (docs/user-guide.md, 'Configuration files') -> validated objects
+-> a Problem.
 
 Every key has a documented default except the physics (``grid.lower/upper/cells``, the
 initial data, the attention matrices, ``run.t_end``). Errors are ``ConfigError``: one line

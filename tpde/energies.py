@@ -1,19 +1,22 @@
-"""Energies and Lyapunov functions along runs (MATH.md 3.5, 3.6(b), 4; docs/theory.md 11).
+"""Energies and Lyapunov functions along runs.
+
+docs/theory.md, 'Gradient flows and energies' (the theory) and 'Energies and Lyapunov
+functions' (how they are evaluated).
 
 Three functionals of the token law mu (density rho, cell averages ``rho_bar`` on a grid):
 
 * ``trace_lyapunov``: tr(V^-1 Sigma), Sigma the covariance of mu (:func:`tpde.grid.moments`).
   For softmax with V symmetric positive definite and A symmetric negative semidefinite,
-  d/dt tr(V^-1 Sigma) = 2 tr(A Sigma^2) <= 0 on Gaussian data (MATH.md 3.6(b)). For other
+  d/dt tr(V^-1 Sigma) = 2 tr(A Sigma^2) <= 0 on Gaussian data ('Closed forms'). For other
   data the rate is 2 int m(A x).(x - alpha) dmu (m the tilted mean), which is <= 0 when
   A = -a I (m = grad log M is a monotone map) but has no sign in general.
 * ``interaction_energy``: E(mu) = 1/2 iint e^{<A x, y>} dmu(x) dmu(y) for symmetric A. With
   Z(x) = int e^{<A x, y>} dmu(y) = dE/dmu, softmax attention is Gamma = M grad Z / Z with
-  M = V A^-1 (MATH.md 4), so dE/dt = int <grad Z, M grad Z> / Z dmu: E increases when M is
+  M = V A^-1, so dE/dt = int <grad Z, M grad Z> / Z dmu: E increases when M is
   symmetric positive definite and decreases when it is negative definite, for any mu.
 * ``sinkhorn_self_cost``: 1/2 OT_eps(mu, mu) with
   OT_eps(mu, nu) = min_{pi in Pi(mu, nu)} int -<A x, y> dpi + eps KL(pi | mu x nu).
-  Sinkhorn attention with A = A^T and V = A is its W2 gradient flow (descent, MATH.md 3.5):
+  Sinkhorn attention with A = A^T and V = A is its W2 gradient flow (descent):
   Gamma = -grad f, f the potential below, so it decreases for any mu.
 
 Primal and dual of the self-transport (the sign convention of
@@ -67,12 +70,15 @@ MONOTONE = ("increasing", "decreasing", "none")
 #: name -> (long_name, formula) of each energy (the attributes of its output record)
 DESCRIPTIONS = {
     "trace_lyapunov": (
-        "trace of V^-1 times the covariance (Lyapunov function, MATH.md 3.6b)",
+        "trace of V^-1 times the covariance (Lyapunov function, docs/theory.md, 'Closed forms')",
         "tr(V^-1 Sigma)",
     ),
-    "interaction": ("interaction energy (MATH.md 4)", "1/2 iint exp(<A x, y>) rho(x) rho(y) dx dy"),
+    "interaction": (
+        "interaction energy (docs/theory.md, 'Gradient flows and energies')",
+        "1/2 iint exp(<A x, y>) rho(x) rho(y) dx dy",
+    ),
     "sinkhorn_self_cost": (
-        "half the entropic self-transport cost (MATH.md 3.5)",
+        "half the entropic self-transport cost (docs/theory.md, 'Gradient flows and energies')",
         "1/2 OT_eps(mu, mu) = 1/2 (int f dmu + int g dmu), OT_eps(mu, nu) "
         "= min_pi int -<A x, y> dpi + eps KL(pi | mu x nu), mu normalised",
     ),
@@ -140,7 +146,9 @@ def interaction_energy(
     nodes: int | None = None,
     log: bool = False,
 ) -> float:
-    """E = 1/2 iint e^{<A x, y>} rho(x) rho(y) dx dy for symmetric A (MATH.md 4).
+    """E = 1/2 iint e^{<A x, y>} rho(x) rho(y) dx dy for symmetric A.
+
+    docs/theory.md, 'Gradient flows and energies' and 'Energies and Lyapunov functions'.
 
     density: cell averages (grid.shape, negative values are treated as 0); A: (d, d)
     symmetric. ``log=True`` returns log E (finite however large or small E is).
@@ -193,7 +201,9 @@ def interaction_energy(
 
 
 def sinkhorn_self_cost(density: np.ndarray, grid: Grid, head, field=None) -> float:
-    """1/2 OT_eps(mu, mu) for the cost -<A x, y> and ``eps = head.eps`` (MATH.md 3.5).
+    """1/2 OT_eps(mu, mu) for the cost -<A x, y> and ``eps = head.eps``.
+
+    docs/theory.md, 'Energies and Lyapunov functions'.
 
     OT_eps(mu, mu) = min_pi int -<A x, y> dpi + eps KL(pi | mu x mu) = int f dmu + int g dmu
     (module docstring), from the converged Sinkhorn potentials on the cell centres
@@ -265,7 +275,8 @@ def applicable(variant: str, params, gaussian_data: bool = False) -> dict[str, s
     * ``trace_lyapunov``: softmax, multihead (one head), l2, sinkhorn and linear with one
       head whose value map C = W V is invertible; "decreasing" for softmax / multihead when
       C is symmetric positive definite, A symmetric negative semidefinite and either the
-      data are Gaussian (``gaussian_data``: MATH.md 3.6(b)) or A = -a I (then for any data);
+      data are Gaussian (``gaussian_data``: docs/theory.md, 'Closed forms') or A = -a I (then
+      for any data);
       "none" otherwise.
     * ``interaction``: softmax / multihead with one head and symmetric A; "increasing" when
       M = C A^-1 is symmetric positive definite, "decreasing" when it is symmetric negative

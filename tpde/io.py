@@ -1,4 +1,6 @@
-"""NetCDF output of runs: writing snapshots as they come, reading back, resuming (DESIGN.md 4).
+"""NetCDF output of runs: writing snapshots as they come, reading back, resuming.
+
+The format is described in docs/user-guide.md, 'Output files (CF-1.10 NetCDF)'.
 
 File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
 

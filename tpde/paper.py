@@ -1,8 +1,9 @@
-"""The paper's numerical experiments (MATH.md 5) with the grid solver: E1-E6 and the rank
-histograms.
+"""The paper's numerical experiments with the grid solver: E1-E6 and the rank histograms.
+
+docs/theory.md, 'Paper experiments E1-E6' and 'Rank histograms'.
 
 The authors integrate only the covariance ODE of Gaussian initial data (``2d_plots.py``,
-``histograms.py``; MATH.md 5.1, 5.2 give the matrices, re-derived from their seeds). Here each
+``histograms.py``; docs/theory.md gives the matrices, re-derived from their seeds). Here each
 experiment evolves a set of initial covariances twice: by the Gaussian ODE (tpde.validation.
 gaussian, DOP853) and by the grid solver from the Gaussian density N(0, Sigma_0) (WENO5-Z,
 SSP-RK3, on the box fitted to the ODE solution, tpde.studies.fitted_box), and draws both in the
@@ -11,14 +12,14 @@ cone is z >= sqrt(x^2 + y^2) and its boundary the rank-1 matrices, and the trace
 (a - b, 2c) / tr Sigma in the unit disc (the unit circle: rank 1). Blow-up (tr Sigma > 1e3, the
 authors' rule, or the ODE's blow-up event) is marked where it is detected; grid runs of
 blowing-up data stop at half the blow-up time (every discretisation departs near it,
-MATH.md 9.5).
+docs/theory.md, 'Blow-up and tails').
 
-The rank histograms integrate the d = 3, 4, 5 covariance ODEs of MATH.md 5.2 (the authors'
+The rank histograms integrate the d = 3, 4, 5 covariance ODEs of 'Rank histograms' (the authors'
 draws: Q = randn(d // 2, d) for every d in one stream from seed 40, Sigma_0 = G G^T with the
 seed reset to 41 per dimension, K = -Q, A = -Q^T Q / sqrt(d)) to a long horizon and count the
 eigenvalues of the limit above 0.1; for softmax with V = I the exact limit
-Sigma_inf = P (P^T Sigma_0^{-1} P)^{-1} P^T (P: a basis of ker Q, MATH.md 3.6(a)) is counted
-beside them, and the paper's (reproduced) counts are quoted from MATH.md 5.2.
+Sigma_inf = P (P^T Sigma_0^{-1} P)^{-1} P^T (P: a basis of ker Q, 'Closed forms') is counted
+beside them, and the paper's counts (as reproduced from the authors' script) are quoted.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ SQ2 = np.sqrt(2.0)
 #: the authors' explosion rule (tr Sigma above this: blow-up)
 TRACE_BLOWUP = 1e3
 
-# MATH.md 5.1, matrices re-derived from the authors' seeds
+# docs/theory.md, 'Paper experiments E1-E6': matrices re-derived from the authors' seeds
 Q_E1 = np.array([[0.45805, 0.30835], [0.23149, 0.27742]])
 V_E1 = np.array([[2.66938, -0.69153], [-0.69153, 2.68745]])
 Q_E2 = np.array([[0.40632, 0.91373]])
@@ -62,7 +63,7 @@ def _l2(Q, K, V):
 
 
 def _multihead_e3():
-    """H = 2, k = 1, W = I, only head 1 active (MATH.md 3.6(d)): A_1 = -q^T q (scale
+    """H = 2, k = 1, W = I, only head 1 active (docs/theory.md, 'Closed forms'): A_1 = -q^T q (scale
     1/sqrt(k) = 1), C_1 = e_1 e_1^T."""
     q = Q_E2
     return [Head(-q.T @ q, [[1.0, 0.0]], [[1.0], [0.0]])]
@@ -70,8 +71,9 @@ def _multihead_e3():
 
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment of MATH.md 5.1: parameters per variant, the authors' initial-data
-    limits (u, w ranges of init_grid) and the horizon of the grid runs."""
+    """One experiment of docs/theory.md, 'Paper experiments E1-E6': parameters per variant,
+    the authors' initial-data limits (u, w ranges of init_grid) and the horizon of the grid
+    runs."""
 
     name: str
     title: str
@@ -335,8 +337,9 @@ def trajectory_figures(trajectories: list[Trajectory], title: str, path_3d, path
     plt.close(fig)
 
 
-# ---- rank histograms (MATH.md 5.2) ------------------------------------------------------------
-#: MATH.md 5.2, "Reproduced counts": the authors' projected-Euler ranks, {d: {rank: count}}
+# ---- rank histograms (docs/theory.md, 'Rank histograms') ---------------------------------------
+#: the authors' projected-Euler ranks (their script's logic re-run on their draws),
+#: {d: {rank: count}}
 PAPER_COUNTS = {
     ("softmax", "identity"): {
         3: {0: 3, 1: 48, 2: 49},

@@ -1,4 +1,5 @@
-"""Figures and animations of a run's output (the ``xarray.Dataset`` of DESIGN.md 4).
+"""Figures and animations of a run's output (the ``xarray.Dataset`` of docs/user-guide.md,
+'Output files (CF-1.10 NetCDF)').
 
 Every function takes the Dataset that a run returns or writes (or the path of a NetCDF file
 holding one) and draws from its variables only: ``density(time, x[, y[, z]])`` with the cell

@@ -4,13 +4,14 @@ Both read the same TOML as ``tpde run`` and write NetCDF with the run's names wh
 (``time``, ``mean(time, dim)``, ``covariance(time, dim, dim2)``, the ``config`` and ``status``
 attributes):
 
-* ``gaussian_reference(config)``: the mean/covariance ODEs of MATH.md 3 from the Gaussian
-  initial data (variants with a Gaussian closure only); ``status`` is ``blowup`` with its
-  time when the covariance blows up.
+* ``gaussian_reference(config)``: the mean/covariance ODEs (docs/theory.md, 'Gaussian
+  closures') from the Gaussian initial data (variants with a Gaussian closure only);
+  ``status`` is ``blowup`` with its time when the covariance blows up.
 * ``particle_reference(config, n, seed)``: n i.i.d. tokens sampled from the initial density,
-  moved by the token system (MATH.md 1.2, SSP-RK3 with the run's snapshot times), stored as
-  ``tokens(time, token, dim)``. Masked runs: n // (positions + 1) tokens per position
-  slice (``token_position(token)``, ``token_weight(token)``), moved by the masked system.
+  moved by the token system (docs/theory.md, 'The Transformer PDE'; SSP-RK3 with the run's
+  snapshot times), stored as ``tokens(time, token, dim)``. Masked runs: n // (positions + 1)
+  tokens per position slice (``token_position(token)``, ``token_weight(token)``), moved by
+  the masked system.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def gaussian_reference(config: Config) -> xr.Dataset:
         raise ConfigError(
             "initial.mean_drift: position-dependent data have no Gaussian "
             "closure; tpde gaussian needs the same Gaussian at every position "
-            "(then every slice follows the ODEs, MATH.md VC12)"
+            "(then every slice follows the ODEs: docs/theory.md, 'Masked attention')"
         )
     if config.variant not in VARIANTS:
         raise ConfigError(

@@ -6,12 +6,14 @@ and the tests call the same functions. The studies drive the solver loop, so the
 ``tpde`` (the face) and use ``tpde.validation`` (which never imports the solver).
 
 * :func:`gaussian_refinement` -- grid runs from N(alpha_0, Sigma_0) at several resolutions
-  against the mean/covariance ODEs (MATH.md 3): errors and observed orders.
+  against the mean/covariance ODEs (docs/theory.md, 'Gaussian closures'): errors and observed
+  orders.
 * :func:`tokens_vs_ode` -- deterministic Gauss-Hermite tokens against the ODEs.
 * :func:`grid_vs_tokens` -- sampled tokens against the grid solution on any initial density,
   with the sampling distance at t = 0 as the yardstick.
 * :func:`mean_field` -- the distance between tokens and the grid solution as n grows, with a
-  least-squares slope in log-log (MATH.md 2, item 5: W1 ~ n^{-1/2} in 1-D, n^{-1/2} log n
+  least-squares slope in log-log (docs/theory.md, 'Support and speed bounds': W1 ~ n^{-1/2} in
+  1-D, n^{-1/2} log n
   in 2-D for i.i.d. tokens, carried forward by the stability estimate).
 * :func:`masked_grid_vs_tokens` -- masked attention: tokens sampled per position slice, the
   masked token system against the masked grid run in the conditional distance W_{p,nu}.
@@ -74,7 +76,8 @@ def observed_orders(errors, cells) -> np.ndarray:
 def fitted_box(solution, t_end: float, sigmas: float = 6.0) -> tuple[np.ndarray, np.ndarray]:
     """Lower / upper corners holding alpha_a(t) +- sigmas sigma_a(t) for t in [0, t_end]
     (a Gaussian ODE solution), rounded out to multiples of 1/4. The softmax kernels need
-    sigmas >= 7 (MATH.md 9.5: the tilted law sits at alpha + Sigma A x)."""
+    sigmas >= 7 (docs/theory.md, 'Blow-up and tails': the tilted law sits at
+    alpha + Sigma A x)."""
     d = solution.at(0.0)[0].size
     lower, upper = np.full(d, np.inf), np.full(d, -np.inf)
     for t in np.linspace(0.0, t_end, 41):

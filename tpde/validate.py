@@ -3,13 +3,13 @@
     tpde validate [--suite quick|full] [-o DIR]
 
 Three independent descriptions of the same dynamics are compared (tpde.studies):
-the grid solution, the interacting tokens (MATH.md 1.2) and, for Gaussian data, the
-mean/covariance ODEs (MATH.md 3). The quick suite (about a minute on 2 cores) covers every
-variant on 1-D and 2-D, Gaussian and non-Gaussian data; the full suite adds the 2-D
-refinement of all five closed-form variants to 128^2, the 2-D mean-field study with n up
-to 3 x 10^4 tokens and the 2-D masked check (about 15-20 minutes). The report is
-``DIR/report.md`` with its figures (``covariance.png``, ``mean_field.png``); the exit code
-is 1 if any check fails.
+the grid solution, the interacting tokens and, for Gaussian data, the mean/covariance ODEs
+(docs/theory.md, 'The Transformer PDE' and 'Gaussian closures'). The quick suite (about a
+minute on 2 cores) covers every variant on 1-D and 2-D, Gaussian and non-Gaussian data;
+the full suite adds the 2-D refinement of all five closed-form variants to 128^2, the 2-D
+mean-field study with n up to 3 x 10^4 tokens and the 2-D masked check (about 15-20
+minutes). The report is ``DIR/report.md`` with its figures (``covariance.png``,
+``mean_field.png``); the exit code is 1 if any check fails.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from tpde.grid import Grid, Positions, gaussian_mixture, uniform_ball
 from tpde.validation import gaussian as ode
 from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
-# MATH.md 6, case c1 (non-symmetric A and V) and its initial Gaussian
+# case c1 (non-symmetric A and V) and its initial Gaussian: docs/theory.md, 'Test matrices c1
+# and c2'
 A1 = np.array([[-0.6, 0.8], [-0.2, -0.3]])
 V1 = np.array([[1.0, 0.5], [-0.3, 0.8]])
 MEAN1 = np.array([0.5, -0.3])
@@ -138,7 +139,8 @@ def closed_forms(report: Report, log: Callable[[str], None]) -> None:
         report.checks.append(Check(f"{name} closed form", err, 1e-10))
     log("closed forms done")
     report.sections.append(
-        "## Closed forms of MATH.md 3\n\n" + _table(["case", "ODE", "closed form", "error"], rows)
+        "## Closed forms (docs/theory.md, 'Closed forms')\n\n"
+        + _table(["case", "ODE", "closed form", "error"], rows)
     )
 
 
@@ -255,7 +257,8 @@ def mean_field_study(
     report.sections.append(
         f"## Mean-field limit ({label}, softmax, t = 0.5)\n\nW1 between n i.i.d. tokens and "
         f"the grid solution (mean of {seeds} samples per n); fitted slope {out['slope']:.3f} "
-        f"(MATH.md 2: n^-1/2 in 1-D, n^-1/2 log n in 2-D).\n\n" + _table(["n", "W1"], rows)
+        f"(docs/theory.md, 'Support and speed bounds': n^-1/2 in 1-D, n^-1/2 log n in 2-D)."
+        "\n\n" + _table(["n", "W1"], rows)
     )
     log(f"mean field {label}: slope {out['slope']:.3f}")
     return out

@@ -14,8 +14,9 @@ error), so only the *shape* of a density counts; check the mass with :func:`mome
   (``ot.emd2`` network simplex, or log-domain Sinkhorn ``ot.sinkhorn2``) between the cell-centre
   atoms; see :func:`wasserstein` for the support, the cut-off and the error bounds.
 * :func:`conditional_wasserstein`, :func:`conditional_wasserstein_tokens` -- the conditional
-  distance of masked attention (MATH.md 1.3 notes) between position-sliced densities (shape
-  ``(S, *grid.shape)``, see ``tpde.grid.Positions``) and sliced token clouds,
+  distance of masked attention (docs/theory.md, 'Conditional Wasserstein distance') between
+  position-sliced densities (shape ``(S, *grid.shape)``, see ``tpde.grid.Positions``) and
+  sliced token clouds,
   ``W_{p,nu}^p = sum_k nu_k W_p(a_k, b_k)^p``.
 * :func:`bures_wasserstein` -- closed-form ``W_2`` between Gaussians.
 * :func:`density_errors`, :func:`moment_errors` -- L1 / Linf and mean / covariance errors.
@@ -596,7 +597,7 @@ def conditional_wasserstein(
 ) -> float:
     """Conditional ``W_{p,nu}`` (p = 1, 2) between two position-sliced densities.
 
-    MATH.md 1.3 notes: for mu = sum_k nu_k delta_{s_k} (x) mu_k,
+    docs/theory.md, 'Conditional Wasserstein distance': for mu = sum_k nu_k delta_{s_k} (x) mu_k,
 
         W_{p,nu}(a, b)^p = sum_k nu_k W_p(a_k, b_k)^p,
 
