@@ -1,5 +1,6 @@
-"""Bad input never produces a traceback or touches existing output: exit code 2, one line
-naming the key (DESIGN.md 4). Table-driven: each case mutates a valid configuration."""
+"""Bad input never produces a traceback or touches existing output: exit code 2, one line naming the
+key (docs/user-guide.md, 'Configuration files'). Table-driven: each case mutates a valid
+configuration."""
 
 from __future__ import annotations
 

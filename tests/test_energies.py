@@ -1,4 +1,4 @@
-"""Energies and Lyapunov functions (tpde.energies; MATH.md 3.5, 3.6(b), 4).
+"""Energies and Lyapunov functions (tpde.energies; docs/theory.md, 'Gradient flows and energies').
 
 Independent references: the closed form of E[e^{x^T A y}] for independent Gaussians (the
 interaction energy of Gaussians and Gaussian mixtures), a dense double sum, the primal value
@@ -37,7 +37,8 @@ from tpde.validation.gaussian import sinkhorn_cross_covariance, solve
 from tpde.variants import Head, L2Head, Layers, SinkhornAttention, SinkhornHead, SoftmaxAttention
 from tpde.variants.sinkhorn import quadrature_weights
 
-# MATH.md 5.1, E1: K = -Q, A = K^T Q / sqrt(2) symmetric negative definite, V SPD
+# paper experiment E1 (docs/theory.md, 'Paper experiments E1-E6'): K = -Q, A = K^T Q / sqrt(2)
+# symmetric negative definite, V SPD
 Q_E1 = np.array([[0.45805, 0.30835], [0.23149, 0.27742]])
 A_E1 = -Q_E1.T @ Q_E1 / np.sqrt(2)
 V_E1 = np.array([[2.66938, -0.69153], [-0.69153, 2.68745]])
@@ -98,8 +99,8 @@ def dense_interaction(density, grid, A) -> float:
 
 
 def gaussian_self_cost(alpha, Sigma, A, eps) -> float:
-    """1/2 OT_eps(N, N) for N = N(alpha, Sigma) and the cost -<A x, y> (MATH.md 3.5): the
-    optimal plan is Gaussian with cross-covariance C (sinkhorn_cross_covariance), so
+    """1/2 OT_eps(N, N) for N = N(alpha, Sigma) and the cost -<A x, y>: the optimal plan is
+    Gaussian with cross-covariance C (sinkhorn_cross_covariance, 'Sinkhorn on Gaussians'), so
     OT_eps = -E<A x, y> + eps KL = -alpha^T A alpha - tr(A C) - (eps/2) log det(I - D D^T),
     D = Sigma^-1/2 C Sigma^-1/2 (KL of a Gaussian coupling against the product of its
     marginals)."""
@@ -308,7 +309,8 @@ def run(grid, density, field, t_end, snapshots):
 
 
 def test_trace_lyapunov_decreases_along_a_softmax_run_and_matches_the_ode():
-    """MATH.md 3.6(b) with the E1 matrices: d/dt tr(V^-1 Sigma) = 2 tr(A Sigma^2) < 0."""
+    """Lyapunov function (docs/theory.md, 'Closed forms') with the E1 matrices: d/dt tr(V^-1 Sigma)
+    = 2 tr(A Sigma^2) < 0."""
     head = Head(A_E1, V_E1)
     grid = Grid([-5, -5], [5, 5], [40, 40])
     mean0, cov0 = np.zeros(2), np.array([[1.0, 0.3], [0.3, 0.6]])
@@ -370,7 +372,8 @@ def test_interaction_energy_is_monotone_along_softmax_runs():
 
 
 def test_sinkhorn_self_cost_decreases_along_a_run():
-    """A = A^T = V negative definite (MATH.md 3.5: the W2 gradient flow of 1/2 OT_eps); the
+    """A = A^T = V negative definite (the W2 gradient flow of 1/2 OT_eps: docs/theory.md,
+    'Gradient flows and energies'); the
     reference is the closed form on the Gaussians of the Sinkhorn moment ODEs."""
     A = np.array([[-0.3, 0.1], [0.1, -0.2]])
     head = SinkhornHead(A, A, eps=1.0)

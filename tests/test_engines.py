@@ -93,8 +93,8 @@ def test_separable_multihead_with_rank_one_heads():
 
 
 def test_fft_engine_keeps_only_absolute_accuracy():
-    """Symmetric A: the FFT convolution engine forms the same sums; its error grows with the
-    dynamic range of the kernel (MATH.md 9.3), which is why "auto" never picks it."""
+    """Symmetric A: the FFT convolution engine forms the same sums; its error grows with the dynamic
+    range of the kernel (docs/theory.md, 'Other engines'), which is why "auto" never picks it."""
     grid = Grid([-8, -8], [8, 8], [48, 48])
     rho = densities(grid)["two bumps"]
     mask = rho > 1e-8 * rho.max()
@@ -121,7 +121,8 @@ def test_fft_engine_keeps_only_absolute_accuracy():
 @pytest.mark.parametrize("engine", ["direct", "separable"])
 def test_normalised_fields_ignore_the_density_scale_and_stay_in_the_support_box(variant, engine):
     """No overflow, underflow or NaN: a density scaled by 1e-250 (tails underflowing to 0)
-    gives the same field; every tilted mean lies in the support box (MATH.md 9.4)."""
+    gives the same field; every tilted mean lies in the support box (docs/theory.md, 'Clip of
+    tilted means')."""
     grid = Grid([-6, -6], [6, 6], [40, 40])
     rho = densities(grid)["two bumps"]
     rho[rho < 1e-30] = 0.0  # compact support: a hard edge to respect

@@ -1,4 +1,5 @@
-"""Face velocities by transverse interpolation (scheme.face_velocity, MATH.md 9.8 / issue 7).
+"""Face velocities by transverse interpolation (scheme.face_velocity; docs/theory.md,
+'Face fluxes in several dimensions').
 
 The solver may evaluate the normal velocity at the face centres only and interpolate it to
 the transverse Gauss nodes with 8-point Lagrange stencils. References: polynomials (exact),

@@ -1,4 +1,6 @@
-"""Gaussian moment ODEs (tpde.validation.gaussian) against MATH.md 3, 6.1, 6.3 and 7.
+"""Gaussian moment ODEs (tpde.validation.gaussian) against the explicit formulas, closed forms
+and validation cases of docs/theory.md ('Gaussian closures', 'Closed forms', 'Validation
+cases'; the reference numbers printed there are checked to their last digit).
 
 Every test prints the numbers it checks (``pytest -s``).
 """
@@ -39,12 +41,12 @@ I2 = np.eye(2)
 SIGMA0 = np.array([[1.0, 0.4], [0.4, 0.6]])
 ALPHA0 = np.array([0.5, -0.3])
 
-# MATH.md 6, case c1
+# docs/theory.md, 'Test matrices c1 and c2': case c1
 C1_A = np.array([[-0.6, 0.8], [-0.2, -0.3]])
 C1_V = np.array([[1.0, 0.5], [-0.3, 0.8]])
 C1_Q = np.array([[0.8, -0.3], [0.5, 0.6]])
 C1_K = np.array([[0.4, 0.7], [-0.6, 0.2]])
-# MATH.md 6, case c2
+# case c2
 C2_ALPHA0 = np.array([-0.4, 0.6])
 C2_SIGMA0 = np.array([[0.8, -0.3], [-0.3, 0.5]])
 C2_A = np.array([[0.4, -0.9], [0.3, 0.1]])
@@ -58,13 +60,14 @@ def printed_tol(text: str) -> float:
 
 
 def check_printed(label: str, got, printed) -> None:
-    """Compare ``got`` with the MATH.md numbers ``printed`` (strings) to the printed digits."""
+    """Compare ``got`` with the reference numbers ``printed`` (strings, as docs/theory.md
+    prints them) to the printed digits."""
     got = np.atleast_1d(np.asarray(got, float)).ravel()
     printed = [printed] if isinstance(printed, str) else [str(p) for p in printed]
     errs = [abs(g - float(p)) for g, p in zip(got, printed, strict=True)]
     tols = [printed_tol(p) for p in printed]
     print(
-        f"  {label}: got {np.array2string(got, precision=9)}  MATH.md {list(printed)}  "
+        f"  {label}: got {np.array2string(got, precision=9)}  reference {list(printed)}  "
         f"max|err| {max(errs):.2e}"
     )
     assert all(e <= t for e, t in zip(errs, tols, strict=True)), (label, got, printed)
@@ -79,7 +82,7 @@ def random_spd(rng, d):
     return G @ G.T + 0.5 * np.eye(d)
 
 
-# ---- VC1-VC4 (MATH.md 7) and closed forms (3.6, 6.3) -----------------------------------------
+# ---- VC1-VC4 (docs/theory.md, 'Validation cases') and 'Closed forms' ------------------------
 def test_vc1_scalar_blowup():
     print("\nVC1 softmax V = I, A = 0.5 I")
     head = Head(0.5 * I2, I2)
@@ -99,7 +102,7 @@ def test_vc1_scalar_blowup():
     t_closed = softmax_blowup_time(SIGMA0, 0.5 * I2, 1.0)
     print(
         f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
-        f"{t_closed:.10f}, MATH.md 0.801787283"
+        f"{t_closed:.10f}, reference 0.801787283"
     )
     assert sol.status == "blowup"
     assert abs(sol.status_time - 0.801787283) <= 1e-6
@@ -159,7 +162,7 @@ def test_vc3_rank_one_clustering():
     check_printed("|Sigma(10) - Sigma_inf|_F", dist[1], "0.07130")
     print(
         f"  |Sigma(t) - Sigma_inf|_F at t = 100, 1000: {dist[2]:.3e}, {dist[3]:.3e} "
-        "(MATH.md 6.3: 8.88e-3, 9.1e-4)"
+        "(reference: 8.88e-3, 9.1e-4)"
     )
     check_printed("|Sigma(100) - Sigma_inf|_F", dist[2], "0.00888")
     check_printed("|Sigma(1000) - Sigma_inf|_F", dist[3], "0.00091")
@@ -184,7 +187,7 @@ def test_vc4_indefinite():
     t_closed = softmax_blowup_time(SIGMA0, A, 1.0)
     print(
         f"  status {sol.status}, event t* = {sol.status_time:.10f}, closed form "
-        f"{t_closed:.10f}, MATH.md 2.25459678"
+        f"{t_closed:.10f}, reference 2.25459678"
     )
     assert sol.status == "blowup"
     assert abs(sol.status_time - 2.25459678) <= 1e-6
@@ -286,7 +289,7 @@ def test_vc7_sinkhorn_isotropic(v, a, printed):
         assert e < 1e-10
 
 
-# ---- one formula per variant: affine field vs the explicit formulas of MATH.md 3.1-3.5 --------
+# ---- one formula per variant: affine field vs the explicit formulas ('Gaussian closures') ----
 def explicit_softmax(alpha, S, A, V):
     return V @ (np.eye(len(alpha)) + S @ A) @ alpha, V @ S @ A @ S + S @ A.T @ S @ V.T
 
@@ -300,7 +303,7 @@ def explicit_l2(alpha, S, Q, K, V):
     eye = np.eye(len(alpha))
     da = V @ np.linalg.inv(eye + 2 * S @ K.T @ K) @ (eye + 2 * S @ K.T @ Q) @ alpha
     half = 2 * V @ S @ np.linalg.inv(eye + 2 * K.T @ K @ S) @ K.T @ Q @ S
-    # the equivalent form 2 V (Sigma^-1 + 2 K^T K)^-1 K^T Q Sigma of MATH.md 3.3
+    # the equivalent form 2 V (Sigma^-1 + 2 K^T K)^-1 K^T Q Sigma ('l2 on Gaussians')
     other = 2 * V @ np.linalg.inv(np.linalg.inv(S) + 2 * K.T @ K) @ K.T @ Q @ S
     assert rel(half, other) < 1e-12
     return da, half + half.T
@@ -315,7 +318,8 @@ def explicit_sinkhorn_C(S, A, eps=1.0):
 
 
 def authors_sinkhorn_rhs(S, A, V):
-    """[CODE] form (MATH.md 3.5): C_S and rhs = V A^-T Sigma^-1 C_S Sigma + transpose."""
+    """The authors' code's form ('Sinkhorn on Gaussians'): C_S and rhs = V A^-T Sigma^-1 C_S Sigma +
+    transpose."""
     d = len(S)
     root = np.real(sqrtm(S))
     inner = np.real(sqrtm(4 * root @ A.T @ S @ A @ root + np.eye(d)))
@@ -325,7 +329,7 @@ def authors_sinkhorn_rhs(S, A, V):
 
 
 def test_affine_field_equals_explicit_formulas():
-    print("\naffine-field form vs explicit MATH.md 3.1-3.5 formulas (d = 3, 5 random draws)")
+    print("\naffine-field form vs the explicit formulas (d = 3, 5 random draws)")
     rng = np.random.default_rng(7)
     d = 3
     worst = dict.fromkeys(VARIANTS, 0.0)
@@ -389,7 +393,7 @@ def test_affine_field_equals_explicit_formulas():
 
 
 def test_sinkhorn_cross_covariance_equation():
-    print("\nSinkhorn: Sigma^-1 C (Sigma - C^T Sigma^-1 C)^-1 = A^T / eps (MATH.md 3.5)")
+    print("\nSinkhorn: Sigma^-1 C (Sigma - C^T Sigma^-1 C)^-1 = A^T / eps")
     rng = np.random.default_rng(11)
     for trial in range(6):
         d = 2 + trial % 3
@@ -451,7 +455,7 @@ def test_callable_parameters():
     e = max(rel(call.means, const.means), rel(call.covariances, const.covariances))
     print(f"  callable returning the constant vs constant: {e:.1e}")
     assert e <= 1e-14
-    # A(t) = a(t) I, V = I: Sigma^-1(t) = Sigma0^-1 - 2 (int_0^t a) I (MATH.md 3.6 a with A(t))
+    # A(t) = a(t) I, V = I: Sigma^-1(t) = Sigma0^-1 - 2 (int_0^t a) I ('Closed forms' with A(t))
     times = [0.5, 1.0]
     sol = solve(
         "softmax",
@@ -501,7 +505,7 @@ def test_parameter_validation_messages():
         assert str(info.value).startswith(start) and "\n" not in str(info.value)
 
 
-# ---- deterministic Gauss-Hermite tokens (MATH.md 6.1) -----------------------------------------
+# ---- deterministic Gauss-Hermite tokens ('Gaussian closures') --------------------------------
 @pytest.mark.parametrize("kind", ["softmax", "l2"])
 def test_gauss_hermite_tokens(kind):
     """Tokens follow the ODE; with the transposed convention (A -> A^T, Q <-> K) they do not."""

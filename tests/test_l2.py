@@ -1,4 +1,7 @@
-"""l2 attention on the grid against the closed-form field (MATH.md 3.3) and the Gaussian ODE."""
+"""l2 attention on the grid against the closed-form field and the Gaussian ODE.
+
+docs/theory.md, 'l2 on Gaussians'.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from tpde.validation import l2_field
 from tpde.variants import ATTENTION, Head, L2Head
 from tpde.variants.l2 import L2Attention
 
-# MATH.md section 6, case c1
+# case c1 (docs/theory.md, 'Test matrices c1 and c2')
 Q1 = np.array([[0.8, -0.3], [0.5, 0.6]])
 K1 = np.array([[0.4, 0.7], [-0.6, 0.2]])
 HEAD = L2Head(Q1, K1, V1)

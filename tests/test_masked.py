@@ -1,10 +1,10 @@
-"""Masked (causal) attention on the grid (MATH.md 1.3 masked row, 9.6; issue 6).
+"""Masked (causal) attention on the grid (docs/theory.md, 'Masked attention on the grid').
 
 References: bit-for-bit causality (a change after position s0 leaves every slice up to s0
-untouched), the invariant position marginal, the sink slice against an unmasked run of the
-sink alone, the softmax Gaussian ODE for position-independent data (VC12), a brute-force
-masked velocity (the unmasked field of the sum of the slices up to k, dense engine), and the
-masked token system (conditional W2, tpde.studies).
+untouched), the invariant position marginal, the sink slice against an unmasked run of the sink
+alone, the softmax Gaussian ODE for position-independent data (validation case VC12), a brute-force
+masked velocity (the unmasked field of the sum of the slices up to k, dense engine), and the masked
+token system (conditional W2, tpde.studies).
 """
 
 from __future__ import annotations

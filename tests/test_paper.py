@@ -1,4 +1,5 @@
-"""The paper's experiments (MATH.md 5; tpde.paper): the authors' draws, the rank counts, and
+"""The paper's experiments (docs/theory.md, 'Paper experiments E1-E6'; tpde.paper): the
+authors' draws, the rank counts, and
 the grid against the Gaussian ODE on E2 and E5 (issue 8)."""
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def test_initial_covariances_are_the_authors_trace_one_grid():
     assert np.all(xyz[:, 2] > np.hypot(xyz[:, 0], xyz[:, 1]))  # inside the PSD cone
 
 
-def test_rank_histogram_draws_give_the_exact_limit_counts_of_math_5_2():
-    """MATH.md 5.2 counts the exact softmax (V = I) limits of the authors' draws:
+def test_rank_histogram_draws_give_the_exact_limit_counts():
+    """docs/theory.md, 'Rank histograms': the exact softmax (V = I) limits of the authors' draws:
     d = 3: r0 1, r1 31, r2 68; d = 4: r1 32, r2 68."""
     for d, expected in ((3, {0: 1, 1: 31, 2: 68}), (4, {1: 32, 2: 68})):
         qs, covs = histogram_draws(d)

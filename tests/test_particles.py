@@ -1,8 +1,9 @@
-"""The token system (MATH.md 1.2) against the Gaussian ODEs, and its own invariants.
+"""The token system (docs/theory.md, 'The Transformer PDE') against the Gaussian ODEs, and its
+own invariants.
 
 Deterministic Gauss-Hermite tokens of N(alpha_0, Sigma_0) carry the Gaussian moments to
-quadrature accuracy, so their moments follow the mean/covariance ODEs (MATH.md 6.1: the
-authors' verification used 40 x 40 nodes and RK4).
+quadrature accuracy, so their moments follow the mean/covariance ODEs (docs/theory.md,
+'Gaussian closures').
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def test_gauss_hermite_tokens_follow_the_gaussian_odes(case):
 
 
 def test_sinkhorn_tokens_keep_the_mean_identity_for_any_cloud():
-    """Second marginal = mu^n: sum_i w_i Gamma(x_i) = V sum_i w_i x_i (MATH.md 3.5)."""
+    """Second marginal = mu^n: sum_i w_i Gamma(x_i) = V sum_i w_i x_i ('Closed forms')."""
     rng = np.random.default_rng(4)
     tokens = np.concatenate([rng.normal(-1, 0.4, (150, 2)), rng.normal(1.5, 0.6, (100, 2))])
     system = TokenSystem("sinkhorn", SinkhornHead(A1, V1, eps=0.7))

@@ -41,7 +41,8 @@ def exact_moments(d: int, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_dataset(d: int, nt: int = NT, title: str = "synthetic") -> xr.Dataset:
-    """A run-shaped Dataset (DESIGN.md 4) holding a moving Gaussian with consistent moments."""
+    """A run-shaped Dataset (docs/user-guide.md, 'Output files') holding a moving Gaussian with
+    consistent moments."""
     names = AXES[:d]
     edges = [
         np.linspace(lo, hi, n + 1) for lo, hi, n in zip(LOWER[d], UPPER[d], CELLS[d], strict=True)

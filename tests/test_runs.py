@@ -1,17 +1,19 @@
-"""Full runs from Gaussian data against the Gaussian mean/covariance ODEs (MATH.md 3).
+"""Full runs from Gaussian data against the Gaussian mean/covariance ODEs.
 
-Every variant with a Gaussian closure (softmax, l2, Sinkhorn, linear, multi-head), the
-non-symmetric c1 matrices of MATH.md 6 (multi-head: two full-rank non-symmetric heads; the
-rank-one c1 heads run in the slow suite), 2-D, WENO5-Z + SSP-RK3, to t = 1. Each box holds
-the ODE solution's alpha_a(t) +- k sigma_a(t) per axis over the whole run
-(:func:`fitted_box`). k = 6 for l2, Sinkhorn and linear (the truncated tails change the
-covariance by < 1e-7 relative). The softmax kernels need k = 7 (MATH.md 9.5): the tilted law
-behind Gamma(x) sits at alpha + Sigma A x, outside a tight box for x near its edge, so the
-truncated measure's field departs from the Gaussian one there; with k = 6 this stalls the
-softmax covariance error at 1.1e-6 (multi-head c1: 2.6e-6) at 256^2, with k = 7 it reaches
-3.4e-8. The outflow is checked (max_outflow = 1e-5, approached only by the diffused tails of
-the coarse runs; the tables print it). The default suite runs 32^2 and 64^2, the slow suite
-(make test-slow) 64^2 to 256^2.
+docs/theory.md, 'Gaussian closures'.
+
+Every variant with a Gaussian closure (softmax, l2, Sinkhorn, linear, multi-head), the non-symmetric
+c1 matrices (docs/theory.md, 'Test matrices c1 and c2'; multi-head: two full-rank non-symmetric
+heads; the rank-one c1 heads run in the slow suite), 2-D, WENO5-Z + SSP-RK3, to t = 1. Each box
+holds the ODE solution's alpha_a(t) +- k sigma_a(t) per axis over the whole run
+(:func:`fitted_box`). k = 6 for l2, Sinkhorn and linear (the truncated tails change the covariance
+by < 1e-7 relative). The softmax kernels need k = 7 (docs/theory.md, 'Blow-up and tails'): the
+tilted law behind Gamma(x) sits at alpha + Sigma A x, outside a tight box for x near its edge, so
+the truncated measure's field departs from the Gaussian one there; with k = 6 this stalls the
+softmax covariance error at 1.1e-6 (multi-head c1: 2.6e-6) at 256^2, with k = 7 it reaches 3.4e-8.
+The outflow is checked (max_outflow = 1e-5, approached only by the diffused tails of the coarse
+runs; the tables print it). The default suite runs 32^2 and 64^2, the slow suite (make test-slow)
+64^2 to 256^2.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def test_runs_follow_the_gaussian_odes(variant):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(PARAMS) + ["multihead c1"])
 def test_runs_follow_the_gaussian_odes_to_256(variant):
-    if variant == "multihead c1":  # MATH.md 6: rank-one heads, a long box (h = 0.34 at 64^2)
+    if variant == "multihead c1":  # rank-one heads of c1, a long box (h = 0.34 at 64^2)
         rows = refinement("multihead", [64, 128, 256], multihead_c1())
     else:
         rows = refinement(variant, [64, 128, 256])

@@ -1,4 +1,5 @@
-"""Sigmoid attention (MATH.md 1.3): no Gaussian closure, so the references are quadratures.
+"""Sigmoid attention (docs/theory.md, 'Sigmoid attention'): no Gaussian closure, so the references
+are quadratures.
 
 1-D: adaptive quadrature of V int sigma(a x y + b) y N(y) dy (scipy.integrate.quad).
 2-D: a tensor Gauss-Hermite rule for the Gaussian expectation C E[sigma(<A x, Y> + b) Y],
@@ -76,7 +77,7 @@ def test_sigmoid_is_unnormalised_and_bounded():
     assert np.allclose(half, 0.5 * u, rtol=1e-13, atol=1e-15)  # scales with the mass
     y = np.stack(grid.mesh(sparse=False), axis=0)
     first_moment = float((np.sqrt((y**2).sum(axis=0)) * rho).sum() * grid.cell_volume)
-    bound = np.linalg.norm(V1, 2) * first_moment * (1 + 1e-6)  # MATH.md 9.4
+    bound = np.linalg.norm(V1, 2) * first_moment * (1 + 1e-6)  # 'Support and speed bounds'
     assert np.all(np.isfinite(u))
     assert np.sqrt((u**2).sum(axis=0)).max() <= bound
     with pytest.raises(ValueError, match="SigmoidHead.bias"):

@@ -1,4 +1,7 @@
-"""Sinkhorn attention on the grid (MATH.md 3.5): closed-form field, plan marginals, iterations."""
+"""Sinkhorn attention on the grid: closed-form field, plan marginals, iterations.
+
+docs/theory.md, 'Sinkhorn on Gaussians' and 'Sinkhorn iterations'.
+"""
 
 from __future__ import annotations
 

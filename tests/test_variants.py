@@ -1,6 +1,7 @@
 """Attention velocities on the grid: exact dense softmax / multi-head / linear engines.
 
-References: the closed-form affine fields on Gaussians (MATH.md 3.1, 3.2, 3.4), a direct
+References: the closed-form affine fields on Gaussians (docs/theory.md, 'Gaussian closures'), a
+direct
 unblocked evaluation, and the Gaussian mean/covariance ODEs (tpde.validation.gaussian).
 """
 
@@ -16,7 +17,7 @@ from tpde.variants import Head
 from tpde.variants.engines.direct import density_sources, grad_log_box_factor, tilted_means
 from tpde.variants.softmax import LinearAttention, SoftmaxAttention
 
-# MATH.md section 6, case c1 (non-symmetric A and V)
+# case c1 (non-symmetric A and V; docs/theory.md, 'Test matrices c1 and c2')
 A1 = np.array([[-0.6, 0.8], [-0.2, -0.3]])
 V1 = np.array([[1.0, 0.5], [-0.3, 0.8]])
 MEAN1 = np.array([0.5, -0.3])
@@ -71,7 +72,7 @@ def test_tilted_means_match_a_direct_evaluation_and_stay_finite():
     direct = (e @ sources) / e.sum(axis=1, keepdims=True)
     assert np.all(np.isfinite(fast))
     assert np.allclose(fast, direct, rtol=1e-13, atol=1e-13)
-    # convex hull bound (MATH.md 9.4): every tilted mean lies within the support box
+    # convex hull bound ('Clip of tilted means'): every tilted mean lies within the support box
     assert np.all(np.abs(fast) <= 4.0 + 1e-12)
 
 
@@ -142,7 +143,8 @@ def test_bad_attention_inputs_are_named():
 
 
 def multihead_c1() -> list[Head]:
-    """MATH.md 6: H = 2, k = 1, A_h = K[h]^T Q[h] / 2 (outer product of rows), C_h = e_h V[h]."""
+    """Multi-head c1 ('Test matrices c1 and c2'): H = 2, k = 1, A_h = K[h]^T Q[h] / 2 (outer product
+    of rows), C_h = e_h V[h]."""
     q = np.array([[0.8, -0.3], [0.5, 0.6]])
     k = np.array([[0.4, 0.7], [-0.6, 0.2]])
     return [
@@ -152,8 +154,9 @@ def multihead_c1() -> list[Head]:
 
 @pytest.mark.parametrize("variant", ["softmax", "l2", "sinkhorn", "linear", "multihead"])
 def test_velocity_on_gaussian_data_is_the_closed_form_field(variant):
-    """MATH.md 3: every variant with a Gaussian closure has an affine field on N(alpha, Sigma);
-    the grid velocity (auto engine: separable above 32^2) matches it in the 3-sigma bulk."""
+    """docs/theory.md, 'Gaussian closures': every variant with a Gaussian closure has an affine
+    field on N(alpha, Sigma); the grid velocity (auto engine: separable above 32^2) matches it in
+    the 3-sigma bulk."""
     from test_runs import PARAMS
 
     from tpde.validation.gaussian import affine_field
@@ -167,7 +170,7 @@ def test_velocity_on_gaussian_data_is_the_closed_form_field(variant):
         u = ATTENTION[variant](params)(gaussian(grid, MEAN1, COV1), grid, 0.0)
         errors.append(bulk_error(u, affine_exact(grid, b, m), grid, MEAN1, COV1))
     print_table(
-        f"{variant} velocity vs its closed-form affine field (MATH.md 3), 3-sigma bulk, box +-10",
+        f"{variant} velocity vs its closed-form affine field, 3-sigma bulk, box +-10",
         cells,
         errors,
     )
