@@ -52,6 +52,7 @@ def emit(benchmark: str, start: float, **figures) -> dict:
     return out
 
 
-#: the c1 matrices of MATH.md 6 (2-D, non-symmetric A and V), shared by the benchmarks
+#: the c1 test matrices (2-D, non-symmetric A and V; docs/theory.md, 'Test matrices c1 and c2'),
+#: shared by the benchmarks
 A1 = [[-0.6, 0.8], [-0.2, -0.3]]
 V1 = [[1.0, 0.5], [-0.3, 0.8]]

@@ -3,11 +3,11 @@
 
     .venv/bin/python benchmarks/masked.py [--n 128]
 
-Causal softmax (c1 matrices of MATH.md 6), 2-D n^2, drifting two-bump data, N_s = 1 .. 32
-position slices plus the sink: the time of the velocity a solver stage needs (the normal
-component on the faces of both axes, ``CausalAttention.components``), median of 5, and
-the least-squares exponent of time against the slice count (1: linear, as the cumulative
-sum along s promises; a pairwise mask would be 2). Default threads. Prints one JSON line.
+Causal softmax (c1 test matrices, docs/theory.md, 'Test matrices c1 and c2'), 2-D n^2, drifting
+two-bump data, N_s = 1 .. 32 position slices plus the sink: the time of the velocity a solver stage
+needs (the normal component on the faces of both axes, ``CausalAttention.components``), median of 5,
+and the least-squares exponent of time against the slice count (1: linear, as the cumulative sum
+along s promises; a pairwise mask would be 2). Default threads. Prints one JSON line.
 """
 
 from __future__ import annotations

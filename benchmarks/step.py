@@ -5,12 +5,12 @@
 
 One SSP-RK3 step with WENO5-Z fluxes, the positivity limiter and the attention velocity
 recomputed at every stage (the default scheme, face velocities interpolated along the faces),
-2-D n^2 on [-7, 7]^2, Gaussian density; c1 matrices of MATH.md 6 (softmax, Sinkhorn eps = 1)
-and the l2 head of benchmarks/velocity.py. Each case is timed at 1 and 2 threads in the
-same run (median over ``--steps`` steps after two warm-up steps), split into the velocity
-(kernel sums, all stages) and the rest (fluxes, limiter, stage combinations). The steps run
-in rounds of BLOCK, each followed by BLOCK evaluations of the FFT floor at the same thread
-count; ``step_over_fft_floor`` is the median over rounds of the two medians' ratio (a
+2-D n^2 on [-7, 7]^2, Gaussian density; the c1 test matrices of docs/theory.md (softmax,
+Sinkhorn eps = 1) and the l2 head of benchmarks/velocity.py. Each case is timed at 1 and 2
+threads in the same run (median over ``--steps`` steps after two warm-up steps), split into
+the velocity (kernel sums, all stages) and the rest (fluxes, limiter, stage combinations). The
+steps run in rounds of BLOCK, each followed by BLOCK evaluations of the FFT floor at the same
+thread count; ``step_over_fft_floor`` is the median over rounds of the two medians' ratio (a
 shared machine's load drifts by 1.5x within a minute; a round sees one load).
 
 The FFT floor of a step: the padded real transforms an FFT-convolution evaluation of the

@@ -3,21 +3,22 @@
 
     .venv/bin/python benchmarks/time_to_accuracy.py [--budget 10]
 
-Initial N(alpha_0, Sigma_0) of MATH.md 6 with the c1 matrices, softmax, t = 1; the error is
-the relative Frobenius error of the covariance against the Gaussian ODE (MATH.md 3, solved
+Initial N(alpha_0, Sigma_0) with the c1 test matrices (docs/theory.md, 'Test matrices c1 and
+c2'), softmax, t = 1; the error is the relative Frobenius error of the covariance against the
+Gaussian ODE (docs/theory.md, 'Gaussian closures', solved
 to 1e-13). Both methods in one run, one process, default threads:
 
 * grid: tpde's default scheme (WENO5-Z, SSP-RK3) on the box fitted to alpha(t) +- 7 sigma(t)
   (tpde.studies.fitted_box), n^2 cells for n in 24 .. 192; wall time of the whole run
   (problem set-up included, numba compiled beforehand).
-* tokens: n i.i.d. samples of N(alpha_0, Sigma_0) (the particle system of MATH.md 1.2, the
-  model the PDE is the mean-field limit of), RK4 with dt = 0.05 (time error ~1e-7, far below
-  the sampling error), dense O(n^2) sums; 3 seeds per n (median error and time).
+* tokens: n i.i.d. samples of N(alpha_0, Sigma_0) (the particle system of docs/theory.md, 'The
+  Transformer PDE', the model the PDE is the mean-field limit of), RK4 with dt = 0.05 (time error
+  ~1e-7, far below the sampling error), dense O(n^2) sums; 3 seeds per n (median error and time).
 
-``at_budget``: per method the most accurate run that finished within ``--budget`` seconds,
-and the ratio of the token error to the grid error there. An extra row gives Gauss-Hermite
-tokens (quadrature nodes, MATH.md 6.1): exact for Gaussian data only, so not "the token
-method" for general densities, but shown for completeness. Prints one JSON line.
+``at_budget``: per method the most accurate run that finished within ``--budget`` seconds, and the
+ratio of the token error to the grid error there. An extra row gives Gauss-Hermite tokens
+(quadrature nodes, docs/theory.md, 'Gaussian closures'): exact for Gaussian data only, so not "the
+token method" for general densities, but shown for completeness. Prints one JSON line.
 """
 
 from __future__ import annotations

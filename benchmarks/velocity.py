@@ -7,7 +7,7 @@ Rows: softmax and l2 at 2-D 256^2, softmax with a symmetric positive-definite A 
 (where the FFT convolution engine also applies: timed and checked in the same row), softmax at
 3-D 64^3, one Sinkhorn iteration (two log-partition half-steps) and a full cold-start
 Sinkhorn evaluation at 2-D 256^2. Matrices:
-the c1 case of MATH.md 6 in 2-D, seeded random in 3-D; Gaussian density. One "evaluation"
+the c1 test case (docs/theory.md) in 2-D, seeded random in 3-D; Gaussian density. One "evaluation"
 is the velocity on the cell centres (one lattice). The dense engine is O(N^2): it is timed
 on a random subset of targets and scaled linearly to all N targets
 (``dense_s_extrapolated``); the accuracy reference is the same subset. ``floor_s`` is the

@@ -1,18 +1,19 @@
 #!/usr/bin/env python
-"""Reproduce the paper's experiments (MATH.md 5) with the grid solver: figures in OUT.
+"""Reproduce the paper's experiments (docs/theory.md, 'Paper experiments E1-E6') with the grid
+solver: figures in OUT.
 
     .venv/bin/python examples/paper/run_paper.py [-o out/paper] [--cells 64] [--count 6]
                                                  [--no-grid] [--only E2 E5]
 
-For each experiment E1-E6 and each variant of MATH.md 5.1: ``--count`` initial covariances of
-the authors' trace-1 grid, evolved by the Gaussian ODE and (unless --no-grid) by the grid
-solver at --cells^2, drawn as ``<E>_<variant>_3d.png`` (a - b, 2c, a + b with the PSD cone)
-and ``<E>_<variant>_2d.png`` (trace-normalised, the unit circle = rank 1); blow-ups are marked
-where detected, grid runs of blowing-up data stop at half the blow-up time. Then the rank
-histograms of MATH.md 5.2 (``ranks.png``; softmax and l2 with V = I, d = 3, 4, 5: ODE limits
-at t = 5000, exact limits for softmax, the paper's counts beside them) and a table
-``summary.md`` with the largest |Sigma/tr - Sigma_ode/tr| of every grid trajectory.
-The full set at 64^2 takes about 20 minutes on 2 cores; --no-grid about 1 minute.
+For each experiment E1-E6 and each of its variants: ``--count`` initial covariances of the authors'
+trace-1 grid, evolved by the Gaussian ODE and (unless --no-grid) by the grid solver at --cells^2,
+drawn as ``<E>_<variant>_3d.png`` (a - b, 2c, a + b with the PSD cone) and ``<E>_<variant>_2d.png``
+(trace-normalised, the unit circle = rank 1); blow-ups are marked where detected, grid runs of
+blowing-up data stop at half the blow-up time. Then the rank histograms (docs/theory.md, 'Rank
+histograms'; ``ranks.png``; softmax and l2 with V = I, d = 3, 4, 5: ODE limits at t = 5000, exact
+limits for softmax, the paper's counts beside them) and a table ``summary.md`` with the largest
+|Sigma/tr - Sigma_ode/tr| of every grid trajectory. The full set at 64^2 takes about 20 minutes on 2
+cores; --no-grid about 1 minute.
 """
 
 from __future__ import annotations
