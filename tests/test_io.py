@@ -406,16 +406,22 @@ def test_existing_file_is_kept(tmp_path):
     original = tio._create
     tio._create = broken
     try:
-        with pytest.raises(ValueError, match="^run.output: cannot write .*No space left"):
+        with pytest.raises(tio.DiskFull, match="^run.output: disk full"):
             SnapshotWriter(path, grid, overwrite=True)
     finally:
         tio._create = original
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]
 
+    # the replacement is staged beside the old file and moved over it by a result only
     writer = SnapshotWriter(path, GRIDS[1], overwrite=True)
-    assert read(path).sizes["time"] == 0 and grid_from_dataset(read(path)) == GRIDS[1]
+    assert writer.staged and writer.file == tio.staged_name(path)
+    assert path.read_bytes() == before
+    writer.close("interrupted")
+    assert path.read_bytes() == before and os.path.isfile(tio.staged_name(path))
+    writer = SnapshotWriter(path, GRIDS[1], overwrite=True)
     writer.close("completed")
+    assert read(path).sizes["time"] == 0 and grid_from_dataset(read(path)) == GRIDS[1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]
 
 

@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import math
 import os
 import time as _time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import netCDF4
 import numpy as np
@@ -71,16 +73,24 @@ from tpde.grid import Grid, Positions, moments
 try:
     import fcntl
 except ImportError:  # not POSIX: treat every failed open as a lock and retry
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # (every use checks for None first)
 
 __all__ = [
     "CONVENTIONS",
+    "OUTCOMES",
+    "RESULTS",
+    "DiskFull",
+    "Outcome",
+    "OutputBusy",
+    "OutputError",
     "SnapshotLike",
     "SnapshotWriter",
     "grid_from_dataset",
+    "outcome",
     "positions_from_dataset",
     "read",
     "resume_state",
+    "staged_name",
 ]
 
 CONVENTIONS = "CF-1.10"
@@ -121,6 +131,240 @@ class SnapshotLike(Protocol):
     dt: float
 
 
+# ---- how a run ends ----------------------------------------------------------------------------
+#: statuses that are results of the dynamics: the run reached its end (``completed``) or
+#: stopped for a physical reason; a resume refuses them, an overwrite publishes them
+RESULTS = ("completed", "mass_left_domain", "box_limited", "blowup")
+#: every status a finished writer records: the results, ``interrupted`` (SIGINT, SIGTERM,
+#: SIGHUP: ``status_time`` is the last complete snapshot) and ``error`` (any exception)
+OUTCOMES = (*RESULTS, "interrupted", "error")
+#: the status of a file while it is written (left as is by SIGKILL or a power cut)
+RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, as stored in the file's ``status``, ``status_time`` and
+    ``status_message`` attributes (``status`` one of :data:`OUTCOMES`, or ``running``)."""
+
+    status: str
+    time: float = math.nan
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in (*OUTCOMES, RUNNING):
+            raise ValueError(
+                f"run.output: status {self.status!r} is not one of {', '.join(OUTCOMES)}"
+            )
+        object.__setattr__(self, "time", float(self.time))
+        object.__setattr__(self, "message", " ".join(str(self.message).split()))
+
+    @property
+    def result(self) -> bool:
+        """Whether the status is a result of the dynamics (:data:`RESULTS`)."""
+        return self.status in RESULTS
+
+    @classmethod
+    def from_attributes(cls, attrs: Mapping[str, Any]) -> Outcome:
+        """The outcome a file records. Attributes are untrusted text: an unknown status reads
+        as ``error`` with the stored text in the message, a bad time as NaN."""
+        status = str(attrs.get("status", "")).strip()
+        message = str(attrs.get("status_message", ""))
+        try:
+            when = float(np.asarray(attrs.get("status_time", math.nan)).reshape(-1)[0])
+        except (TypeError, ValueError, IndexError):
+            when = math.nan
+        if status not in (*OUTCOMES, RUNNING):
+            return cls("error", when, f"unknown status {status[:40]!r} in the file; {message}")
+        return cls(status, when, message)
+
+
+class OutputError(ValueError):
+    """The output file cannot be written or read as asked (one line, ``run.output: ...``)."""
+
+
+class OutputBusy(OutputError):
+    """Another writer holds the output's lock."""
+
+
+class DiskFull(OSError):
+    """No room for the next write (full file system, quota, or a file size limit): nothing
+    of the write was started, so the file holds every snapshot before it."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+#: bytes kept free beyond a record's own size: HDF5 metadata (chunk index, object headers)
+RESERVE_MARGIN = 256 * 1024
+
+
+def _reserve(path: str, nbytes: int, what: str) -> None:
+    """Raise :class:`DiskFull` unless ``path`` can grow by ``nbytes``: within the file size
+    limit (``ulimit -f``), and as many bytes as a probe file beside it can allocate
+    (``posix_fallocate`` of ``.<name>.reserve``, removed at once: a full file system or
+    quota shows there, before HDF5 writes anything, instead of as an HDF5 error in the
+    middle of a record, which can leave the file unreadable). The output itself is never
+    extended: HDF5 truncates a file to its own end of allocation when it flushes, and a
+    kill inside that window left files whose last chunk could not be read (measured)."""
+    nbytes = int(nbytes)
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    limit = _file_size_limit()
+    if limit is not None and size + nbytes > limit:
+        raise DiskFull(
+            errno.EFBIG,
+            f"run.output: disk full: no room for {what} in {path} ({_size(nbytes)} "
+            f"needed; the file size limit (ulimit -f) is {_size(limit)}, the file has "
+            f"{_size(size)})",
+        )
+    folder, name = os.path.split(os.path.abspath(path))
+    probe = os.path.join(folder, f".{name}.reserve")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        if exc.errno in _SPACE_ERRNOS:
+            raise DiskFull(
+                exc.errno, f"run.output: disk full: no room for {what} in {path}"
+            ) from None
+        return  # the write that follows reports it
+    try:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            free = _free_bytes(path)
+            if exc.errno in _SPACE_ERRNOS or (free is not None and free < nbytes):
+                raise DiskFull(
+                    exc.errno if exc.errno in _SPACE_ERRNOS else errno.ENOSPC,
+                    f"run.output: disk full: no room for {what} in {path} ({_size(nbytes)} "
+                    "needed" + (f", {_size(free)} free)" if free is not None else ")"),
+                ) from None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def _free_bytes(path: str) -> int | None:
+    """Bytes this process may still write beside ``path`` (file system, ``ulimit -f``)."""
+    free = None
+    with contextlib.suppress(OSError):
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        free = st.f_bavail * st.f_frsize
+    limit = _file_size_limit()
+    if limit is not None:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        free = max(0, limit - size) if free is None else min(free, max(0, limit - size))
+    return free
+
+
+def _file_size_limit() -> int | None:
+    """This process's file size limit in bytes (``ulimit -f``), None when unlimited."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if limit == resource.RLIM_INFINITY else int(limit)
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
+def _space_error(path: str, exc: BaseException, what: str) -> DiskFull | None:
+    """A DiskFull for an error HDF5 reported after all (out of room despite the reserve)."""
+    code = getattr(exc, "errno", None)
+    free = _free_bytes(path)
+    if code in _SPACE_ERRNOS or (free is not None and free < RESERVE_MARGIN):
+        return DiskFull(
+            errno.ENOSPC,
+            f"run.output: disk full while writing {what} to {path}"
+            + (f" ({_size(free)} free)" if free is not None else ""),
+        )
+    return None
+
+
+class _OutputLock:
+    """An advisory lock (``fcntl.flock``) that one writer of ``path`` holds from creation
+    (or resume) to close. It lives on the hidden file ``.<name>.lock`` beside the output:
+    HDF5 takes its own flock on the output while it has it open, and readers (``tpde
+    info`` during a run) must still open it. The lock file is removed on release; a
+    killed writer's lock ends with its process."""
+
+    def __init__(self, path: str):
+        folder, name = os.path.split(os.path.abspath(path))
+        self.path = path
+        self.lock_path = os.path.join(folder, f".{name}.lock")
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        if fcntl is None:
+            return
+        for _ in range(100):
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise OutputError(
+                    f"run.output: cannot write {self.path}: cannot create its lock file "
+                    f"{self.lock_path}: {exc.strerror}"
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                raise OutputBusy(
+                    f"run.output: {self.path} is being written by another tpde process"
+                    + (f" (pid {holder})" if holder.isdigit() else "")
+                    + "; wait for it to end or choose another output"
+                ) from None
+            try:  # the file we locked is still the lock file (not one a releaser removed)
+                same = os.path.samestat(os.fstat(fd), os.stat(self.lock_path))
+            except OSError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return
+            os.close(fd)
+        raise OutputBusy(f"run.output: cannot lock {self.path}; try again")
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.lock_path)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        self.fd = None
+
+
+def staged_name(path: str | os.PathLike) -> str:
+    """Where a run that replaces an existing ``path`` writes until it ends with a result
+    (``.<name>.partial`` beside it; :class:`SnapshotWriter`)."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(folder, f".{name}.partial")
+
+
+def _fsync(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -131,23 +375,34 @@ def _source() -> str:
 
 # ---- path checks ----------------------------------------------------------------------------
 def _check_target(path: str, overwrite: bool) -> None:
-    """Raise a one-line ValueError unless a new file can be created at ``path``."""
+    """Raise a one-line OutputError unless a new file can be created at ``path``."""
     if os.path.isdir(path):
-        raise ValueError(f"run.output: cannot write {path}: it is a directory")
+        raise OutputError(f"run.output: cannot write {path}: it is a directory")
     if os.path.exists(path) and not overwrite:
-        raise ValueError(
+        raise OutputError(
             f"run.output: {path} exists; pass --overwrite to replace it or --resume to continue it"
         )
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise OutputError(f"run.output: cannot write {path}: not a regular file")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise ValueError(f"run.output: cannot write {path}: directory {folder} does not exist")
+        raise OutputError(f"run.output: cannot write {path}: directory {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"run.output: cannot write {path}: directory {folder} is not writable")
+        raise OutputError(f"run.output: cannot write {path}: directory {folder} is not writable")
 
 
-def _temporary_name(path: str) -> str:
-    folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+def _record_bytes(grid: Grid, positions: Positions | None) -> int:
+    """What one record may add to a file, at most: the density (deflate can grow
+    incompressible data by a few bytes per block), a new chunk of every moment record (a
+    chunk holds _TIME_CHUNK records), up to 8 energy records, and RESERVE_MARGIN."""
+    d = grid.ndim
+    cells = math.prod(grid.shape) * (1 if positions is None else positions.count)
+    chunks = _TIME_CHUNK * (1 + 1 + d + d * d + 3 + 8)  # time, mass, mean, cov, 3 scalars, energies
+    if positions is not None:
+        chunks += sum(
+            math.prod(_moment_chunks((positions.count, *inner))) for inner in ((), (d,), (d, d))
+        )
+    return int(1.05 * 8 * cells) + 8 * chunks + RESERVE_MARGIN
 
 
 def _busy(path: str, exclusive: bool) -> bool:
@@ -176,11 +431,11 @@ def _retry_open(path: str, opener: Callable[[], Any], exclusive: bool, timeout: 
             return opener()
         except OSError as exc:
             if not os.path.exists(path):
-                raise ValueError(f"run.output: {path} does not exist") from None
+                raise OutputError(f"run.output: {path} does not exist") from None
             if not _busy(path, exclusive):
                 unlocked_failures += 1
                 if unlocked_failures >= 2:
-                    raise ValueError(f"run.output: cannot open {path}: {exc}") from None
+                    raise OutputError(f"run.output: cannot open {path}: {exc}") from None
             elif _time.monotonic() >= deadline:
                 raise RuntimeError(
                     f"run.output: {path} stayed locked for {timeout:g} s; "
@@ -193,7 +448,7 @@ def _retry_open(path: str, opener: Callable[[], Any], exclusive: bool, timeout: 
 
 
 @contextlib.contextmanager
-def _opened(path: str, mode: str, timeout: float) -> Iterator[netCDF4.Dataset]:
+def _opened(path: str, mode: Literal["r", "a"], timeout: float) -> Iterator[netCDF4.Dataset]:
     """``netCDF4.Dataset(path, mode)`` (retried while locked), closed on exit."""
     nc = _retry_open(path, lambda: netCDF4.Dataset(path, mode), mode != "r", timeout)
     try:
@@ -329,20 +584,45 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
 
 
 # ---- reading helpers ------------------------------------------------------------------------
-def _grid_from_attributes(attrs: dict, where: str) -> Grid:
-    """Rebuild the Grid from the ``grid_*`` global attributes (exact: float64 stored as is)."""
+def _grid_from_attributes(
+    attrs: dict, where: str, density_shape: tuple[int, ...] | None = None
+) -> Grid:
+    """Rebuild the Grid from the ``grid_*`` global attributes (exact: float64 stored as is).
+
+    Attributes are untrusted: the cells must be those of the ``density`` variable (its last
+    d dimensions, ``density_shape``), so a crafted attribute cannot make a reader allocate
+    more than the file holds."""
     missing = [
         k for k in ("grid_lower", "grid_upper", "grid_cells", "grid_boundary") if k not in attrs
     ]
     if missing:
-        raise ValueError(
+        raise OutputError(
             f"run.output: {where} has no {missing[0]} attribute; not a tpde output file"
         )
-    lower = np.atleast_1d(np.asarray(attrs["grid_lower"], dtype=np.float64))
-    upper = np.atleast_1d(np.asarray(attrs["grid_upper"], dtype=np.float64))
-    cells = np.atleast_1d(np.asarray(attrs["grid_cells"])).astype(int)
-    boundary = [b.strip() for b in str(attrs["grid_boundary"]).split(",")]
-    return Grid(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
+    if density_shape == ():
+        raise OutputError(f"run.output: {where} has no density; not a tpde output file")
+    try:
+        lower = np.atleast_1d(np.asarray(attrs["grid_lower"], dtype=np.float64))
+        upper = np.atleast_1d(np.asarray(attrs["grid_upper"], dtype=np.float64))
+        cells = np.atleast_1d(np.asarray(attrs["grid_cells"], dtype=np.int64))
+        boundary = [b.strip() for b in str(attrs["grid_boundary"]).split(",")]
+        if density_shape is not None and tuple(density_shape[-cells.size :]) != tuple(
+            cells.tolist()
+        ):
+            raise ValueError(
+                f"grid_cells {cells.tolist()} do not match the density's shape "
+                f"{list(density_shape)}"
+            )
+        return Grid(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise OutputError(
+            f"run.output: {where} is not a valid tpde output: {str(exc).splitlines()[0]}"
+        ) from None
+
+
+def _density_shape(nc: netCDF4.Dataset) -> tuple[int, ...]:
+    """The shape of the file's density, () when it has none."""
+    return tuple(nc["density"].shape) if "density" in nc.variables else ()
 
 
 def _positions_from_attributes(attrs: dict, where: str) -> Positions | None:
@@ -413,8 +693,13 @@ class SnapshotWriter:
     grid : Grid. Every density written must have shape ``grid.shape`` (without positions).
     config_text : the resolved configuration (TOML text), stored in the ``config`` attribute.
     title : the ``title`` attribute.
-    overwrite : replace an existing file. The new file is created under a temporary name in
-        the same directory and moved over the old one only once it is complete.
+    overwrite : replace an existing file. The new run is written to ``.<name>.partial``
+        beside it (:func:`staged_name`) and moved over the old file (an atomic rename) when
+        :meth:`close` records a result (:data:`RESULTS`: completed or a physical stop); a run
+        that is interrupted, fails or is killed leaves the old file as it was and its own
+        records in the partial file, which ``resume`` continues. Without an existing file the
+        header is written under that name and renamed into place at once, and the snapshots
+        are appended in place (a killed run leaves a readable, resumable file).
     history : the command line, recorded in ``history`` with the creation time.
     lock_timeout : seconds to wait while another process holds the file open.
     positions : :class:`tpde.grid.Positions` of masked (causal) attention, or None. Densities
@@ -427,8 +712,14 @@ class SnapshotWriter:
         a plain float gets monotone "none"); the names are stored in the global attribute
         ``energies`` and stay fixed for the run (a name missing later is written as NaN).
 
-    Raises ValueError (one line, starting ``run.output``) when the file exists and
-    ``overwrite`` is false, or when the directory is missing or not writable; nothing is
+    The writer holds an advisory lock on the output (:class:`_OutputLock`, ``fcntl.flock``
+    on ``.<name>.lock``) from creation to :meth:`close`: a second writer of the same output
+    gets :class:`OutputBusy`. Before each write it reserves the room the record may need
+    (``posix_fallocate``); when that fails it raises :class:`DiskFull` without touching the
+    file, which keeps every earlier snapshot and can be resumed once there is room.
+
+    Raises OutputError (a ValueError, one line, starting ``run.output``) when the file exists
+    and ``overwrite`` is false, or when the directory is missing or not writable; nothing is
     created then. The instance is callable, so it can be a ``Solver`` ``on_snapshot`` callback.
 
     Examples
@@ -458,21 +749,38 @@ class SnapshotWriter:
                 f"run.output: expected tpde.grid.Positions or None for "
                 f"positions, got {type(positions).__name__}"
             )
+        lock = _OutputLock(path)
         _check_target(path, overwrite)
-        temporary = _temporary_name(path)
+        lock.acquire()
+        temporary = staged_name(path)
         try:
-            _create(
-                temporary,
-                grid,
-                _global_attributes(grid, str(config_text), str(title), str(history), positions),
-                positions,
+            _check_target(path, overwrite)  # again, now that no other writer can create it
+            staged = os.path.exists(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(temporary)  # a stale partial run: its writer is gone (the lock)
+            attributes = _global_attributes(
+                grid, str(config_text), str(title), str(history), positions
             )
-            os.replace(temporary, path)
-        except OSError as exc:
+            record = _record_bytes(grid, positions)
+            header = RESERVE_MARGIN + 32 * sum(grid.cells) + 2 * len(str(config_text))
+            try:
+                _reserve(temporary, header + record, "the new file and its first snapshot")
+                _create(temporary, grid, attributes, positions)
+            except (OSError, RuntimeError) as exc:
+                if isinstance(exc, DiskFull):
+                    raise
+                raise _space_error(temporary, exc, "the new file") or OutputError(
+                    f"run.output: cannot write {path}: {exc}"
+                ) from None
+            if not staged:
+                os.replace(temporary, path)
+        except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
-            raise ValueError(f"run.output: cannot write {path}: {exc}") from None
+            lock.release()
+            raise
         self._setup(path, grid, 0, None, lock_timeout, positions, energies)
+        self._attach(lock, temporary if staged else path, staged)
 
     def _setup(
         self,
@@ -499,6 +807,17 @@ class SnapshotWriter:
         self._count = count
         self._last_time = last_time
         self._closed = False
+        self._lock: _OutputLock | None = None
+        self.file = path
+        self.staged = False
+        self._record = _record_bytes(grid, positions)
+
+    def _attach(self, lock: _OutputLock, file: str, staged: bool) -> None:
+        """The writer owns ``lock`` and writes its records to ``file`` (the staged partial
+        file when ``staged``: moved over :attr:`path` when the run ends with a result)."""
+        self._lock = lock
+        self.file = file
+        self.staged = staged
 
     @classmethod
     def resume(
@@ -506,6 +825,7 @@ class SnapshotWriter:
         path: str | os.PathLike,
         lock_timeout: float = LOCK_TIMEOUT,
         energies: EnergyCallable | None = None,
+        accept: Callable[[dict], None] | None = None,
     ) -> SnapshotWriter:
         """Reopen an existing output file for appending after its last complete snapshot.
 
@@ -514,30 +834,59 @@ class SnapshotWriter:
         ``history`` gets a ``resumed`` line. The grid and the positions (None for a file
         without them) are those of the file. ``energies``: the same callable as the original
         run (the energy names stored in the file stay fixed; their records are continued).
+
+        A run that was replacing ``path`` (``overwrite``) and did not end with a result left
+        its records in :func:`staged_name`; that file is the one continued, and it replaces
+        ``path`` when the resumed run ends with a result. ``accept(state)`` is called with the
+        lock held and before anything is changed: ``state`` has ``file`` (the file to be
+        continued), ``config``, ``outcome`` (:class:`Outcome`), ``snapshots`` and ``time``
+        (the last complete snapshot's, None without one); it raises to refuse the resume.
         """
         path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise ValueError(
-                f"run.output: {path} does not exist; nothing to resume (drop "
-                "--resume to start a new run)"
-            )
-        with _opened(path, "a", lock_timeout) as nc:
-            attrs = _file_attributes(nc)
-            grid = _grid_from_attributes(attrs, path)
-            positions = _positions_from_attributes(attrs, path)
-            count = _complete_in_file(nc)
-            last = float(nc["time"][count - 1]) if count else None
-            names = _energy_names(attrs)
-            nc.setncatts(
-                {
-                    "status": "running",
-                    "status_time": math.nan,
-                    "status_message": f"resumed after {count} snapshots",
-                    "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
-                }
-            )
+        lock = _OutputLock(path)
+        lock.acquire()
+        try:
+            staged = os.path.isfile(staged_name(path))
+            file = staged_name(path) if staged else path
+            if not os.path.isfile(file):
+                raise OutputError(
+                    f"run.output: {path} does not exist; nothing to resume (drop "
+                    "--resume to start a new run)"
+                )
+            with _opened(file, "r", lock_timeout) as nc:
+                attrs = _file_attributes(nc)
+                grid = _grid_from_attributes(attrs, path, _density_shape(nc))
+                positions = _positions_from_attributes(attrs, path)
+                count = _complete_in_file(nc)
+                last = float(nc["time"][count - 1]) if count else None
+            if accept is not None:
+                accept(
+                    {
+                        "file": file,
+                        "config": str(attrs.get("config", "")),
+                        "outcome": Outcome.from_attributes(attrs),
+                        "snapshots": count,
+                        "time": last,
+                    }
+                )
+            _reserve(file, RESERVE_MARGIN, "the resumed status")
+            with _opened(file, "a", lock_timeout) as nc:
+                nc.setncatts(
+                    {
+                        "status": RUNNING,
+                        "status_time": math.nan,
+                        "status_message": f"resumed after {count} snapshots",
+                        "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
+                    }
+                )
+        except BaseException:
+            lock.release()
+            raise
         writer = cls.__new__(cls)
-        writer._setup(path, grid, count, last, lock_timeout, positions, energies, names)
+        writer._setup(
+            path, grid, count, last, lock_timeout, positions, energies, _energy_names(attrs)
+        )
+        writer._attach(lock, file, staged)
         return writer
 
     @property
@@ -585,6 +934,9 @@ class SnapshotWriter:
         slice_mean (S, d), slice_covariance (S, d, d) of each slice). A snapshot at exactly
         the time of the last record (the start of a resumed run) is skipped; returns whether
         a record was written.
+
+        Raises :class:`DiskFull` when the room the record may need cannot be reserved: the
+        file is not opened then, so it keeps every earlier snapshot intact.
         """
         t, density = self._check_snapshot(snapshot)
         if self._last_time is not None and t == self._last_time:
@@ -593,7 +945,24 @@ class SnapshotWriter:
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
         energies = None if self.energies is None else dict(self.energies(density, t))
         i = self._count
-        with _opened(self.path, "a", self.lock_timeout) as nc:
+        what = f"snapshot {i + 1} (t = {t:.6g})"
+        _reserve(self.file, self._record, what)
+        try:
+            self._write_record(i, t, snapshot, density, mass, mean, cov, energies)
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, DiskFull):
+                raise
+            space = _space_error(self.file, exc, what)
+            if space is None:
+                raise
+            raise space from None
+        self._count = i + 1
+        self._last_time = t
+        return True
+
+    def _write_record(self, i, t, snapshot, density, mass, mean, cov, energies) -> None:
+        sliced = self.positions is not None
+        with _opened(self.file, "a", self.lock_timeout) as nc:
             if energies is not None:
                 self._write_energies(nc, i, energies)
             nc["density"][i, ...] = density
@@ -611,14 +980,12 @@ class SnapshotWriter:
             # is incomplete (dropped on read and resume)
             nc.sync()
             nc["time"][i] = t
-        self._count = i + 1
-        self._last_time = t
-        return True
 
     __call__ = write
 
     def _write_slices(self, nc: netCDF4.Dataset, i: int, density: np.ndarray) -> None:
         """Record i of slice_mass (S,), slice_mean (S, d), slice_covariance (S, d, d)."""
+        assert self.positions is not None  # (written for sliced states only)
         mass, mean, cov = _slice_moments(density, self.grid, self.positions)
         nc["slice_mass"][i, :] = mass
         nc["slice_mean"][i, :, :] = mean
@@ -664,27 +1031,56 @@ class SnapshotWriter:
             nc[f"energy_{name}"][i] = float(getattr(value, "value", value))
 
     def close(
-        self, status: str = "completed", status_time: float = math.nan, status_message: str = ""
-    ) -> None:
-        """Record how the run ended (``completed``, ``blowup``, ``mass_left_domain``,
-        ``interrupted``, ``failed``) with the time and a one-line message."""
-        if not (isinstance(status, str) and status.strip()):
-            raise ValueError(f"run.output: status must be a non-empty string, got {status!r}")
-        with _opened(self.path, "a", self.lock_timeout) as nc:
-            nc.setncatts(
-                {
-                    "status": status,
-                    "status_time": float(status_time),
-                    "status_message": str(status_message),
-                }
-            )
-        self._closed = True
+        self,
+        status: str | Outcome = "completed",
+        status_time: float = math.nan,
+        status_message: str = "",
+    ) -> bool:
+        """Record how the run ended (an :class:`Outcome`, or its status, time and message:
+        one of :data:`OUTCOMES`, the message made one line), release the lock, and, for a
+        run that replaces an existing file (``overwrite``), move it over that file when the
+        status is a result (:data:`RESULTS`); otherwise the old file stays and the new
+        records stay in :attr:`file` for ``resume``.
+
+        Returns whether the status was stored: on a full disk it is not (the file then says
+        ``running``, which ``resume`` accepts), and a staged run is not published.
+        """
+        outcome = (
+            status if isinstance(status, Outcome) else Outcome(status, status_time, status_message)
+        )
+        if self._closed:
+            raise RuntimeError(f"run.output: {self.path} is already closed")
+        stored = False
+        try:
+            try:
+                _reserve(self.file, RESERVE_MARGIN, "the final status")
+                with _opened(self.file, "a", self.lock_timeout) as nc:
+                    nc.setncatts(
+                        {
+                            "status": outcome.status,
+                            "status_time": outcome.time,
+                            "status_message": outcome.message,
+                        }
+                    )
+                stored = True
+            except DiskFull:
+                pass
+            if stored and self.staged and outcome.result:
+                _fsync(self.file)
+                os.replace(self.file, self.path)
+                _fsync(os.path.dirname(os.path.abspath(self.path)))
+                self.file, self.staged = self.path, False
+        finally:
+            self._closed = True
+            if self._lock is not None:
+                self._lock.release()
+        return stored
 
     def __enter__(self) -> SnapshotWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``failed``."""
+        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``error``."""
         if self._closed:
             return
         last = math.nan if self._last_time is None else self._last_time
@@ -693,7 +1089,12 @@ class SnapshotWriter:
         elif issubclass(exc_type, KeyboardInterrupt):
             self.close("interrupted", last, "interrupted by the user")
         else:
-            self.close("failed", math.nan, f"{exc_type.__name__}: {exc}".splitlines()[0])
+            self.close("error", last, f"{exc_type.__name__}: {exc}")
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
 
     def __repr__(self) -> str:
         extra = "" if self.positions is None else f", positions={self.positions!r}"
@@ -720,16 +1121,34 @@ def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
     long_name, formula, monotone).
     """
     path = os.fspath(path)
-    ds = _retry_open(path, lambda: _load(path), False, lock_timeout)
+    try:
+        ds = _retry_open(path, lambda: _load(path), False, lock_timeout)
+    except (RuntimeError, OverflowError, MemoryError) as exc:  # e.g. a corrupted chunk
+        if isinstance(exc, RuntimeError) and "stayed locked" in str(exc):
+            raise
+        raise OutputError(
+            f"run.output: cannot read {path}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from None
+    if "time" not in ds.variables or "time" not in ds.dims:
+        raise OutputError(f"run.output: {path} has no time records; not a tpde output file")
     n = _complete_records(ds["time"].values)
     if n < ds.sizes["time"]:
         ds = ds.isel(time=slice(0, n))
     return ds
 
 
+def outcome(path: str | os.PathLike) -> Outcome:
+    """How the run in ``path`` ended (its status attributes; no record is read)."""
+    path = os.fspath(path)
+    with _opened(path, "r", 10.0) as nc:
+        return Outcome.from_attributes(_file_attributes(nc))
+
+
 def grid_from_dataset(ds: xr.Dataset) -> Grid:
-    """The exact :class:`Grid` of a run (from the ``grid_*`` global attributes)."""
-    return _grid_from_attributes(dict(ds.attrs), "dataset")
+    """The exact :class:`Grid` of a run (from the ``grid_*`` global attributes, checked
+    against the shape of its ``density``)."""
+    shape = tuple(ds["density"].shape) if "density" in ds.variables else None
+    return _grid_from_attributes(dict(ds.attrs), "dataset", shape)
 
 
 def positions_from_dataset(ds: xr.Dataset) -> Positions | None:
@@ -753,7 +1172,7 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
     with _opened(path, "r", lock_timeout) as nc:
         nc.set_auto_mask(False)
         attrs = _file_attributes(nc)
-        grid = _grid_from_attributes(attrs, path)
+        grid = _grid_from_attributes(attrs, path, _density_shape(nc))
         positions = _positions_from_attributes(attrs, path)
         n = _complete_in_file(nc)
         if n == 0:
@@ -773,4 +1192,5 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             "config": str(attrs.get("config", "")),
             "status": str(attrs.get("status", "")),
             "status_message": str(attrs.get("status_message", "")),
+            "outcome": Outcome.from_attributes(attrs),
         }
