@@ -502,8 +502,8 @@ def uniform_ball(
       ``nodes`` Gauss-Legendre points after the endpoint-smoothing map
       ``x = a + (b - a)(3t^2 - 2t^3)``. Measured against adaptive quadrature (r = 5h): largest
       per-cell error relative to the full-cell value 6e-11 (12 nodes), 1e-12 (16), 2e-14 (20,
-      the default), 8e-15 (24); ball volume to ~1e-15 relative. 64^3 cells with r = 20h:
-      ~0.7 s.
+      the default), 8e-15 (24); ball volume to ~1e-15 relative. The cost grows with ``nodes``
+      and with the number of cells the sphere cuts.
 
     Mass outside the grid is dropped with a warning; a ball that misses the grid raises.
 

@@ -219,8 +219,8 @@ def _sigmoid_sums(
 ) -> np.ndarray:
     """sum_j w_j sigma(<c_i, y_j> + bias) y_j for every row of c (P, d) -> (P, d).
 
-    The parallel numba kernel (``tpde.variants.sigmoid``) pays a thread launch per call (about
-    1 ms), too much for the one-token levels of the causal model: fewer targets than
+    The parallel numba kernel (``tpde.variants.sigmoid``) pays a thread launch per call, too
+    much for the one-token levels of the causal model: fewer targets than
     ``SIGMOID_DENSE_ROWS`` and than sources (never the unmasked case, where P = S) use a dense
     (P, S) numpy sum with ``scipy.special.expit`` instead (equal up to round-off).
     """

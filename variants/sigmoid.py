@@ -17,8 +17,8 @@ bounds'):
 
 Engine: direct only (a numba loop, O(targets x cells)). sigma(<A x, y> + b) is not a
 product of a function of x and one of y, so the separable tables of the exponential
-variants do not apply; runs are practical up to about 2-D 48^2 (one 64^2 lattice costs
-~20 ms). A fast engine is future work (see the notes of docs/theory.md).
+variants do not apply; runs are practical up to about 2-D 48^2. A fast engine is future
+work (docs/theory.md, 'Sigmoid sums').
 """
 
 from __future__ import annotations

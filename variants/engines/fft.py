@@ -40,9 +40,8 @@ except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is t
 
 #: threads of the engine's transforms. One: inside a solver step the transforms run between
 #: numba's parallel loops, whose OpenMP workers spin after each loop and take the cores
-#: from FFTW's own threads (2-D 256^2 step with this engine on 2 cores: 48 ms with 2-thread
-#: transforms, 29 ms with 1; alone, one evaluation is 4.6 vs 7.6 ms: benchmarks/step.py,
-#: softmax-fft row)
+#: from FFTW's own threads, so a step with 2-thread transforms was slower than with one,
+#: although one evaluation alone is faster with two (benchmarks/step.py, softmax-fft case)
 FFT_THREADS = 1
 
 

@@ -1,7 +1,8 @@
 """Local Lagrange interpolation on uniform nodes: the stencil shared by the table kernels.
 
 ORDER points per axis (a compile-time constant of the numba kernels: fixed trip counts let
-LLVM unroll and vectorise the stencil loops, about 3x faster than a runtime order). Every
+LLVM unroll and vectorise the stencil loops, which a runtime order prevents;
+benchmarks/velocity.py times the interpolation). Every
 kernel that uses the stencil lives in this module: numba's on-disk cache is keyed to the
 source file of each kernel, so a kernel elsewhere would keep a stale ORDER or stencil after
 an edit here. A point

@@ -39,9 +39,9 @@ def row_split_tensordot(matrix: np.ndarray, array: np.ndarray, axis: int) -> np.
     ``matrix`` (m, n) split over numba's threads (:func:`blocked_dot`).
 
     The blocks run on numba's own OpenMP workers: a second pool (Python threads, or BLAS
-    threads) would wait for the cores those workers spin on after each parallel loop.
-    Measured, 2-D 256^2 table product (408 x 256 times 256 x 161) after a parallel loop,
-    2 cores: 0.39 ms here, 0.95 ms split over Python threads, 0.80 ms as one BLAS call.
+    threads) would wait for the cores those workers spin on after each parallel loop, and
+    was slower than these blocks both split over Python threads and as one BLAS call
+    (``benchmarks/step.py`` times the step at 1 and 2 threads).
     """
     ensure_policy()
     operand = np.moveaxis(array, axis, 0)

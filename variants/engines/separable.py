@@ -10,7 +10,7 @@ first moments are separable sums, one matrix product per axis:
 ``O(m N^d)`` work for ``m`` nodes per axis instead of ``O(N^{2d})``. The axis that shrinks
 the array most is contracted first and the partial products are shared between the fields
 (in 2-D five matrix products for M and the d first moments instead of six, on the smaller
-intermediate: 2-D 256^2 table 7 ms -> 4 ms). Each row's exponents are
+intermediate; benchmarks/velocity.py times the tables). Each row's exponents are
 shifted by their maximum over the cells that hold mass, so every term is <= 1 and positive:
 the sums keep relative accuracy however small they are. ``log M`` and ``m`` are smooth (the
 Jacobian of ``m`` is the covariance of the tilted law, bounded by the squared support radius)

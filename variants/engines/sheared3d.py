@@ -12,7 +12,8 @@ block ``A[(t2, t3), (s2, s3)]`` invertible):
 * pass 3 interpolates along ``c_t3 = A[t3] . x`` to each target.
 
 ORDER multiply-adds per target in pass 3 (pass 1 and 2 work on planes and rows times node
-windows), against ORDER^3 pointwise: 64^3 lattice about 15x faster. Pass 3 runs along
+windows), against ORDER^3 pointwise (benchmarks/velocity.py times the 3-D velocity). Pass 3
+runs along
 ``A[:, s3] / A[t3, s3]`` and pass 2 along ``(beta12, 1, 0)`` in (t1, t2, t3): the table is refined
 along t3 and t2 so that c.y changes between neighbouring nodes along those directions as little
 as along an axis (:func:`resolution_factor`, as in 2-D); the plan takes the pair of axis
