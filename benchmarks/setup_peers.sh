@@ -8,6 +8,8 @@
 # takes 2-3 minutes). Run again: it only checks that clawpack imports.
 # It never fails the caller: when something cannot be installed it says so and exits 0, and
 # the benchmarks then report the peer as unavailable (null) instead of failing.
+# The peer row that runs in this venv, and the ADV2D problem it shares with tpde's rows, are
+# in benchmarks/peers/ (README.md there).
 #
 # Environment: PEERS_PYTHON  interpreter for the venv (default: python3)
 set -u
