@@ -68,7 +68,7 @@ def component_bounds(
     C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Range of each component of C m over the means m in ``box`` (lower, upper): the clip of
-    one tabulated or convolved velocity component (MATH.md 9.4)."""
+    one tabulated or convolved velocity component (docs/theory.md, 'Clip of tilted means')."""
     return (
         np.minimum(C * box[0], C * box[1]).sum(axis=1),
         np.maximum(C * box[0], C * box[1]).sum(axis=1),
