@@ -71,7 +71,14 @@ class Grid:
         n = _as_tuple(cells, ndim, "cells", kind=lambda v: int(v))
         if isinstance(boundary, str):
             boundary = (boundary,) * ndim
-        bnd = tuple(str(b) for b in boundary)
+        if not (
+            isinstance(boundary, Sequence) and all(isinstance(b, str) for b in boundary)
+        ):
+            raise ValueError(
+                f"grid.boundary: expected a mode name or one per axis "
+                f"({', '.join(BOUNDARY_MODES)}), got {boundary!r:.60}"
+            )
+        bnd = tuple(boundary)
         if len(bnd) != ndim:
             raise ValueError(f"grid.boundary: expected 1 or {ndim} modes, got {len(bnd)}")
         for a in range(ndim):

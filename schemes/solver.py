@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time as _time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -81,6 +81,21 @@ class Scheme:
     positivity: bool = True
 
     def validate(self) -> None:
+        """Check every option (types, then values); ValueError naming ``scheme.<option>``.
+        The one check of these options: tpde.config passes the [scheme] table here."""
+        for option in fields(self):
+            value, default = getattr(self, option.name), option.default
+            if not isinstance(default, bool | str | int | float | None):
+                continue  # (no plain default: the field checks itself below)
+            if isinstance(default, bool):
+                ok, kind = isinstance(value, bool), "true or false"
+            elif isinstance(default, str):
+                ok, kind = isinstance(value, str), "a name"
+            else:  # a number (None where the default is None)
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                ok, kind = number or (value is None and default is None), "a number"
+            if not ok:
+                raise ValueError(f"scheme.{option.name}: expected {kind}, got {value!r:.60}")
         get_reconstruction(self.reconstruction)
         get_integrator(self.integrator)
         if not (isinstance(self.cfl, int | float) and 0.0 < self.cfl <= 1.0):

@@ -10,16 +10,22 @@
 
 Exit codes (docs/user-guide.md, 'The command line'): 0 success (a detected blow-up or mass
 leaving the box is a result, stored in the file's ``status``), 2 bad input (one line on stderr
-naming the key and the fix; existing output is never touched), 1 internal or numerical
-failure. ``tpde sweep`` exits 0 when every run is accounted for (failed runs are results,
-listed in the summary), 2 for a bad sweep file, 1 when the sweep itself cannot go on (e.g.
-no scheduler at ADDRESS).
+naming the key and the fix; existing output is never touched; also an output that another
+tpde process is writing), 1 a failure during the run (one line: the exception, or a full
+disk; the file records it as status ``error``), 128 + the signal number for SIGINT (130),
+SIGTERM (143) and SIGHUP (129) (the file says ``interrupted`` and how to resume). No command
+prints a traceback unless ``--debug`` is given. ``tpde sweep`` exits 0 when every run is
+accounted for (failed runs are results, listed in the summary), 2 for a bad sweep file, 1 when
+the sweep itself cannot go on (e.g. no scheduler at ADDRESS).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 
@@ -34,8 +40,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tpde", description="Transformer PDE on grids.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="print the traceback of a failure (else one line)"
+    )
+    parser = _Parser(prog="tpde", description="Transformer PDE on grids.", parents=[common])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kwargs):  # every command takes --debug
+        return _add(name, parents=[common], **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
     run = sub.add_parser("run", help="run a TOML configuration, write NetCDF")
     run.add_argument("config", type=Path, help="TOML configuration (see docs/user-guide.md)")
     run.add_argument(
@@ -114,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="output directory (default: output of the sweep file)",
     )
+    sweep.add_argument(
+        "--security",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="TLS settings for --scheduler (TOML: ca_file, cert, key; docs/user-guide.md)",
+    )
+    sweep.add_argument(
+        "--force",
+        action="store_true",
+        help="run a sweep of more runs than the limit (tpde.sweep.MAX_RUNS)",
+    )
     sweep.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
@@ -123,17 +151,51 @@ def _fail(message: str) -> int:
     return 2
 
 
-def cmd_run(args) -> int:
-    from tpde.config import ConfigError, build
-    from tpde.run import run_config
+def _build(path: Path):
+    """tpde.config.build, its warnings shown as one line each once it succeeds (a config
+    that fails gets its one error line only)."""
+    from tpde.config import build
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = build(path)
+    for warning in caught:
+        _one_line_warning(warning.message, warning.category, "", 0)
+    return config
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = " ".join(str(message).split())
+    print(f"tpde: warning: {text}", file=sys.stderr)
+
+
+def _kept(output: Path) -> str:
+    """What a failed or interrupted run left, for its one-line message."""
+    from tpde import io
+
+    staged = Path(io.staged_name(output))
+    if staged.is_file():
+        return (
+            f"{output} is unchanged; the new run is in {staged} (--resume continues it and "
+            "replaces the old file when it completes)"
+        )
+    return f"{output} keeps every complete snapshot"
+
+
+def cmd_run(args) -> int:
+    from tpde import io
+    from tpde.config import ConfigError
+    from tpde.run import error_line, run_config
+
+    output, started = args.output, False
     try:
-        config = build(args.config)
+        config = _build(args.config)
         output = args.output or (Path(config.output) if config.output else None)
         if output is None:
             return _fail("run.output: no output file; pass -o OUT.nc")
         if args.resume and args.overwrite:
             return _fail("run: --resume and --overwrite exclude each other; choose one")
+        started = True
         path = run_config(
             config,
             output,
@@ -142,24 +204,50 @@ def cmd_run(args) -> int:
             quiet=args.quiet,
             history=" ".join(["tpde"] + sys.argv[1:]),
         )
-    except ConfigError as exc:
-        return _fail(str(exc))
-    except (FileExistsError, PermissionError) as exc:
-        return _fail(str(exc))
-    from tpde.io import read
-
-    status = read(path).attrs.get("status", "?")
+    except (ConfigError, io.OutputError) as exc:
+        return _fail(str(exc).splitlines()[0])
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (tpde.run.Interrupted)
+        if args.debug:
+            traceback.print_exc()
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        if not started:
+            print(f"tpde: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+            return 128 + signum
+        print(
+            f"tpde: interrupted by {signal.Signals(signum).name}; {_kept(output)}; continue "
+            f"with: tpde run {args.config} -o {output} --resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
+    except io.DiskFull as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"tpde: {exc}; {_kept(output)}: free space, then continue with: tpde run "
+            f"{args.config} -o {output} --resume",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as exc:  # noqa: BLE001 - any failure: one line, recorded in the file
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"tpde: error: {error_line(exc)}; {output} records it (status error)"
+            + ("" if args.debug else "; --debug prints the traceback"),
+            file=sys.stderr,
+        )
+        return 1
     if not args.quiet:
-        print(f"{path}: status {status}", file=sys.stderr)
+        print(f"{path}: status {io.outcome(path).status}", file=sys.stderr)
     return 0
 
 
 def cmd_reference(args) -> int:
-    from tpde.config import ConfigError, build
+    from tpde.config import ConfigError
     from tpde.references import gaussian_reference, particle_reference, write_reference
 
     try:
-        config = build(args.config)
+        config = _build(args.config)
         output = args.output
         if output is None:
             base = Path(config.output or "out.nc")
@@ -184,12 +272,13 @@ def _open(path: Path):
         raise FileNotFoundError(f"{path}: no such file")
     try:
         return read(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable tpde NetCDF output ({exc})") from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a readable tpde NetCDF output ({reason})") from None
 
 
 def cmd_info(args) -> int:
-    from tpde.io import grid_from_dataset
+    from tpde.io import Outcome, grid_from_dataset, staged_name
 
     try:
         ds = _open(args.file)
@@ -207,10 +296,13 @@ def cmd_info(args) -> int:
             f"at s = 0 (mass {float(ds.attrs.get('sink_mass', float('nan'))):g})"
         )
     print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
-    print(
-        f"  status: {ds.attrs.get('status')} at t = {ds.attrs.get('status_time')} "
-        f"{ds.attrs.get('status_message', '')}"
-    )
+    outcome = Outcome.from_attributes(ds.attrs)  # attributes are untrusted text
+    print(f"  status: {outcome.status} at t = {outcome.time:.6g}: {outcome.message[:500]}")
+    if Path(staged_name(args.file)).is_file():
+        print(
+            f"  a run replacing this file is pending in {staged_name(args.file)} "
+            "(tpde run ... --resume continues it)"
+        )
     print(f"  mass {float(ds['mass'][-1]):.12g}, outflow {float(ds['outflow'][-1]):.3e}")
     print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
     return 0
@@ -224,6 +316,8 @@ def cmd_plot(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
     outdir = args.output or args.file.with_name(args.file.stem + "_figures")
+    if outdir.exists() and not outdir.is_dir():
+        return _fail(f"plot: -o {outdir} exists and is not a directory; choose another path")
     reference = gaussian_reference(ds)
     paths = plot_all(ds, outdir, reference=reference, animate_density=args.animate)
     for path in paths:
@@ -237,9 +331,11 @@ def gaussian_reference(ds) -> dict | None:
     from tpde.config import ConfigError, build
     from tpde.references import gaussian_reference as reference
 
-    try:
-        ode = reference(build(str(ds.attrs.get("config", ""))))
-    except (ConfigError, ValueError):
+    try:  # an attribute is untrusted text: build checks it (memory included) like any config
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ode = reference(build(str(ds.attrs.get("config", ""))))
+    except (ConfigError, ValueError, ArithmeticError, MemoryError):
         return None
     return {name: ode[name].values for name in ("time", "mean", "covariance")}
 
@@ -280,6 +376,8 @@ def cmd_sweep(args) -> int:
             workers=args.workers,
             progress=not args.quiet,
             output=args.output,
+            force=args.force,
+            security=args.security,
         )
     except ConfigError as exc:
         return _fail(str(exc))
@@ -316,12 +414,42 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Whatever fails prints one line on stderr (``tpde: ...``) and no
+    traceback unless ``--debug``: bad input exits 2, a failure 1, a signal 128 + its
+    number; warnings are shown as one line each."""
     args = build_parser().parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    show = warnings.showwarning
+    if not debug:
+        warnings.showwarning = _one_line_warning
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # `tpde info out.nc | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt as exc:
+        if debug:
+            traceback.print_exc()
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        print(f"tpde: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+    except Exception as exc:  # noqa: BLE001 - one line, the traceback with --debug
+        from tpde.config import ConfigError
+        from tpde.io import OutputError
+        from tpde.run import error_line
+
+        if isinstance(exc, ConfigError | OutputError):
+            return _fail(str(exc).splitlines()[0])
+        if debug:
+            traceback.print_exc()
+        print(
+            f"tpde: error: {error_line(exc)}"
+            + ("" if debug else " (--debug prints the traceback)"),
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        warnings.showwarning = show
 
 
 if __name__ == "__main__":

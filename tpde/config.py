@@ -52,9 +52,13 @@ max_outflow = 1e-3        # stop with status mass_left_domain beyond this fracti
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import inspect
 import math
+import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +76,6 @@ from tpde.grid import (
     uniform_ball,
     uniform_box,
 )
-from tpde.schemes import INTEGRATORS, RECONSTRUCTIONS
 from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
     ATTENTION,
@@ -84,7 +87,7 @@ from tpde.variants import (
     SigmoidHead,
     SinkhornHead,
 )
-from tpde.variants.parameters import checked_matrix
+from tpde.variants.parameters import ParameterError, checked_matrix
 
 SECTIONS = {
     "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass"},
@@ -104,37 +107,63 @@ SECTIONS = {
         "snapshot",
         "mean_drift",
     },
-    "attention": {
-        "variant",
-        "A",
-        "Q",
-        "K",
-        "V",
-        "W",
-        "scale",
-        "epsilon",
-        "bias",
-        "engine",
-        "heads",
-        "layers",
-        "tol",
-        "max_iter",
-        "nodes",
-        "masked",
-    },
-    "scheme": {
-        "reconstruction",
-        "integrator",
-        "cfl",
-        "dt",
-        "dt_max",
-        "positivity",
-        "face_quadrature",
-        "face_velocity",
-    },
+    "attention": set(),  # ATTENTION_KEYS, below: read from the variants
+    "scheme": set(),  # the fields of tpde.schemes.solver.Scheme
     "run": {"t_end", "snapshots", "output", "max_outflow", "t_start"},
 }
-HEAD_KEYS = {"A", "Q", "K", "V", "W", "scale", "epsilon", "bias"}
+
+# ---- the attention schema, read from the variants ---------------------------------------------
+#: the attention options the config passes to a variant's constructor, where it takes them
+ATTENTION_OPTIONS = ("engine", "nodes", "tol", "max_iter")
+#: the head class of each variant (tpde.variants.parameters); the others use Head
+HEAD_CLASSES: dict[str, type] = {"l2": L2Head, "sinkhorn": SinkhornHead, "sigmoid": SigmoidHead}
+#: config key -> head field, where the names differ
+HEAD_FIELD_NAMES = {"epsilon": "eps"}
+
+
+def variant_keys(variant: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The attention keys ``variant`` reads, as (options, head keys): the options are the
+    ATTENTION_OPTIONS its class's constructor takes, the head keys the fields of its head
+    class (config names), plus ``scale`` and, for heads that hold ``A``, ``Q`` and ``K``
+    (A = scale K^T Q). Any other attention key is refused for that variant, like a typo."""
+    parameters = inspect.signature(ATTENTION[variant]).parameters
+    options = frozenset(k for k in ATTENTION_OPTIONS if k in parameters)
+    fields = {f.name for f in dataclasses.fields(HEAD_CLASSES.get(variant, Head))}
+    config_name = {field: key for key, field in HEAD_FIELD_NAMES.items()}
+    keys = {config_name.get(name, name) for name in fields} | {"scale"}
+    if "A" in fields:
+        keys |= {"Q", "K"}
+    return options, frozenset(keys)
+
+
+#: every head key of any variant (a [[attention.heads]] table, or [attention] itself)
+HEAD_KEYS = frozenset().union(*(variant_keys(v)[1] for v in ATTENTION))
+SECTIONS["attention"] = (
+    {"variant", "masked", "heads", "layers"}
+    | set().union(*(variant_keys(v)[0] for v in ATTENTION))
+    | HEAD_KEYS
+)
+SECTIONS["scheme"] = {f.name for f in dataclasses.fields(Scheme)}
+LAYER_KEYS = frozenset({"t_start", "heads"})
+
+
+def known_keys(prefix: Sequence[str | int]) -> frozenset[str]:
+    """The keys the config format knows inside ``prefix`` (a path of keys and list indices,
+    e.g. ``["attention", "layers", 0]``), for any variant: the sections at the top, their
+    keys, the keys of a [[attention.heads]] or [[attention.layers]] table and of the heads
+    of a layer. The one schema that tpde.sweep checks parameter paths against."""
+    path = list(prefix)
+    if not path:
+        return frozenset(SECTIONS)
+    if len(path) == 1:
+        return frozenset(SECTIONS.get(str(path[0]), ()))
+    if path[0] == "attention" and len(path) == 3 and path[1] in ("heads", "layers"):
+        return HEAD_KEYS | (LAYER_KEYS if path[1] == "layers" else frozenset())
+    if path[0] == "attention" and len(path) == 5 and path[1] == "layers" and path[3] == "heads":
+        return HEAD_KEYS
+    return frozenset()
+
+
 MASS_TOLERANCE = 1e-6  # the box must hold the initial mass up to this fraction
 
 
@@ -164,12 +193,32 @@ def load(source: str | Path | Mapping) -> dict:
     return parse_toml(text, "config")
 
 
+#: the largest config or sweep file read (a TOML file is a few KiB; a larger one is a
+#: mistake, e.g. a NetCDF output passed where the config goes)
+MAX_TEXT_BYTES = 16 * 2**20
+
+
 def read_text(path: Path, what: str) -> str:
-    """The text of a file, or a ConfigError naming ``what`` (config, sweep) and the path."""
+    """The text of a file, or a ConfigError naming ``what`` (config, sweep) and the path:
+    unreadable, larger than MAX_TEXT_BYTES, or not UTF-8 text."""
     try:
-        return path.read_text()
+        if path.is_file() and path.stat().st_size > MAX_TEXT_BYTES:
+            raise ConfigError(
+                f"{what}: {path} is {path.stat().st_size / 2**20:.0f} MiB, not a TOML {what} "
+                f"file (at most {MAX_TEXT_BYTES // 2**20} MiB)"
+            )
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}; check the path") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        hint = (
+            "; it looks like a NetCDF output: give the TOML file first and the output with -o"
+            if data[:4] in (b"CDF\x01", b"CDF\x02", b"\x89HDF")
+            else ""
+        )
+        raise ConfigError(f"{what}: {path} is not a UTF-8 text (TOML) file{hint}") from None
 
 
 def parse_toml(text: str, what: str, where: str = "") -> dict:
@@ -178,11 +227,17 @@ def parse_toml(text: str, what: str, where: str = "") -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{what}: malformed TOML{where}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{what}: malformed TOML{where}: arrays or tables nested too deeply"
+        ) from None
 
 
 def _number(key: str, value: Any, positive: bool = False, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {_short(value)}")
+    if isinstance(value, int) and abs(value) >= 2**63:
+        raise ConfigError(f"{key}: {value:.3g} is out of range (at most 2^63)")
     if not math.isfinite(value):
         raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     if integer and int(value) != value:
@@ -192,16 +247,22 @@ def _number(key: str, value: Any, positive: bool = False, integer: bool = False)
     return int(value) if integer else float(value)
 
 
+def _short(value: Any) -> str:
+    """repr of a config value, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _vector(key: str, value: Any, d: int | None = None) -> np.ndarray:
     try:
         arr = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected a list of numbers, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key}: expected a list of numbers, got {_short(value)}") from None
     if arr.ndim != 1 or (d is not None and arr.size != d):
         want = f"{d} numbers" if d else "a list of numbers"
-        raise ConfigError(f"{key}: expected {want}, got {value!r}")
+        raise ConfigError(f"{key}: expected {want}, got {_short(value)}")
     if not np.all(np.isfinite(arr)):
-        raise ConfigError(f"{key}: entries must be finite, got {value!r}")
+        raise ConfigError(f"{key}: entries must be finite, got {_short(value)}")
     return arr
 
 
@@ -218,7 +279,12 @@ def _choice(key: str, value: Any, choices) -> str:
     return value
 
 
-def _check_keys(raw: dict) -> None:
+#: how deep lists and tables may nest in a config (a 3-D matrix list of heads is 5 deep)
+MAX_DEPTH = 8
+
+
+def check_keys(raw: dict) -> None:
+    """Every section and key known to the schema (SECTIONS), nesting within MAX_DEPTH."""
     for section, table in raw.items():
         if section not in SECTIONS:
             raise ConfigError(f"{section}: unknown section; expected {', '.join(sorted(SECTIONS))}")
@@ -230,6 +296,20 @@ def _check_keys(raw: dict) -> None:
                     f"{section}.{key}: unknown key; expected one of "
                     f"{', '.join(sorted(SECTIONS[section]))}"
                 )
+            _check_depth(f"{section}.{key}", table[key], 1)
+
+
+def _check_depth(key: str, value: Any, depth: int) -> None:
+    """Refuse lists and tables nested deeper than MAX_DEPTH (before numpy or the TOML
+    writer recurse into them)."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{key}: nested more than {MAX_DEPTH} levels deep; check the brackets")
+    if isinstance(value, list):
+        for item in value:
+            _check_depth(key, item, depth + 1)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _check_depth(key, item, depth + 1)
 
 
 # ---- sections -------------------------------------------------------------------------------
@@ -251,11 +331,10 @@ def build_grid(table: dict) -> Grid:
             f"grid.upper: must exceed grid.lower on every axis, got "
             f"{upper.tolist()} vs {lower.tolist()}"
         )
-    boundary = table.get("boundary", "outflow")
-    try:
-        return Grid(lower, upper, cells, boundary)
+    try:  # Grid checks the boundary modes (and names the key)
+        return Grid(lower, upper, cells, table.get("boundary", "outflow"))
     except ValueError as exc:
-        raise ConfigError(f"grid.boundary: {exc}") from None
+        raise ConfigError(str(exc)) from None
 
 
 def _list(key: str, value: Any, d: int) -> list:
@@ -325,67 +404,47 @@ def build_initial(table: dict, grid: Grid, positions: Positions | None = None) -
 
 
 def _initial(table: dict, grid: Grid) -> np.ndarray:
-    d = grid.ndim
     kind = _choice(
         "initial.kind",
         table.get("kind", "gaussian"),
         ("gaussian", "mixture", "uniform", "tokens", "file"),
     )
+    key = {
+        "gaussian": "initial.covariance",
+        "mixture": "initial.covariances",
+        "uniform": "initial.radius" if "radius" in table else "initial.lower",
+        "tokens": "initial.file",
+        "file": "initial.file",
+    }[kind]
     try:
-        if kind == "gaussian":
-            mean = _vector("initial.mean", table.get("mean", [0.0] * d), d)
-            cov = _matrix("initial.covariance", table.get("covariance", np.eye(d).tolist()), (d, d))
-            _spd("initial.covariance", cov)
-            density = gaussian(grid, mean, cov)
-        elif kind == "mixture":
-            for key in ("weights", "means", "covariances"):
-                if key not in table:
-                    raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
-            weights = _vector("initial.weights", table["weights"])
-            means = [
-                _vector(f"initial.means[{i}]", m, d)
-                for i, m in enumerate(_list("initial.means", table["means"], weights.size))
-            ]
-            covs = [
-                _matrix(f"initial.covariances[{i}]", c, (d, d))
-                for i, c in enumerate(
-                    _list("initial.covariances", table["covariances"], weights.size)
-                )
-            ]
-            for i, c in enumerate(covs):
-                _spd(f"initial.covariances[{i}]", c)
-            if np.any(weights <= 0):
-                raise ConfigError(f"initial.weights: must be > 0, got {weights.tolist()}")
-            density = gaussian_mixture(grid, weights / weights.sum(), means, covs)
-        elif kind == "uniform":
-            if "radius" in table:
-                center = _vector("initial.center", table.get("center", [0.0] * d), d)
-                radius = _number("initial.radius", table["radius"], positive=True)
-                density = uniform_ball(grid, center, radius)
-            else:
-                low = _vector("initial.lower", table.get("lower"), d)
-                high = _vector("initial.upper", table.get("upper"), d)
-                density = uniform_box(grid, low, high)
-        elif kind == "tokens":
-            from tpde.validation.particles import load_tokens
-
-            path = table.get("file")
-            if not isinstance(path, str):
-                raise ConfigError("initial.file: missing (a .npy file of n x d tokens)")
-            try:
-                tokens = load_tokens(path, d)
-            except OSError as exc:
-                raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
-            deposit = _choice("initial.deposit", table.get("deposit", "cic"), ("ngp", "cic"))
-            density = from_tokens(grid, tokens, method=deposit)
-        else:
-            density = _from_file(table, grid)
+        with np.errstate(all="ignore"):  # an overflow shows as a non-finite density
+            density = _density(kind, table, grid)
+        mass = grid.integrate(density)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"initial: {exc}") from None
-    mass = grid.integrate(density)
+        message = str(exc).splitlines()[0]
+        if not message.startswith("initial"):
+            message = f"{key}: {message}"
+        raise ConfigError(message) from None
+    except (OverflowError, FloatingPointError, ZeroDivisionError) as exc:
+        raise ConfigError(
+            f"{key}: the initial data overflow ({exc}); use moderate values"
+        ) from None
+    if not (np.isfinite(mass) and np.all(np.isfinite(density))):
+        raise ConfigError(f"{key}: the initial density is not finite; use moderate values")
     if kind in ("gaussian", "mixture") and mass < 1.0 - MASS_TOLERANCE:
+        covs = [table.get("covariance")] if kind == "gaussian" else table.get("covariances", [])
+        spread = max(
+            (float(np.sqrt(np.max(np.diag(np.asarray(c, dtype=float))))) for c in covs if c),
+            default=0.0,
+        )
+        width = float(np.min(np.subtract(grid.upper, grid.lower)))
+        if spread > width:
+            raise ConfigError(
+                f"{key}: standard deviations up to {spread:.3g} do not fit in the box "
+                f"(narrowest side {width:.3g}): the box holds only {mass:.3g} of the mass"
+            )
         raise ConfigError(
             f"grid: the box holds only {mass:.6g} of the initial mass (limit "
             f"1 - {MASS_TOLERANCE:g}); widen grid.lower / grid.upper"
@@ -398,9 +457,64 @@ def _initial(table: dict, grid: Grid) -> np.ndarray:
     return density
 
 
+def _density(kind: str, table: dict, grid: Grid) -> np.ndarray:
+    """The cell averages of ``initial.kind`` (keys checked on the way)."""
+    d = grid.ndim
+    if kind == "gaussian":
+        mean = _vector("initial.mean", table.get("mean", [0.0] * d), d)
+        cov = _matrix("initial.covariance", table.get("covariance", np.eye(d).tolist()), (d, d))
+        _spd("initial.covariance", cov)
+        return gaussian(grid, mean, cov)
+    elif kind == "mixture":
+        for key in ("weights", "means", "covariances"):
+            if key not in table:
+                raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
+        weights = _vector("initial.weights", table["weights"])
+        means = [
+            _vector(f"initial.means[{i}]", m, d)
+            for i, m in enumerate(_list("initial.means", table["means"], weights.size))
+        ]
+        covs = [
+            _matrix(f"initial.covariances[{i}]", c, (d, d))
+            for i, c in enumerate(_list("initial.covariances", table["covariances"], weights.size))
+        ]
+        for i, c in enumerate(covs):
+            _spd(f"initial.covariances[{i}]", c)
+        if np.any(weights <= 0):
+            raise ConfigError(f"initial.weights: must be > 0, got {weights.tolist()}")
+        return gaussian_mixture(grid, weights / weights.sum(), means, covs)
+    elif kind == "uniform":
+        if "radius" in table:
+            center = _vector("initial.center", table.get("center", [0.0] * d), d)
+            radius = _number("initial.radius", table["radius"], positive=True)
+            return uniform_ball(grid, center, radius)
+        else:
+            low = _vector("initial.lower", table.get("lower"), d)
+            high = _vector("initial.upper", table.get("upper"), d)
+            return uniform_box(grid, low, high)
+    elif kind == "tokens":
+        from tpde.validation.particles import load_tokens
+
+        path = table.get("file")
+        if not isinstance(path, str):
+            raise ConfigError("initial.file: missing (a .npy file of n x d tokens)")
+        try:
+            tokens = load_tokens(path, d)
+        except OSError as exc:
+            raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
+        deposit = _choice("initial.deposit", table.get("deposit", "cic"), ("ngp", "cic"))
+        return from_tokens(grid, tokens, method=deposit)
+    else:
+        return _from_file(table, grid)
+
+
 def _spd(key: str, cov: np.ndarray) -> None:
-    if not np.allclose(cov, cov.T) or np.linalg.eigvalsh(0.5 * (cov + cov.T))[0] <= 0:
-        raise ConfigError(f"{key}: must be symmetric positive definite, got {cov.tolist()}")
+    scale = float(np.abs(cov).max()) or 1.0  # eigenvalues of the scaled matrix: no overflow
+    if (
+        not np.allclose(cov / scale, cov.T / scale)
+        or np.linalg.eigvalsh(0.5 * (cov + cov.T) / scale)[0] <= 0
+    ):
+        raise ConfigError(f"{key}: must be symmetric positive definite, got {_short(cov.tolist())}")
 
 
 def _from_file(table: dict, grid: Grid) -> np.ndarray:
@@ -409,48 +523,101 @@ def _from_file(table: dict, grid: Grid) -> np.ndarray:
     path = table.get("file")
     if not isinstance(path, str):
         raise ConfigError("initial.file: missing (a tpde NetCDF output)")
+    if not os.path.isfile(path):
+        raise ConfigError(f"initial.file: {path} does not exist (a tpde NetCDF output)")
     try:
         ds = read(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
-    source = grid_from_dataset(ds)
+        source = grid_from_dataset(ds)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"initial.file: cannot read {path} as a tpde output: {str(exc).splitlines()[0]}"
+        ) from None
     if source.shape != grid.shape or not np.allclose(
         [source.centres(a) for a in range(grid.ndim)], [grid.centres(a) for a in range(grid.ndim)]
     ):
         raise ConfigError(f"initial.file: {path} is on a different grid; use the same grid keys")
+    if "s" in ds.dims:
+        raise ConfigError(f"initial.file: {path} is a masked run (position slices); not supported")
+    count = ds.sizes["time"]
     index = int(_number("initial.snapshot", table.get("snapshot", -1), integer=True))
+    if not -count <= index < count:
+        raise ConfigError(
+            f"initial.snapshot: {index} is out of range; {path} holds {count} snapshots "
+            f"(0 .. {count - 1}, or -1 for the last)"
+        )
     return from_array(grid, np.asarray(ds["density"][index]))
 
 
-def _head(key: str, table: dict, variant: str, d: int):
-    unknown = set(table) - HEAD_KEYS - {"t_start", "heads"}
-    if unknown:
-        raise ConfigError(
-            f"{key}.{sorted(unknown)[0]}: unknown key; expected one of "
-            f"{', '.join(sorted(HEAD_KEYS))}"
+#: entries of a kernel matrix times max |x|^2 over the box (of a value map times max |x|) stay
+#: below this: far beyond any attention a grid resolves, far from float64 overflow (1.8e308)
+MAGNITUDE_LIMIT = 1e100
+
+
+def _not_for(key: str, name: str, variant: str, allowed) -> ConfigError:
+    if name == "A" and "A" not in allowed and "Q" in allowed:
+        return ConfigError(
+            f"{key}.A: the {variant} variant takes {key}.Q and {key}.K, not A; give those"
         )
+    return ConfigError(
+        f"{key}.{name}: not used by the {variant} variant; remove it (its keys: "
+        f"{', '.join(sorted(allowed))})"
+    )
+
+
+def _magnitude(key: str, matrix: np.ndarray, factor: float, what: str) -> None:
+    largest = float(np.max(np.abs(matrix))) if matrix.size else 0.0
+    if not largest * factor <= MAGNITUDE_LIMIT:
+        raise ConfigError(
+            f"{key}: entries up to {largest:.3g} give {what} up to {largest * factor:.3g} on "
+            f"this box (limit {MAGNITUDE_LIMIT:.0e}); use moderate values"
+        )
+
+
+def _head(key: str, table: dict, variant: str, d: int, radius: float = 1.0):
+    """One head of ``variant`` from its table; ``radius``: the largest |x| of the box."""
+    allowed = variant_keys(variant)[1]
+    for name in table:
+        if name not in allowed and name not in LAYER_KEYS:
+            if name in HEAD_KEYS:
+                raise _not_for(key, name, variant, allowed)
+            raise ConfigError(
+                f"{key}.{name}: unknown key; expected one of {', '.join(sorted(allowed))}"
+            )
     if "V" not in table:
         raise ConfigError(f"{key}.V: missing (the value matrix, {d} x {d})")
     scale = _number(f"{key}.scale", table.get("scale", 1.0))
     W = _matrix(f"{key}.W", table["W"]) if "W" in table else None
     V = _matrix(f"{key}.V", table["V"])
+    _magnitude(f"{key}.V", V, radius, "velocities")
+    if W is not None:
+        _magnitude(f"{key}.W", W, radius * float(np.max(np.abs(V)) or 1.0), "velocities")
+    kernel = radius * radius
     try:
         if variant == "l2":
             if "Q" not in table or "K" not in table:
                 raise ConfigError(f"{key}.Q: the l2 variant needs Q and K (k x {d} each)")
-            return L2Head(
-                _matrix(f"{key}.Q", table["Q"]), _matrix(f"{key}.K", table["K"]), V, scale, W
-            )
+            Q, K = _matrix(f"{key}.Q", table["Q"]), _matrix(f"{key}.K", table["K"])
+            _magnitude(f"{key}.Q", Q, radius, "|Q x|")
+            _magnitude(f"{key}.K", K, radius, "|K y|")
+            _magnitude(f"{key}.scale", np.array([scale]), np.max(np.abs(Q)) * radius, "|scale Q x|")
+            return L2Head(Q, K, V, scale, W)
         if "A" in table:
-            A = scale * _matrix(f"{key}.A", table["A"], (d, d))
+            A = _matrix(f"{key}.A", table["A"], (d, d))
         elif "Q" in table and "K" in table:
             Q = _matrix(f"{key}.Q", table["Q"])
             K = _matrix(f"{key}.K", table["K"], Q.shape)
             if Q.shape[1] != d:
                 raise ConfigError(f"{key}.Q: expected k x {d}, got {Q.shape[0]} x {Q.shape[1]}")
-            A = scale * K.T @ Q
+            _magnitude(f"{key}.Q", Q, radius, "|Q x|")
+            _magnitude(f"{key}.K", K, radius * float(np.max(np.abs(Q))), "<Q x, K y>")
+            A = K.T @ Q
         else:
             raise ConfigError(f"{key}.A: missing (give A, or Q and K)")
+        _magnitude(f"{key}.A", A, kernel, "exponents <A x, y>")
+        _magnitude(
+            f"{key}.scale", np.array([scale]), kernel * float(np.max(np.abs(A))), "exponents"
+        )
+        A = scale * A
         if variant == "sinkhorn":
             return SinkhornHead(
                 A, V, W, _number(f"{key}.epsilon", table.get("epsilon", 1.0), positive=True)
@@ -458,28 +625,33 @@ def _head(key: str, table: dict, variant: str, d: int):
         if variant == "sigmoid":
             return SigmoidHead(A, V, W, _number(f"{key}.bias", table.get("bias", 0.0)))
         return Head(A, V, W)
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        field_name = str(exc).split(":", 1)[0].split(".")[-1]
-        raise ConfigError(f"{key}.{field_name}:{str(exc).split(':', 1)[1]}") from None
+    except ParameterError as exc:  # the head class names its field
+        name = {field: k for k, field in HEAD_FIELD_NAMES.items()}.get(exc.field, exc.field)
+        raise ConfigError(f"{key}.{name}: {exc.detail}") from None
 
 
-def _params(key: str, table: dict, variant: str, d: int):
+def _params(key: str, table: dict, variant: str, d: int, radius: float = 1.0):
     heads = table.get("heads")
     if heads is not None:
         if not isinstance(heads, list) or not heads or not all(isinstance(h, dict) for h in heads):
             raise ConfigError(f"{key}.heads: expected [[{key}.heads]] tables")
         shared = {k: v for k, v in table.items() if k in ("scale", "epsilon", "bias")}
         return [
-            _head(f"{key}.heads[{i}]", {**shared, **h}, variant, d) for i, h in enumerate(heads)
+            _head(f"{key}.heads[{i}]", {**shared, **h}, variant, d, radius)
+            for i, h in enumerate(heads)
         ]
-    return _head(key, table, variant, d)
+    return _head(key, table, variant, d, radius)
 
 
-def build_attention(table: dict, d: int):
+def build_attention(table: dict, d: int, radius: float = 1.0):
+    """(variant, params, velocity field) of the [attention] table; ``radius``: the largest
+    |x| of the box (the matrices' magnitudes are checked against it)."""
     variant = _choice("attention.variant", table.get("variant", "softmax"), tuple(ATTENTION))
-    engine = table.get("engine", "auto")
+    option_keys, head_keys = variant_keys(variant)
+    allowed = {"variant", "masked", "heads", "layers"} | option_keys | head_keys
+    for name in table:
+        if name not in allowed:
+            raise _not_for("attention", name, variant, allowed)
     common = {k: v for k, v in table.items() if k in HEAD_KEYS or k == "heads"}
     layers = table.get("layers")
     if layers is not None:
@@ -487,28 +659,32 @@ def build_attention(table: dict, d: int):
             raise ConfigError("attention.layers: expected [[attention.layers]] tables")
         items = []
         for i, layer in enumerate(layers):
+            if not isinstance(layer, dict):
+                raise ConfigError(
+                    f"attention.layers[{i}]: expected a [[attention.layers]] table with "
+                    f"t_start, got {_short(layer)}"
+                )
             if "t_start" not in layer:
                 raise ConfigError(f"attention.layers[{i}].t_start: missing")
             t_start = _number(f"attention.layers[{i}].t_start", layer["t_start"])
             merged = {**common, **{k: v for k, v in layer.items() if k != "t_start"}}
-            items.append((t_start, _params(f"attention.layers[{i}]", merged, variant, d)))
+            items.append((t_start, _params(f"attention.layers[{i}]", merged, variant, d, radius)))
         try:
             params = Layers(items)
         except ValueError as exc:
             raise ConfigError(f"attention.{exc}") from None
     else:
-        params = _params("attention", common, variant, d)
-    options = {}
-    if variant != "linear":
-        options["engine"] = engine
-    if variant == "sinkhorn":
-        for key in ("tol", "max_iter"):
-            if key in table:
-                options[key] = _number(
-                    f"attention.{key}", table[key], positive=True, integer=key == "max_iter"
-                )
-    if "nodes" in table and variant in ("softmax", "multihead", "l2", "sinkhorn"):
-        options["nodes"] = _number("attention.nodes", table["nodes"], positive=True, integer=True)
+        params = _params("attention", common, variant, d, radius)
+    options: dict[str, Any] = {}
+    for key in option_keys & set(table):
+        value = table[key]
+        if key == "engine":
+            if not isinstance(value, str):
+                raise ConfigError(f"attention.engine: expected a name, got {_short(value)}")
+            options[key] = value
+        else:  # counts are integers >= 1; the variant checks the rest
+            count = key != "tol"
+            options[key] = _number(f"attention.{key}", value, positive=count, integer=count)
     try:
         field_ = ATTENTION[variant](params, **options)
         first = params.params[0] if isinstance(params, Layers) else params
@@ -519,98 +695,254 @@ def build_attention(table: dict, d: int):
                     f"attention: the matrices are {h.dim}-D but the grid is "
                     f"{d}-D; give {d} x {d} matrices"
                 )
+        if options.get("engine") == "fft":
+            _check_fft(params)
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(str(exc).splitlines()[0]) from None
     return variant, params, field_
 
 
+def _check_fft(params) -> None:
+    """The FFT engine's own check of every head of every layer (a symmetric A)."""
+    from tpde.variants.engines.fft import FFTSoftmaxSums
+
+    layers = params.params if isinstance(params, Layers) else [params]
+    for layer in layers:
+        for head in layer if isinstance(layer, list) else [layer]:
+            FFTSoftmaxSums(head.A)
+
+
 def build_scheme(table: dict) -> Scheme:
-    kwargs: dict[str, Any] = {}
-    if "reconstruction" in table:
-        kwargs["reconstruction"] = _choice(
-            "scheme.reconstruction", table["reconstruction"], tuple(RECONSTRUCTIONS)
-        )
-    if "integrator" in table:
-        kwargs["integrator"] = _choice("scheme.integrator", table["integrator"], tuple(INTEGRATORS))
-    if "cfl" in table:
-        cfl = _number("scheme.cfl", table["cfl"], positive=True)
-        if cfl > 1:
-            raise ConfigError(f"scheme.cfl: expected a number in (0, 1], got {cfl}")
-        kwargs["cfl"] = cfl
-    for key in ("dt", "dt_max"):
-        if key in table:
-            kwargs[key] = _number(f"scheme.{key}", table[key], positive=True)
-    if "positivity" in table:
-        if not isinstance(table["positivity"], bool):
-            raise ConfigError(
-                f"scheme.positivity: expected true or false, got {table['positivity']!r}"
-            )
-        kwargs["positivity"] = table["positivity"]
-    if "face_quadrature" in table:
-        kwargs["face_quadrature"] = _choice(
-            "scheme.face_quadrature", table["face_quadrature"], ("auto", "midpoint", "gauss")
-        )
-    if "face_velocity" in table:
-        kwargs["face_velocity"] = _choice(
-            "scheme.face_velocity", table["face_velocity"], ("auto", "exact", "interpolated")
-        )
-    scheme = Scheme(**kwargs)
+    """The [scheme] table as a :class:`Scheme`: its keys are the Scheme's fields, and
+    :meth:`Scheme.validate` is the one check of their types and values."""
     try:
+        scheme = Scheme(**table)
         scheme.validate()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
     return scheme
 
 
+# ---- resources ----------------------------------------------------------------------------------
+#: the most snapshots a run may ask for (each is a record in the file and a copy in memory)
+MAX_SNAPSHOTS = 100_000
+#: the share of the available memory a run may plan to use; the rest is for the system,
+#: other processes and the estimate's error
+MEMORY_FRACTION = 0.8
+#: arrays of one density's size that a run holds at its peak, per dimension: measured peaks
+#: of 2-D softmax runs (30 per cell at 1024^2, 32 at 512^2) and 3-D ones (74 at 48^3 and
+#: 80^3), rounded up; the snapshots the solver keeps come on top
+WORK_ARRAYS = {1: 32, 2: 36, 3: 84}
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: ``MemAvailable`` of /proc/meminfo, lowered to
+    the room left under a cgroup memory limit (containers, batch jobs); None if unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            with open(limit) as f:
+                text = f.read().strip()
+            if text != "max" and int(text) < 2**60:
+                with open(usage) as f:
+                    found.append(max(0, int(text) - int(f.read().strip())))
+    return min(found) if found else None
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**28 else f"{nbytes / 2**20:.3g} MiB"
+
+
+def check_memory(key: str, nbytes: float, what: str) -> None:
+    """ConfigError naming ``key`` when ``nbytes`` exceed MEMORY_FRACTION of the available
+    memory (no check where that is unknown)."""
+    available = available_memory()
+    if available is not None and nbytes > MEMORY_FRACTION * available:
+        raise ConfigError(
+            f"{key}: the run needs about {_gib(nbytes)} ({what}), more than "
+            f"{MEMORY_FRACTION:.0%} of the {_gib(available)} of memory available; make it smaller"
+        )
+
+
+def memory_estimate(
+    grid: Grid,
+    positions: Positions | None,
+    snapshots: int,
+    nodes: int | None = None,
+    heads: int = 1,
+) -> dict[str, float]:
+    """Bytes a run needs at its peak, by the key that sets each part: the time loop's work
+    arrays (WORK_ARRAYS per cell), the snapshots the solver keeps, the kernel tables of a
+    fixed ``attention.nodes`` (nodes^d values, d + 2 tables per head)."""
+    d = grid.ndim
+    cells = math.prod(grid.shape) * (1 if positions is None else positions.count)
+    parts = {
+        ("grid.positions" if positions is not None else "grid.cells"): 8.0 * cells * WORK_ARRAYS[d],
+        "run.snapshots": 8.0 * (cells + 16) * snapshots,
+    }
+    if nodes is not None:
+        parts["attention.nodes"] = 8.0 * float(nodes) ** d * (d + 2) * heads
+    return parts
+
+
+def check_resources(
+    grid: Grid, positions: Positions | None, scheme: Scheme, run: dict, attention: dict
+) -> None:
+    """Before anything is allocated: the snapshot count (MAX_SNAPSHOTS), the steps a fixed
+    ``dt`` (at least ``dt_max``) implies against ``Problem.max_steps``, and the memory of
+    :func:`memory_estimate` against :func:`available_memory` (MEMORY_FRACTION)."""
+    count = run["count"]
+    if count > MAX_SNAPSHOTS:
+        raise ConfigError(f"run.snapshots: {count} snapshots; at most {MAX_SNAPSHOTS}")
+    span = run["t_end"] - run["t_start"]
+    limit = Problem.max_steps
+    for key in ("dt", "dt_max"):
+        step = getattr(scheme, key)
+        if step is not None and span > 0 and span / step > limit:
+            raise ConfigError(
+                f"scheme.{key}: {step:g} means {'at least ' if key == 'dt_max' else ''}"
+                f"{span / step:.3g} steps from t = {run['t_start']:g} to {run['t_end']:g}; "
+                f"the limit is {limit:.0e} steps: raise it or shorten run.t_end"
+            )
+    heads = max(1, max((len(h) for h in _all_heads(attention) if isinstance(h, list)), default=1))
+    nodes = attention.get("nodes")
+    parts = memory_estimate(
+        grid, positions, count, nodes if isinstance(nodes, int) else None, heads
+    )
+    key = max(parts, key=lambda k: parts[k])
+    shape = " x ".join(map(str, grid.shape))
+    slices = "" if positions is None else f" x {positions.count} position slices"
+    check_memory(
+        key, sum(parts.values()), f"grid {shape}{slices}, {count} snapshots kept in memory"
+    )
+
+
+def _all_heads(attention: dict) -> list:
+    heads = [attention.get("heads")]
+    for layer in attention.get("layers") or []:
+        if isinstance(layer, dict):
+            heads.append(layer.get("heads"))
+    return [h for h in heads if h is not None]
+
+
+def _run_settings(run: dict) -> dict:
+    """The [run] table's values, type-checked (Problem checks their ranges)."""
+    if "t_end" not in run:
+        raise ConfigError("run.t_end: missing (the final time, > 0)")
+    out: dict[str, Any] = {
+        "t_start": _number("run.t_start", run.get("t_start", 0.0)),
+        "t_end": _number("run.t_end", run["t_end"]),
+        "max_outflow": _number("run.max_outflow", run.get("max_outflow", 1e-3)),
+    }
+    snapshots = run.get("snapshots", 41)
+    if isinstance(snapshots, list):
+        if len(snapshots) > MAX_SNAPSHOTS:
+            raise ConfigError(f"run.snapshots: {len(snapshots)} times; at most {MAX_SNAPSHOTS}")
+        out["snapshots"] = _vector("run.snapshots", snapshots).tolist()
+        out["count"] = len(snapshots)
+    else:
+        out["snapshots"] = out["count"] = _number("run.snapshots", snapshots, integer=True)
+    output = run.get("output", "out.nc")
+    if output is not None and not isinstance(output, str):
+        raise ConfigError(f"run.output: expected a file name, got {_short(output)}")
+    out["output"] = output
+    return out
+
+
 def build(source: str | Path | Mapping) -> Config:
-    """Validate a configuration (path, TOML text or mapping) and build its Problem."""
+    """Validate a configuration (path, TOML text or mapping) and build its Problem.
+
+    Everything is checked before the initial density is allocated: keys (for the chosen
+    variant), types, finiteness and magnitudes, then :func:`check_resources` (memory,
+    snapshot count, steps); each failure is a one-line ConfigError naming the key."""
     raw = load(source)
-    _check_keys(raw)
+    check_keys(raw)
     for section in ("grid", "attention", "run"):
         if section not in raw:
             raise ConfigError(f"{section}: missing section [{section}]")
     grid = build_grid(raw["grid"])
     positions = build_positions(raw["grid"], raw["attention"])
-    density = build_initial(raw.get("initial", {}), grid, positions)
-    variant, _, velocity = build_attention(raw["attention"], grid.ndim)
+    scheme = build_scheme(raw.get("scheme", {}))
+    run = _run_settings(raw["run"])
+    corners = np.maximum(np.abs(grid.lower), np.abs(grid.upper))
+    radius = max(1.0, float(np.linalg.norm(corners)))
+    variant, _, velocity = build_attention(raw["attention"], grid.ndim, radius)
     if positions is not None:
         velocity = CausalAttention(velocity)
-    scheme = build_scheme(raw.get("scheme", {}))
-    run = raw["run"]
-    if "t_end" not in run:
-        raise ConfigError("run.t_end: missing (the final time, > 0)")
-    t_start = _number("run.t_start", run.get("t_start", 0.0))
-    t_end = _number("run.t_end", run["t_end"])
-    if not t_end > t_start:
-        raise ConfigError(f"run.t_end: must be > run.t_start = {t_start}, got {t_end}")
-    snapshots = run.get("snapshots", 41)
-    if isinstance(snapshots, list):
-        snapshots = _vector("run.snapshots", snapshots).tolist()
-    else:
-        snapshots = _number("run.snapshots", snapshots, integer=True)
-        if snapshots < 2:
-            raise ConfigError(f"run.snapshots: expected an integer >= 2, got {snapshots}")
-    max_outflow = _number("run.max_outflow", run.get("max_outflow", 1e-3), positive=True)
-    output = run.get("output", "out.nc")
-    if output is not None and not isinstance(output, str):
-        raise ConfigError(f"run.output: expected a file name, got {output!r}")
+    check_resources(grid, positions, scheme, run, raw["attention"])
+    density = build_initial(raw.get("initial", {}), grid, positions)
     try:
         problem = Problem(
             grid,
             density,
             velocity,
-            t_end,
+            run["t_end"],
             scheme=scheme,
-            snapshots=snapshots,
-            t_start=t_start,
-            max_outflow=max_outflow,
+            snapshots=run["snapshots"],
+            t_start=run["t_start"],
+            max_outflow=run["max_outflow"],
             positions=positions,
         )
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return Config(problem, output, variant, dumps(raw), raw)
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    return Config(problem, run["output"], variant, dumps(raw), raw)
+
+
+def canonical(source: str | Mapping) -> dict:
+    """A config's values in one form, to compare two configs (resume, sweep reruns): TOML
+    text or a mapping; numbers as float, the defaults of the keys that have one filled in,
+    ``run.output`` dropped (where a run writes is not what it computes)."""
+    raw = parse_toml(source, "config") if isinstance(source, str) else load(source)
+
+    def norm(value: Any) -> Any:
+        if isinstance(value, bool) or isinstance(value, str):
+            return value
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, Mapping):
+            return {str(k): norm(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [norm(v) for v in value]
+        return value
+
+    out = norm(raw)
+    for section, defaults in DEFAULTS.items():
+        if section in out and isinstance(out[section], dict):
+            for key, default in defaults.items():
+                out[section].setdefault(key, norm(default))
+    if isinstance(out.get("run"), dict):
+        out["run"].pop("output", None)
+    return out
+
+
+#: the defaults of the keys that have a plain one (canonical() fills them in)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "grid": {"boundary": "outflow"},
+    "initial": {"kind": "gaussian"},
+    "attention": {"variant": "softmax", "scale": 1.0, "masked": False},
+    "scheme": {
+        f.name: f.default
+        for f in dataclasses.fields(Scheme)
+        if isinstance(f.default, bool | str | int | float)
+    },
+    "run": {"t_start": 0.0, "snapshots": 41, "max_outflow": 1e-3},
+}
 
 
 def dumps(raw: Mapping) -> str:

@@ -166,8 +166,8 @@ def _slice_stats(
     d = len(spatial)
     if "slice_mass" in ds and "slice_mean" in ds:
         mass = np.asarray(ds["slice_mass"].isel(time=index).values, dtype=float)
-        mean = ds["slice_mean"].isel(time=index).transpose(POSITION, ...)
-        return mass, np.asarray(mean.values, dtype=float).reshape(mass.size, d)
+        stored = ds["slice_mean"].isel(time=index).transpose(POSITION, ...)
+        return mass, np.asarray(stored.values, dtype=float).reshape(mass.size, d)
     cells = _slices(ds, spatial, index) * _cell_volume(ds, spatial)
     count = cells.shape[0]
     mass = cells.reshape(count, -1).sum(axis=1)
@@ -186,10 +186,10 @@ def _pick(times: np.ndarray, wanted: Sequence[float] | None) -> list[int]:
     if wanted is None:
         k = min(DEFAULT_SNAPSHOTS, n)
         return sorted({int(round(i)) for i in np.linspace(0, n - 1, k)})
-    wanted = np.atleast_1d(np.asarray(wanted, dtype=float))
-    if wanted.size == 0:
+    targets = np.atleast_1d(np.asarray(wanted, dtype=float))
+    if targets.size == 0:
         raise ValueError("plot: times is empty; give at least one time or None")
-    return [int(np.nanargmin(np.abs(times - t))) for t in wanted]
+    return [int(np.nanargmin(np.abs(times - t))) for t in targets]
 
 
 def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndarray] | None:
@@ -233,12 +233,22 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
+def _plain(value: Any, limit: int = 120) -> str:
+    """File attributes are untrusted text: one line, at most ``limit`` characters, and every
+    ``$`` escaped, so matplotlib never parses them as mathtext (a crafted ``$\\frac{$``
+    made ``tpde plot`` fail)."""
+    text = " ".join(str(value).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text.replace("$", r"\$")
+
+
 def _suptitle(fig: Figure, ds: xr.Dataset, what: str) -> None:
-    title = str(ds.attrs.get("title", "")).strip()
-    status = str(ds.attrs.get("status", "")).strip()
+    title = _plain(ds.attrs.get("title", ""))
+    status = _plain(ds.attrs.get("status", ""), 40)
     text = f"{title}: {what}" if title else what
     if status and status != "completed":
-        when = ds.attrs.get("status_time")
+        when = ds.attrs.get("status_time", "")  # (float fails on a missing one)
         try:
             text += f" [{status} at t = {float(when):.4g}]"
         except (TypeError, ValueError):
@@ -407,6 +417,7 @@ def density_figure(
                 ax.set_ylabel("")
         if ref is not None:
             axes[0].legend(fontsize="x-small", loc="upper right")
+        assert mesh is not None  # (_pick: at least one snapshot)
         fig.colorbar(mesh, ax=list(axes), label="density", shrink=0.9)
         _suptitle(fig, ds, "density")
         return fig
@@ -418,9 +429,7 @@ def density_figure(
     mesh = None
     for row, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
         at = _max_index(rho)
-        m = c = None
-        if ref is not None:
-            m, c = _interp(ref, all_times[i])
+        gaussian = None if ref is None else _interp(ref, all_times[i])
         for col, plane in enumerate(PLANES):
             a, b = plane
             fixed = 3 - a - b
@@ -438,13 +447,14 @@ def density_figure(
                 f"t = {all_times[i]:.4g}, {spatial[fixed]} = {centres[fixed][at[fixed]]:.3g}",
                 fontsize="medium",
             )
-            if m is not None:
-                sm, sc = _slice_gaussian(m, c, plane, fixed, centres[fixed][at[fixed]])
+            if gaussian is not None:
+                sm, sc = _slice_gaussian(*gaussian, plane, fixed, centres[fixed][at[fixed]])
                 _draw_ellipses(ax, sm, sc, label=row == 0 and col == 0)
                 ax.set_xlim(edges[a][0], edges[a][-1])
                 ax.set_ylim(edges[b][0], edges[b][-1])
     if ref is not None:
         axes[0, 0].legend(fontsize="x-small", loc="upper right")
+    assert mesh is not None  # (_pick: at least one snapshot)
     fig.colorbar(mesh, ax=axes.ravel().tolist(), label="density", shrink=0.8)
     _suptitle(fig, ds, "density slices through the maximum")
     return fig
@@ -481,21 +491,21 @@ def projection_figure(
     fig = _figure(11.0, 3.9)
     axes = fig.subplots(1, 3)
     mesh = None
-    m = c = None
-    if ref is not None:
-        m, c = _interp(ref, all_times[i])
+    gaussian = None if ref is None else _interp(ref, all_times[i])
     for k, ((a, b), proj) in enumerate(zip(PLANES, projections, strict=True)):
         ax = axes[k]
         mesh = _image(
             ax, edges[a], edges[b], proj, vmax, _label(ds, spatial[a]), _label(ds, spatial[b])
         )
         ax.set_title(f"sum over {spatial[3 - a - b]}")
-        if m is not None:
+        if gaussian is not None:
+            m, c = gaussian
             _draw_ellipses(ax, m[[a, b]], c[np.ix_([a, b], [a, b])], label=k == 0)
             ax.set_xlim(edges[a][0], edges[a][-1])
             ax.set_ylim(edges[b][0], edges[b][-1])
     if ref is not None:
         axes[0].legend(fontsize="x-small", loc="upper right")
+    assert mesh is not None  # (three planes)
     fig.colorbar(mesh, ax=list(axes), label="marginal density", shrink=0.9)
     _suptitle(fig, ds, f"marginal projections at t = {all_times[i]:.4g}")
     return fig
@@ -714,7 +724,7 @@ def position_marginal_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
 
 
 def _label(ds: xr.Dataset, name: str) -> str:
-    units = ds[name].attrs.get("units", "") if name in ds.coords else ""
+    units = _plain(ds[name].attrs.get("units", ""), 40) if name in ds.coords else ""
     return f"{name} [{units}]" if units and units != "1" else name
 
 
@@ -753,7 +763,7 @@ def animate(
     edges = [_edges(ds, a) for a in spatial]
     fig = _figure(6.0, 4.2 if d == 1 else 5.0)
     ax = fig.add_subplot()
-    title = str(ds.attrs.get("title", "")).strip()
+    title = _plain(ds.attrs.get("title", ""))
     prefix = f"{title}: " if title else ""
 
     if d == 1:
@@ -775,6 +785,7 @@ def animate(
             if d == 2:
                 return rho, ""
             at = _max_index(rho)
+            assert centres_z is not None  # (d == 3)
             return _plane_slice(rho, (0, 1), at), f", z = {centres_z[at[2]]:.3g}"
 
         first, _ = frame(0)

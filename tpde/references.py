@@ -23,7 +23,7 @@ import xarray as xr
 
 import tpde
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, check_memory
 
 __all__ = ["gaussian_reference", "particle_reference", "write_reference"]
 
@@ -111,6 +111,11 @@ def particle_reference(
     if n < 1:
         raise ConfigError(f"--tokens: expected an integer >= 1, got {n}")
     problem = config.problem
+    # positions at every snapshot, plus the working copies and blocked kernel sums
+    d, snapshots = problem.grid.ndim, len(problem.times)
+    check_memory(
+        "--tokens", 8.0 * n * (d * (snapshots + 16) + 1024), f"{n} tokens, {snapshots} times"
+    )
     positions, token_s, weights = problem.positions, None, None
     if positions is None:
         tokens = sample_tokens(problem.density, problem.grid, n, seed)

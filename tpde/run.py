@@ -6,20 +6,24 @@ same variables as the file); ``tpde run`` calls :func:`run_config`.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import tempfile
+import threading
 import time as _time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tpde.schemes.solver import SimulationError, Snapshot, Solver
+from tpde.schemes.solver import Snapshot, Solver
 
 from . import io
-from .config import Config, ConfigError, build
+from .config import Config, ConfigError, build, canonical
 from .energies import run_energies
 
-__all__ = ["Progress", "run_config", "simulate"]
+__all__ = ["Interrupted", "Progress", "run_config", "same_config", "simulate"]
 
 
 class StatusLine:
@@ -76,6 +80,65 @@ class Progress:
         self.status.close()
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP during a run (a KeyboardInterrupt, so code that stops on
+    Ctrl-C stops on these as well); ``signum`` is the signal."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(signal.Signals(self.signum).name)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class _Signals:
+    """While a run is on: SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted`, except
+    inside :meth:`held` (a snapshot being written, the final status), where the signal
+    waits for the block to end. Installed only in the main thread (a dask worker runs
+    its tasks in other threads; its nanny stops them)."""
+
+    NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                number = getattr(signal, name, None)
+                if number is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        self.previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self.previous.items():
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                signal.signal(number, handler)
+        self.previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.depth:
+            self.pending = self.pending or signum
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self, deliver: bool = True) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if deliver and not self.depth and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise Interrupted(signum)
+
+
 def run_config(
     config: Config,
     output: str | Path,
@@ -86,78 +149,154 @@ def run_config(
 ) -> Path:
     """Run ``config`` writing every snapshot to ``output`` (NetCDF); returns the path.
 
-    resume: continue the interrupted file ``output`` (its stored config must equal this one).
-    The status (completed, mass_left_domain, error) is stored in the file, and the energies
-    of :func:`tpde.energies.run_energies` at every snapshot (``energy_<name>`` records).
+    resume: continue the file ``output`` (its stored config must have the same values as
+    this one; a run that ended with a result, :data:`tpde.io.RESULTS`, is not resumed).
+    The file records how the run ended (:class:`tpde.io.Outcome`): the solver's status
+    (completed, mass_left_domain, box_limited, blowup) with its time and message;
+    ``interrupted`` for SIGINT, SIGTERM and SIGHUP (:class:`Interrupted` is raised after
+    the file says so; its time is the last complete snapshot's); ``error`` for any
+    exception, raised again after the file says so (its time is the time the run had
+    reached). :class:`tpde.io.DiskFull` ends a run as ``error`` with every earlier snapshot
+    readable and resumable. With ``overwrite`` an existing file is replaced only by a run
+    that ends with a result (:class:`tpde.io.SnapshotWriter`). The energies of
+    :func:`tpde.energies.run_energies` are written at every snapshot (``energy_<name>``).
     """
     output = Path(output)
     problem = config.problem
     energies = run_energies(config)  # the same energies on new and resumed runs
     skip_first = False
-    if resume:
-        state = _resume_state(output)
-        if state["config"].strip() != config.text.strip():
-            raise ConfigError(
-                f"run.output: {output} was written with a different config; "
-                "resume with the config stored in the file (tpde info shows it)"
-            )
-        remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
-        if not remaining:
-            raise ConfigError(
-                f"run.output: {output} is already complete (t = "
-                f"{state['time']:.6g}); nothing to resume"
-            )
-        problem = replace(
-            problem,
-            density=state["density"],
-            t_start=state["time"],
-            snapshots=[state["time"]] + remaining,
-            initial_outflow=state["outflow"],
-        )
-        writer = _writer(lambda: io.SnapshotWriter.resume(output, energies=energies))
-        skip_first = True
-    else:
-        writer = _writer(
-            lambda: io.SnapshotWriter(
-                output,
-                problem.grid,
-                config_text=config.text,
-                overwrite=overwrite,
-                history=history,
-                positions=problem.positions,
-                energies=energies,
-            )
-        )
-    progress = Progress(problem.t_end, quiet=quiet)
+    signals = _Signals()
+    with signals:
+        if resume:
+            state: dict = {}
 
-    def on_snapshot(snap: Snapshot) -> None:
-        nonlocal skip_first
-        if skip_first:  # the state the resumed run starts from is already stored
-            skip_first = False
-            return
-        writer.write(snap)
-        progress(snap)
+            def accept(found: dict) -> None:
+                state.update(_resumable(output, found, config, problem))
 
-    status, status_time, message = "interrupted", problem.t_start, "the run did not finish"
-    try:
-        result = Solver(problem, on_snapshot=on_snapshot).run()
-        status, status_time, message = result.status, result.status_time, result.status_message
-    except SimulationError as exc:
-        status, status_time, message = "error", float("nan"), str(exc)
-        raise
-    except KeyboardInterrupt:
-        message = "interrupted by the user (resume with --resume)"
-        raise
-    finally:
-        progress.done()
-        writer.close(status, status_time, message)
+            writer = _writer(
+                lambda: io.SnapshotWriter.resume(output, energies=energies, accept=accept)
+            )
+            problem = replace(
+                problem,
+                density=state["density"],
+                t_start=state["time"],
+                snapshots=[state["time"]] + state["remaining"],
+                initial_outflow=state["outflow"],
+            )
+            skip_first = True
+        else:
+            writer = _writer(
+                lambda: io.SnapshotWriter(
+                    output,
+                    problem.grid,
+                    config_text=config.text,
+                    overwrite=overwrite,
+                    history=history,
+                    positions=problem.positions,
+                    energies=energies,
+                )
+            )
+        progress = Progress(problem.t_end, quiet=quiet)
+
+        def on_snapshot(snap: Snapshot) -> None:
+            nonlocal skip_first
+            if skip_first:  # the state the resumed run starts from is already stored
+                skip_first = False
+                return
+            with signals.held():
+                writer.write(snap)
+            progress(snap)
+
+        solver = None
+        outcome = io.Outcome("error", problem.t_start, "the run did not start")
+        try:
+            solver = Solver(problem, on_snapshot=on_snapshot)
+            result = solver.run()
+            outcome = io.Outcome(result.status, result.status_time, result.status_message)
+        except KeyboardInterrupt as exc:
+            name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+            last = writer.last_time if writer.last_time is not None else problem.t_start
+            reached = solver.t if solver is not None else problem.t_start
+            outcome = io.Outcome(
+                "interrupted",
+                last,
+                f"interrupted by {name} at t = {reached:.6g}; snapshots up to t = {last:.6g} "
+                "are complete; continue with --resume",
+            )
+            raise
+        except BaseException as exc:
+            reached = solver.t if solver is not None else problem.t_start
+            last = writer.last_time
+            outcome = io.Outcome(
+                "error",
+                reached,
+                f"{error_line(exc)} (at t = {reached:.6g}"
+                + ("" if last is None else f"; snapshots up to t = {last:.6g} are complete")
+                + ")",
+            )
+            raise
+        finally:
+            progress.done()
+            with signals.held(deliver=False):
+                writer.close(outcome)
     return output
 
 
+def error_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (one line, for stderr and the file)."""
+    if isinstance(exc, io.DiskFull | ConfigError | io.OutputError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, MemoryError):
+        return "MemoryError: out of memory" + (f" ({exc})" if str(exc) else "")
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
+    """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
+    ``config``; returns its state plus the snapshot times still to come."""
+    outcome: io.Outcome = found["outcome"]
+    if outcome.status == "completed":
+        raise ConfigError(
+            f"run.output: {output} is already complete (t = {outcome.time:.6g}); nothing to resume"
+        )
+    if outcome.result:
+        raise ConfigError(
+            f"run.output: {output} ended with status {outcome.status} at t = "
+            f"{outcome.time:.6g}, a result of the dynamics, not an interruption; nothing to "
+            "resume (start a new run with --overwrite)"
+        )
+    if not same_config(found["config"], config):
+        raise ConfigError(
+            f"run.output: {output} was written with a different config; "
+            "resume with the config stored in the file (tpde info shows it)"
+        )
+    state = _resume_state(Path(found["file"]))
+    remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
+    if not remaining:
+        raise ConfigError(
+            f"run.output: {output} is already complete (t = {state['time']:.6g}); nothing to resume"
+        )
+    return {**state, "remaining": remaining}
+
+
+def same_config(stored: str, config: Config) -> bool:
+    """Whether the config text stored in a file has the same values as ``config`` (after
+    parsing: key order, ``1`` vs ``1.0``, omitted defaults and ``run.output`` do not
+    count)."""
+    try:
+        return canonical(stored) == canonical(config.raw)
+    except ConfigError:
+        return False
+
+
 def _writer(make):
-    """Create the writer, turning a bad output path into a one-line ConfigError."""
+    """Create the writer, turning a bad output path into a one-line ConfigError (a full
+    disk and a busy output are raised as they are)."""
     try:
         return make()
+    except (io.DiskFull, io.OutputBusy, ConfigError):
+        raise
     except (ValueError, OSError, RuntimeError) as exc:
         message = str(exc).splitlines()[0]
         raise ConfigError(

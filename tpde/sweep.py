@@ -49,7 +49,18 @@ import numpy as np
 
 from tpde.grid.threads import THREADS_VARIABLE
 
-from .config import HEAD_KEYS, SECTIONS, ConfigError, dumps, load, parse_toml, read_text
+from . import io
+from .config import (
+    SECTIONS,
+    ConfigError,
+    canonical,
+    check_keys,
+    dumps,
+    known_keys,
+    load,
+    parse_toml,
+    read_text,
+)
 from .run import StatusLine
 
 __all__ = [
@@ -66,9 +77,12 @@ __all__ = [
 ]
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
-TERMINAL = ("completed", "blowup", "mass_left_domain")  # statuses a rerun skips
+TERMINAL = io.RESULTS  # statuses a rerun skips: results of the dynamics
 OUTCOMES = ("converged", "blowup", "mass_left", "failed")
 DEFAULT_TOLERANCE = 0.05
+#: the most runs a sweep may hold without --force (force=True): a bigger grid is usually a
+#: mistake (one more parameter list than meant) and takes minutes to even enumerate
+MAX_RUNS = 10_000
 BLOWUP_GROWTH = 1e3  # a completed run whose trace grew by more than this is a blow-up
 BLOWUP_MESSAGE = re.compile(r"non-finite|not finite|overflow", re.IGNORECASE)
 _AT_TIME = re.compile(r"\bat t = ([-+0-9.eE]+)")
@@ -99,11 +113,14 @@ class Sweep:
     runs: list[Run]
 
 
-def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -> Sweep:
+def load_sweep(
+    source: str | Path | Mapping, output: str | Path | None = None, force: bool = False
+) -> Sweep:
     """Parse and check a sweep (a TOML path or a mapping); errors are one-line
     :class:`~tpde.config.ConfigError` naming the key. ``output`` overrides the file's
-    ``output``. A generated config that fails validation is not an error here: that run is
-    recorded as failed when it runs."""
+    ``output``. More than MAX_RUNS runs are refused unless ``force``. A generated config
+    that fails validation is not an error here: that run is recorded as failed when it
+    runs."""
     if isinstance(source, Mapping):
         raw, folder, text = dict(source), Path.cwd(), json.dumps(source, default=str)
         stem = None
@@ -123,6 +140,12 @@ def load_sweep(source: str | Path | Mapping, output: str | Path | None = None) -
         if not isinstance(output, str) or not output:
             raise ConfigError(f"output: expected a directory name, got {output!r}")
     parameters = _parameters(raw.get("parameters"), base)
+    count = math.prod(len(v) for v in parameters.values())
+    if count > MAX_RUNS and not force:
+        raise ConfigError(
+            f"parameters: {count} runs (the product of the value lists); at most {MAX_RUNS} "
+            "without --force"
+        )
     tolerance = _rank(raw.get("rank", {}))
     phase = _phase(raw.get("phase", {}), list(parameters))
     runs = _runs(base, parameters)
@@ -146,7 +169,11 @@ def _base(value: Any, folder: Path) -> dict:
     elif isinstance(value, Mapping):
         raw = load(value)
     else:
-        raise ConfigError(f"base: expected a file name or a table, got {value!r}")
+        raise ConfigError(f"base: expected a file name or a table, got {value!r:.60}")
+    try:  # the base's keys follow the config schema (its values are checked per run)
+        check_keys(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"base: {exc}") from None
     return copy.deepcopy(raw)
 
 
@@ -237,19 +264,6 @@ def _render(steps: list) -> str:
     return out
 
 
-def _known_keys(prefix: list) -> set[str]:
-    """Config keys that may be set at ``prefix`` even when the base config omits them."""
-    if not prefix:
-        return set(SECTIONS)
-    if len(prefix) == 1:
-        return SECTIONS.get(prefix[0], set())
-    if prefix[0] == "attention" and len(prefix) == 3 and prefix[1] in ("heads", "layers"):
-        return HEAD_KEYS | ({"t_start", "heads"} if prefix[1] == "layers" else set())
-    if prefix[0] == "attention" and len(prefix) == 5 and prefix[3] == "heads":
-        return set(HEAD_KEYS)
-    return set()
-
-
 def _check_path(base: dict, key: str, steps: list) -> None:
     """The key must exist in the base config, up to a missing last key (or missing section
     plus key) that the configuration format knows (e.g. attention.scale, scheme.cfl)."""
@@ -270,7 +284,7 @@ def _check_path(base: dict, key: str, steps: list) -> None:
             node = node[step]
             continue
         rest = steps[depth + 1 :]
-        known = step in _known_keys(steps[:depth])
+        known = step in known_keys(steps[:depth])
         if known and (
             not rest
             or (
@@ -330,7 +344,8 @@ def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
     base.get("run", {}).pop("output", None)  # the sweep chooses the file
     keys = list(parameters)
     steps = [_steps(k) for k in keys]
-    runs, ids = [], {}
+    runs: list[Run] = []
+    ids: dict[str, dict[str, Any]] = {}
     for combo in itertools.product(*(parameters[k] for k in keys)):
         raw = copy.deepcopy(base)
         for s, v in zip(steps, combo, strict=True):
@@ -377,7 +392,7 @@ def classify(
     traces = np.where(finite, np.trace(np.nan_to_num(cov), axis1=1, axis2=2), np.nan)
     last = int(np.nonzero(finite)[0][-1]) if finite.any() else None
     tr0 = float(traces[0]) if len(traces) else math.nan
-    out = {
+    out: dict[str, Any] = {
         "status": str(status),
         "status_time": float(status_time),
         "message": message,
@@ -398,7 +413,7 @@ def classify(
         out.update(trace_final=trace, eigenvalues=eig.tolist(), covariance=sigma.tolist())
     last_time = float(time[last]) if last is not None else math.nan
     if status == "completed":
-        grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else []
+        grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else np.zeros(0)
         if len(time) and not finite[-1]:
             out.update(
                 outcome="blowup", event_time=last_time, message=message or "non-finite covariance"
@@ -439,19 +454,8 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
         cov = np.asarray(ds["covariance"].values, dtype=float)
     ok = np.isfinite(time)
     n = int(ok.size if ok.all() else np.argmin(ok))
-    status_time = attrs.get("status_time", math.nan)
-    try:
-        status_time = float(status_time)
-    except (TypeError, ValueError):
-        status_time = math.nan
-    record = classify(
-        attrs.get("status"),
-        status_time,
-        str(attrs.get("status_message", "")),
-        time[:n],
-        cov[:n],
-        tolerance,
-    )
+    outcome = io.Outcome.from_attributes(attrs)  # the typed outcome the run recorded
+    record = classify(outcome.status, outcome.time, outcome.message, time[:n], cov[:n], tolerance)
     record["config"] = str(attrs.get("config", ""))
     return record
 
@@ -499,16 +503,22 @@ def run_one(task: Mapping) -> dict:
         run_config(config, path, overwrite=True, quiet=True)
         error = None
     except Exception as exc:  # noqa: BLE001 - every failure is a result of the sweep
-        error = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+        from .run import error_line
+
+        error = error_line(exc)
     record = None
-    if started and path.exists():
+    # a rerun that did not end with a result leaves its records in the staged file (the
+    # earlier file of this run is kept, tpde.io.SnapshotWriter): the outcome is there
+    staged = Path(io.staged_name(path))
+    source = staged if staged.is_file() else path
+    if started and source.exists():
         try:
-            record = read_outcome(path, float(task.get("tolerance", DEFAULT_TOLERANCE)))
+            record = read_outcome(source, float(task.get("tolerance", DEFAULT_TOLERANCE)))
             record.pop("config", None)
             if error and record["outcome"] == "failed":
                 record["message"] = record["message"] or error
         except Exception as exc:  # noqa: BLE001
-            error = f"{error + '; ' if error else ''}cannot read {path.name}: {exc}"
+            error = f"{error + '; ' if error else ''}cannot read {source.name}: {exc}"
             record = None
     wall = _time.perf_counter() - start
     if record is None:
@@ -525,10 +535,18 @@ def _reusable(path: Path, run: Run, tolerance: float) -> dict | None:
         record = read_outcome(path, tolerance)
     except Exception:  # noqa: BLE001 - unreadable (killed mid-write): run it again
         return None
-    if record["status"] not in TERMINAL or record.pop("config").strip() != run.text.strip():
+    if record["status"] not in TERMINAL or not _same(record.pop("config"), run.raw):
         return None
     record.update(run_id=run.run_id, skipped=True)
     return record
+
+
+def _same(stored: str, raw: Mapping) -> bool:
+    """Whether a file's stored config has the values of ``raw`` (tpde.config.canonical)."""
+    try:
+        return canonical(stored) == canonical(raw)
+    except ConfigError:
+        return False
 
 
 # ---- progress -------------------------------------------------------------------------------
@@ -556,14 +574,74 @@ class SweepProgress:
 
 
 # ---- execution ------------------------------------------------------------------------------
+#: the address forms --scheduler takes: protocol://host:port (IPv6 hosts in brackets)
+_ADDRESS = re.compile(
+    r"(tcp|tls|ucx|ws|wss|inproc)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?"
+)
+SECURITY_KEYS = ("ca_file", "cert", "key", "require_encryption")
+
+
+def check_scheduler(address: Any, security: Any = None) -> None:
+    """A ConfigError naming ``--scheduler`` unless ``address`` is ``protocol://host:port``;
+    with ``security`` (TLS) the protocol must be ``tls``."""
+    if not isinstance(address, str) or _ADDRESS.fullmatch(address.strip()) is None:
+        raise ConfigError(
+            f"--scheduler: {address!r:.80} is not an address; give protocol://host:port, "
+            "e.g. tls://10.0.0.5:8786 (or tcp:// on a private network)"
+        )
+    port = int(_ADDRESS.fullmatch(address.strip()).group(3))
+    if not 0 < port < 65536:
+        raise ConfigError(f"--scheduler: port {port} is out of range (1 .. 65535)")
+    if security is not None and not address.strip().startswith("tls://"):
+        raise ConfigError("--scheduler: --security needs a tls:// address")
+
+
+def load_security(path: str | Path):
+    """A ``distributed.security.Security`` from a TOML file with ``ca_file`` (the CA that
+    signed the scheduler's certificate), ``cert`` and ``key`` (this client's certificate
+    and key; mutual TLS) and ``require_encryption`` (default true); paths relative to the
+    file. Errors are one-line ConfigErrors naming ``--security``."""
+    from distributed.security import Security
+
+    path = Path(path)
+    raw = parse_toml(read_text(path, "--security"), "--security", f" in {path}")
+    for key in raw:
+        if key not in SECURITY_KEYS:
+            raise ConfigError(
+                f"--security: unknown key {key!r} in {path}; expected {', '.join(SECURITY_KEYS)}"
+            )
+    files = {}
+    for key in ("ca_file", "cert", "key"):
+        value = raw.get(key)
+        if value is None:
+            if key != "key":
+                raise ConfigError(f"--security: {key} missing in {path}")
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"--security: {key} must be a file name, got {value!r:.60}")
+        file = Path(value) if Path(value).is_absolute() else path.parent / value
+        if not file.is_file():
+            raise ConfigError(f"--security: {key} = {file} does not exist")
+        files[key] = str(file)
+    encrypt = raw.get("require_encryption", True)
+    if not isinstance(encrypt, bool):
+        raise ConfigError("--security: require_encryption must be true or false")
+    return Security(
+        tls_ca_file=files["ca_file"],
+        tls_client_cert=files["cert"],
+        tls_client_key=files.get("key"),
+        require_encryption=encrypt,
+    )
+
+
 @contextlib.contextmanager
-def _client(scheduler: Any, workers: int | None, tasks: int) -> Iterator[Any]:
+def _client(scheduler: Any, workers: int | None, tasks: int, security: Any = None) -> Iterator[Any]:
     from dask.distributed import Client, LocalCluster
 
     if isinstance(scheduler, Client):
         yield scheduler
     elif scheduler is not None:
-        with Client(scheduler, timeout="30s") as client:
+        with Client(scheduler.strip(), timeout="30s", security=security) as client:
             yield client
     else:
         from dask.system import CPU_COUNT
@@ -590,9 +668,16 @@ def run_sweep(
     progress: bool = True,
     output: str | Path | None = None,
     on_result: Callable[[dict], None] | None = None,
+    force: bool = False,
+    security: Any = None,
 ):
     """Run every point of a sweep and return the summary (``xarray.Dataset``, also written
     to ``<output>/summary.nc``, with the figure ``<output>/phase.png``).
+
+    force: allow more than MAX_RUNS runs. security: for a scheduler address, a
+    ``distributed.security.Security`` or the path of a TOML file for :func:`load_security`
+    (TLS; the address must then be ``tls://``). dask unpickles what its peers send, so
+    connect only to a scheduler you run yourself (docs/user-guide.md, 'Parameter sweeps').
 
     scheduler: None for a local cluster (``workers`` processes, default every core, one
     thread each), a ``dask.distributed`` scheduler address (``tcp://host:8786``) or a
@@ -601,7 +686,11 @@ def run_sweep(
     run's record as it arrives (skipped runs first). Per-run failures, including tasks lost
     with their workers more often than the scheduler allows, are recorded as ``failed``.
     """
-    spec = sweep if isinstance(sweep, Sweep) else load_sweep(sweep, output)
+    if isinstance(security, str | Path):
+        security = load_security(security)
+    if scheduler is not None and not _is_client(scheduler):
+        check_scheduler(scheduler, security)
+    spec = sweep if isinstance(sweep, Sweep) else load_sweep(sweep, output, force)
     if output is not None and isinstance(sweep, Sweep):
         spec = Sweep(**{**spec.__dict__, "output": Path(output)})
     if workers is not None:
@@ -635,7 +724,7 @@ def run_sweep(
     display.update()
     try:
         if pending:
-            with _client(scheduler, workers, len(pending)) as client:
+            with _client(scheduler, workers, len(pending), security) as client:
                 _gather(client, pending, runs_dir, spec.tolerance, records, display, on_result)
     finally:
         display.close()
@@ -646,6 +735,12 @@ def run_sweep(
     os.replace(tmp, path)
     plot_phase(summary, spec.output / "phase.png")
     return summary
+
+
+def _is_client(scheduler: Any) -> bool:
+    from dask.distributed import Client
+
+    return isinstance(scheduler, Client)
 
 
 def _gather(
@@ -733,7 +828,7 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
     def col(name, dtype):
         return ("run", np.array([r[name] for r in rows], dtype=dtype))
 
-    coords = {"run": np.arange(len(rows))}
+    coords: dict[str, Any] = {"run": np.arange(len(rows))}
     for key in spec.parameters:
         coords[key] = ("run", _column([r.values[key] for r in runs]))
     counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
@@ -814,7 +909,7 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
     ys, ylabels, ystep = _axis(summary[y].values) if y else (np.zeros(n), None, 1.0)
     combos = [tuple(str(summary[k].values[i]) for k in others) for i in range(n)]
     groups = list(dict.fromkeys(combos))
-    panels = groups if len(groups) <= 6 else [None]
+    panels: list[tuple[str, ...] | None] = list(groups) if len(groups) <= 6 else [None]
     dx, dy = np.zeros(n), np.zeros(n)
     if panels == [None]:  # overlay: offset each combination on a small circle
         for i, c in enumerate(combos):
@@ -833,7 +928,8 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
         if p >= len(panels):
             ax.set_visible(False)
             continue
-        members = [i for i in range(n) if panels[p] is None or combos[i] == panels[p]]
+        panel = panels[p]
+        members = [i for i in range(n) if panel is None or combos[i] == panel]
         for label in dict.fromkeys(cats[i][0] for i in members):
             idx = [i for i in members if cats[i][0] == label]
             _, marker, colour = cats[idx[0]]
@@ -858,9 +954,9 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
         ax.set_xlabel(x)
         if y:
             ax.set_ylabel(y)
-        if panels[p] is not None and others:
+        if panel is not None and others:
             ax.set_title(
-                ", ".join(f"{k} = {v}" for k, v in zip(others, panels[p], strict=True)), fontsize=8
+                ", ".join(f"{k} = {v}" for k, v in zip(others, panel, strict=True)), fontsize=8
             )
         elif others:
             ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)

@@ -10,7 +10,8 @@ sequence of heads (docs/theory.md, 'Conventions'). Time dependence (docs/theory.
 'Layer-wise parameters'): a constant parameter object, piecewise-constant
 ``Layers`` (or ``{"layers": [(t_start, params), ...]}``), or a callable ``t -> params``;
 ``params_at(spec, t)`` resolves any of them. Invalid entries raise ValueError with one line
-naming the field (``Head.A: expected 2 x 2, got 3 x 3``).
+naming the field (``Head.A: expected 2 x 2, got 3 x 3``); for a head's own fields it is a
+:class:`ParameterError`, which carries the field name.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,7 @@ __all__ = [
     "L2Head",
     "Layers",
     "ParamSpec",
+    "ParameterError",
     "Params",
     "SigmoidHead",
     "SinkhornHead",
@@ -41,6 +43,18 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------
+class ParameterError(ValueError):
+    """An invalid attention parameter. ``str()`` is ``"<name>: <detail>"`` (one line);
+    ``name`` is the qualified name (``Head.A``, ``SinkhornHead.eps``), ``field`` its last
+    part (``A``, ``eps``): a caller can name the key it came from without parsing text."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.field = name.rsplit(".", 1)[-1]
+        self.detail = detail
+
+
 def shape_str(shape: tuple[int, ...]) -> str:
     return " x ".join(str(s) for s in shape) if shape else "a scalar"
 
@@ -57,17 +71,17 @@ def checked_matrix(
     """
     try:
         arr = np.array(value, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: expected a real matrix, got {type(value).__name__}") from exc
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ParameterError(name, f"expected a real matrix, got {type(value).__name__}") from exc
     if shape is not None:
         expect = what or " x ".join("?" if s is None else str(s) for s in shape)
         if arr.ndim != 2 or any(
             s is not None and s != n for s, n in zip(shape, arr.shape, strict=True)
         ):
-            raise ValueError(f"{name}: expected {expect}, got {shape_str(arr.shape)}")
+            raise ParameterError(name, f"expected {expect}, got {shape_str(arr.shape)}")
     if not np.all(np.isfinite(arr)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-        raise ValueError(f"{name}: entries must be finite, got {arr[bad]} at {bad}")
+        raise ParameterError(name, f"entries must be finite, got {arr[bad]} at {bad}")
     arr.setflags(write=False)
     return arr
 
@@ -100,7 +114,9 @@ class Head:
         owner = type(self).__name__
         A = checked_matrix(f"{owner}.A", self.A)
         if A.ndim != 2 or A.shape[0] != A.shape[1]:
-            raise ValueError(f"{owner}.A: expected a square d x d matrix, got {shape_str(A.shape)}")
+            raise ParameterError(
+                f"{owner}.A", f"expected a square d x d matrix, got {shape_str(A.shape)}"
+            )
         V, W = _value_and_output(owner, A.shape[0], self.V, self.W)
         object.__setattr__(self, "A", A)
         object.__setattr__(self, "V", V)
@@ -131,7 +147,7 @@ class SinkhornHead(Head):
         super().__post_init__()
         eps = float(self.eps)
         if not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"SinkhornHead.eps: expected a finite number > 0, got {self.eps}")
+            raise ParameterError("SinkhornHead.eps", f"expected a finite number > 0, got {eps}")
         object.__setattr__(self, "eps", eps)
 
 
@@ -150,7 +166,7 @@ class SigmoidHead(Head):
         super().__post_init__()
         bias = float(self.bias)
         if not math.isfinite(bias):
-            raise ValueError(f"SigmoidHead.bias: expected a finite number, got {self.bias}")
+            raise ParameterError("SigmoidHead.bias", f"expected a finite number, got {bias}")
         object.__setattr__(self, "bias", bias)
 
 
@@ -171,12 +187,12 @@ class L2Head:
     def __post_init__(self) -> None:
         Q = checked_matrix("L2Head.Q", self.Q)
         if Q.ndim != 2:
-            raise ValueError(f"L2Head.Q: expected k x d, got {shape_str(Q.shape)}")
+            raise ParameterError("L2Head.Q", f"expected k x d, got {shape_str(Q.shape)}")
         K = checked_matrix("L2Head.K", self.K, Q.shape, f"{shape_str(Q.shape)} (the shape of Q)")
         V, W = _value_and_output("L2Head", Q.shape[1], self.V, self.W)
         scale = float(self.scale)
         if not math.isfinite(scale):
-            raise ValueError(f"L2Head.scale: expected a finite number, got {self.scale}")
+            raise ParameterError("L2Head.scale", f"expected a finite number, got {scale}")
         object.__setattr__(self, "Q", Q)
         object.__setattr__(self, "K", K)
         object.__setattr__(self, "V", V)
@@ -253,9 +269,10 @@ class Layers:
 
 
 ParamSpec = Params | Layers | Mapping[str, Any] | Callable[[float], Params]
+_H = TypeVar("_H", bound=Head | L2Head)
 
 
-def as_param_spec(spec: Any) -> Any:
+def as_param_spec(spec: Any) -> Params | Layers | Callable[[float], Params]:
     if isinstance(spec, Mapping):
         if set(spec) != {"layers"}:
             raise ValueError(
@@ -265,7 +282,7 @@ def as_param_spec(spec: Any) -> Any:
     return spec
 
 
-def head_at(spec: ParamSpec, t: float, kind: type, variant: str, ndim: int):
+def head_at(spec: ParamSpec, t: float, kind: type[_H], variant: str, ndim: int) -> _H:
     """The single head of type ``kind`` in force at t, checked against the grid dimension."""
     head = params_at(spec, t)
     if not isinstance(head, kind):
