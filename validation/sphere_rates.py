@@ -1,0 +1,209 @@
+"""Linear growth rates of attention dynamics around the uniform measure on the sphere.
+
+docs/theory.md, 'Attention dynamics on the sphere'. Tokens on ``S^{d-1}`` (``d = 2``: the
+circle, ``d = 3``: the sphere) follow ``d/dt mu + div_S(mu P_x Gamma_mu) = 0``; with ``A =
+beta I`` and ``V = I`` the tangential field is ``grad_S log Z_mu / beta``, ``Z_mu(x) = int
+e^{beta <x, y>} dmu(y)``, and a perturbation of the uniform measure ``sigma`` along a
+spherical harmonic of degree ``l`` grows at
+
+    lambda_l = l (l + d - 2) kappa_l / (beta kappa_0)                (normalised attention)
+    lambda_l = l (l + d - 2) kappa_l / beta                          (unnormalised, "usa")
+
+with the Funk-Hecke eigenvalues ``kappa_l = Gamma(d/2) (2/beta)^nu I_{l+nu}(beta)``,
+``nu = (d - 2)/2`` (``kappa_0 = int e^{beta <x, y>} dsigma(y)``). On the circle
+``lambda_k = k^2 I_k(beta) / (beta I_0(beta))``.
+
+Besides the closed forms this module holds the two checks the section describes, computed by
+quadrature and independent of the finite-volume code: ``funk_hecke_quadrature`` (the
+eigenvalue as the integral of the kernel against the Gegenbauer polynomial) and
+``rate_by_quadrature`` (the growth rate of the degree-``l`` harmonic from the field itself:
+``Z`` by quadrature, the tangential field, the divergence on the sphere, projected back on the
+harmonic; linearised exactly or with a finite amplitude ``eps``), and ``fit_rate`` (the slope
+of the log of a mode amplitude), used by the grid and token studies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy.special import (
+    eval_chebyt,
+    eval_gegenbauer,
+    eval_legendre,
+    gammaln,
+    ive,
+    roots_jacobi,
+    roots_legendre,
+)
+
+__all__ = [
+    "fastest_mode",
+    "fit_rate",
+    "funk_hecke",
+    "funk_hecke_quadrature",
+    "linear_rate",
+    "rate_by_quadrature",
+]
+
+
+def _check(l: int, beta: float, d: int) -> tuple[int, float, int]:
+    if isinstance(l, bool) or int(l) != l or l < 0:
+        raise ValueError(f"rates.l: expected an integer >= 0, got {l!r}")
+    if not (math.isfinite(beta) and beta > 0):
+        raise ValueError(f"rates.beta: expected a finite number > 0, got {beta!r}")
+    if isinstance(d, bool) or int(d) != d or d < 2:
+        raise ValueError(f"rates.d: expected the ambient dimension d >= 2, got {d!r}")
+    return int(l), float(beta), int(d)
+
+
+def funk_hecke(l: int, beta: float, d: int = 2, scaled: bool = False) -> float:
+    """``kappa_l = int e^{beta <x, y>} Y_l(y) dsigma(y) / Y_l(x)`` on ``S^{d-1}`` with the
+    uniform probability ``sigma``: ``Gamma(d/2) (2/beta)^nu I_{l+nu}(beta)``,
+    ``nu = (d-2)/2`` (``I_l(beta)`` on the circle). ``scaled``: times ``e^{-beta}``
+    (no overflow for large ``beta``)."""
+    l, beta, d = _check(l, beta, d)
+    nu = 0.5 * (d - 2)
+    log_prefactor = gammaln(0.5 * d) + nu * math.log(2.0 / beta)
+    value = math.exp(log_prefactor) * float(ive(l + nu, beta))
+    return value if scaled else value * math.exp(beta)
+
+
+def linear_rate(l: int, beta: float, d: int = 2, normalised: bool = True) -> float:
+    """Growth rate of the degree-``l`` harmonic around the uniform measure, ``A = beta I``,
+    ``V = I``: ``l (l + d - 2) kappa_l / (beta kappa_0)``; ``normalised=False`` (the
+    unnormalised variant) multiplies by ``kappa_0``."""
+    l, beta, d = _check(l, beta, d)
+    nu = 0.5 * (d - 2)
+    ratio = float(ive(l + nu, beta) / ive(nu, beta))
+    rate = l * (l + d - 2) * ratio / beta
+    return rate if normalised else rate * funk_hecke(0, beta, d)
+
+
+def fastest_mode(beta: float, d: int = 2, l_max: int = 1000) -> int:
+    """The degree with the largest ``linear_rate`` (about ``sqrt(2 beta)`` on the circle for
+    large ``beta``)."""
+    rates = [linear_rate(l, beta, d) for l in range(1, l_max + 1)]
+    return int(np.argmax(rates)) + 1
+
+
+def _zonal(l: int, d: int, t: np.ndarray) -> np.ndarray:
+    """The zonal harmonic of degree l on S^{d-1}, normalised to 1 at t = 1."""
+    if d == 2:
+        return eval_chebyt(l, t)
+    nu = 0.5 * (d - 2)
+    return eval_gegenbauer(l, nu, t) / eval_gegenbauer(l, nu, 1.0)
+
+
+@functools.lru_cache(maxsize=4)
+def _jacobi(nodes: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    return roots_jacobi(nodes, alpha, alpha)
+
+
+def funk_hecke_quadrature(l: int, beta: float, d: int = 2, nodes: int = 120) -> float:
+    """``kappa_l`` by Gauss-Jacobi quadrature of
+    ``c_d int_{-1}^{1} e^{beta t} P_l(t) (1 - t^2)^{(d-3)/2} dt``,
+    ``c_d = Gamma(d/2) / (sqrt(pi) Gamma((d-1)/2))``, ``P_l`` the zonal harmonic with
+    ``P_l(1) = 1`` (Chebyshev on the circle, Legendre on S^2). Independent of the Bessel
+    form of :func:`funk_hecke`."""
+    l, beta, d = _check(l, beta, d)
+    alpha = 0.5 * (d - 3)
+    t, w = _jacobi(int(nodes), alpha)
+    c_d = math.exp(gammaln(0.5 * d) - 0.5 * math.log(math.pi) - gammaln(0.5 * (d - 1)))
+    return float(c_d * np.sum(w * np.exp(beta * t) * _zonal(l, d, t)))
+
+
+def rate_by_quadrature(
+    l: int,
+    beta: float,
+    d: int = 2,
+    eps: float | None = None,
+    normalised: bool = True,
+    nodes: int = 256,
+) -> float:
+    """The growth rate of ``mu = sigma (1 + eps P_l)`` computed from the field itself.
+
+    ``Z(x) = int e^{beta <x, y>} dmu(y)`` by quadrature (trapezoid in the angle on the
+    circle; Gauss-Legendre in ``z = cos(polar angle)`` and the closed azimuthal integral
+    ``2 pi e^{beta z z'} I_0(beta s s')`` on S^2 for the zonal ``P_l``), the tangential
+    field ``v = grad_S log Z / beta`` (``grad_S Z / beta`` unnormalised), and
+    ``d/dt mu = -div_S(mu v)`` projected on ``P_l``, divided by the amplitude. ``eps=None``:
+    exactly linearised (the uniform part's ``grad_S Z`` vanishes, so only the perturbation
+    enters ``grad Z``, and ``mu``, ``Z`` in the products are the uniform ones); otherwise the
+    nonlinear field at amplitude ``eps`` (the result is the rate up to ``O(eps)``).
+    """
+    l, beta, d = _check(l, beta, d)
+    if d == 2:
+        return _rate_circle(l, beta, eps, normalised, nodes)
+    if d == 3:
+        return _rate_sphere(l, beta, eps, normalised, nodes)
+    raise ValueError(f"rates.d: the quadrature check covers d = 2 and 3, got {d}")
+
+
+def _rate_circle(k: int, beta: float, eps: float | None, normalised: bool, m: int) -> float:
+    theta = 2.0 * np.pi * np.arange(m) / m
+    s = theta[None, :] - theta[:, None]  # phi - theta (targets in rows)
+    kernel = np.exp(beta * (np.cos(s) - 1.0))  # scaled by e^{-beta}
+    perturbation = np.cos(k * theta) / (2.0 * np.pi)
+    uniform = np.full(m, 1.0 / (2.0 * np.pi))
+    amplitude = 1.0 if eps is None else float(eps)
+    rho = uniform + amplitude * perturbation
+    dphi = 2.0 * np.pi / m
+    # dZ/dtheta = beta int sin(phi - theta) e^{beta cos(phi - theta)} rho(phi) dphi
+    source = perturbation * amplitude if eps is None else rho
+    z_prime = beta * (kernel * np.sin(s)) @ source * dphi
+    z = kernel @ (uniform if eps is None else rho) * dphi
+    field = z_prime / (beta * z) if normalised else z_prime * math.exp(beta) / beta
+    flux = (uniform if eps is None else rho) * field
+    # -d/dtheta flux, projected on cos(k theta): int flux * (-k sin(k theta)) ... by parts
+    # int (-flux') cos(k theta) dtheta = -int flux k sin(k theta) dtheta
+    growth = -np.sum(flux * k * np.sin(k * theta)) * dphi
+    norm = amplitude * np.sum(perturbation * np.cos(k * theta)) * dphi
+    return float(growth / norm)
+
+
+@functools.lru_cache(maxsize=8)
+def _sphere_kernels(beta: float, m: int) -> tuple[np.ndarray, ...]:
+    """Gauss-Legendre nodes and weights in z and the zonal kernel with its z-derivative (both
+    scaled by e^{-beta}): 2 pi e^{beta z z'} I_0(beta s s'), s = sqrt(1 - z^2)."""
+    z, w = roots_legendre(m)
+    s = np.sqrt(1.0 - z * z)
+    zz = z[:, None] * z[None, :]  # targets in rows
+    arg = beta * (s[:, None] * s[None, :])
+    scaled = np.exp(beta * (zz - 1.0) + arg)
+    kernel = 2.0 * np.pi * scaled * ive(0, arg)
+    # d/dz: beta z' K - 2 pi e^{..} I_1(beta s s') beta s' z / s
+    dkernel = beta * z[None, :] * kernel - 2.0 * np.pi * scaled * ive(1, arg) * beta * (
+        s[None, :] * (z / s)[:, None]
+    )
+    return z, w, kernel, dkernel
+
+
+def _rate_sphere(l: int, beta: float, eps: float | None, normalised: bool, m: int) -> float:
+    z, w, kernel, dkernel = _sphere_kernels(beta, m)
+    p = eval_legendre(l, z)
+    dp = l * (z * p - eval_legendre(l - 1, z)) / (z * z - 1.0) if l > 0 else np.zeros_like(z)
+    uniform = np.full(m, 1.0 / (4.0 * np.pi))
+    perturbation = p / (4.0 * np.pi)
+    amplitude = 1.0 if eps is None else float(eps)
+    rho = uniform + amplitude * perturbation
+    source = amplitude * perturbation if eps is None else rho
+    z_prime = dkernel @ (source * w)
+    zval = kernel @ ((uniform if eps is None else rho) * w)
+    field = z_prime / (beta * zval) if normalised else z_prime * math.exp(beta) / beta
+    # zonal: div_S(rho v) = d/dz((1 - z^2) rho v_z); projected on P_l by parts
+    weight = uniform if eps is None else rho
+    growth = 2.0 * np.pi * np.sum(w * (1.0 - z * z) * weight * field * dp)
+    norm = 2.0 * np.pi * amplitude * np.sum(w * perturbation * p)
+    return float(growth / norm)
+
+
+def fit_rate(times: np.ndarray, amplitudes: np.ndarray) -> float:
+    """Least-squares slope of ``log |amplitude|`` against time."""
+    t = np.asarray(times, float)
+    a = np.log(np.abs(np.asarray(amplitudes, float)))
+    if t.size < 2 or t.shape != a.shape:
+        raise ValueError("fit_rate: expected matching times and amplitudes, at least 2")
+    t0 = t - t.mean()
+    return float(np.sum(t0 * (a - a.mean())) / np.sum(t0 * t0))
