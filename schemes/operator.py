@@ -161,7 +161,7 @@ class FluxOperator:
         self._low = np.empty(self.shape)
         self._out_sum = np.empty(self.shape)
         self._ratio = np.empty(self.shape)
-        self._low_flux = None
+        self._low_flux: list[np.ndarray] | None = None  # (allocated by the first limiting)
         self.limited_steps = 0
 
     def _axis(self, arr: np.ndarray, axis: int) -> np.ndarray:
@@ -216,7 +216,9 @@ class FluxOperator:
         for b in range(self.grid.ndim):
             if b == axis:
                 continue
-            first, weights = self._points[b]
+            points = self._points[b]
+            assert points is not None, "transverse_velocity needs can_interpolate()"
+            first, weights = points
             out = np.empty((3 * arrays.shape[0],) + arrays.shape[1:])
             for g in range(arrays.shape[0]):
                 source = self._axis(arrays[g], b)
@@ -244,8 +246,8 @@ class FluxOperator:
                     f"{(len(w),) + self.face_shapes[a]}, got {v.shape}"
                 )
             n = self.grid.cells[a]
-            sl_first = [slice(None)] * v.ndim
-            sl_last = [slice(None)] * v.ndim
+            sl_first: list[slice | int] = [slice(None)] * v.ndim
+            sl_last: list[slice | int] = [slice(None)] * v.ndim
             sl_first[a + 1 + self.lead] = 0
             sl_last[a + 1 + self.lead] = n
             if self.periodic[a]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 
@@ -33,12 +34,12 @@ class VelocityField:
     face_constant: bool = False
     steady: bool = False
 
-    def at(self, density: np.ndarray, grid: Grid, t: float, offset: Sequence[float]) -> np.ndarray:
+    def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
         raise NotImplementedError
 
     def at_many(
-        self, density: np.ndarray, grid: Grid, t: float, offsets: Sequence[Sequence[float]]
+        self, density: np.ndarray, grid: Grid, t: float, offsets: Sequence[ArrayLike]
     ) -> list[np.ndarray]:
         """The velocity on several shifted lattices at once (one array per offset).
 
@@ -53,7 +54,7 @@ class VelocityField:
         density: np.ndarray,
         grid: Grid,
         t: float,
-        offsets: Sequence[Sequence[float]],
+        offsets: Sequence[ArrayLike],
         components: Sequence[int | None],
     ) -> list[np.ndarray]:
         """Component ``components[i]`` of the velocity on the lattice ``offsets[i]``, shape

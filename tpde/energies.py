@@ -367,6 +367,8 @@ def energies(
         return {}
     plan = applicable(variant, params, gaussian_data)
     head = _single_head(params)
+    if head is None:  # (then applicable() plans nothing)
+        return {}
     out: dict[str, Energy] = {}
     for name, monotone in plan.items():
         try:

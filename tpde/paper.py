@@ -195,7 +195,7 @@ def grid_covariances(
     cov0: np.ndarray,
     solution,
     t_end: float,
-    times: Sequence[float],
+    times: Sequence[float] | np.ndarray,
     cells: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The grid run from N(0, cov0) on the box fitted to the ODE ``solution`` up to t_end

@@ -35,12 +35,14 @@ MEAN1 = np.array([0.5, -0.3])
 COV1 = np.array([[1.0, 0.4], [0.4, 0.6]])
 Q1 = np.array([[0.8, -0.3], [0.5, 0.6]])
 K1 = np.array([[0.4, 0.7], [-0.6, 0.2]])
+# the 1-D heads of the two-bumps and drifting-bumps checks
+A_BUMPS, A_DRIFT, V_1D = np.array([[0.8]]), np.array([[0.6]]), np.array([[-1.0]])
 CLOSED_FORM_PARAMS = {
     "softmax": Head(A1, V1),
     "l2": L2Head(Q1, K1, V1),
     "sinkhorn": SinkhornHead(A1, V1, eps=1.0),
     "linear": Head(A1, V1),
-    "multihead": [Head(A1, 0.5 * V1), Head(0.5 * A1.T, [[0.3, -0.2], [0.4, 0.5]])],
+    "multihead": [Head(A1, 0.5 * V1), Head(0.5 * A1.T, np.array([[0.3, -0.2], [0.4, 0.5]]))],
 }
 
 
@@ -355,11 +357,11 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
         mix_grid, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]], [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]]
     )
     cases = [
-        ("1-D two bumps, softmax", "softmax", Head([[0.8]], [[-1.0]]), line, bumps, 4000, 1),
+        ("1-D two bumps, softmax", "softmax", Head(A_BUMPS, V_1D), line, bumps, 4000, 1),
         (
             "1-D two bumps, sigmoid",
             "sigmoid",
-            SigmoidHead([[0.8]], [[-1.0]], bias=-1.0),
+            SigmoidHead(A_BUMPS, V_1D, bias=-1.0),
             line,
             bumps,
             4000,
@@ -368,7 +370,7 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
         (
             "1-D two bumps, Sinkhorn",
             "sinkhorn",
-            SinkhornHead([[0.8]], [[-1.0]]),
+            SinkhornHead(A_BUMPS, V_1D),
             line,
             bumps,
             1000,
@@ -413,7 +415,7 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
         (
             "1-D drifting bumps, softmax",
             "softmax",
-            Head([[0.6]], [[-1.0]]),
+            Head(A_DRIFT, V_1D),
             *drifting_slices_1d(positions),
             250,
         )
@@ -433,7 +435,7 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
             (
                 "1-D drifting bumps, softmax",
                 "softmax",
-                Head([[0.6]], [[-1.0]]),
+                Head(A_DRIFT, V_1D),
                 *drifting_slices_1d(positions),
                 1000,
             ),
@@ -457,7 +459,7 @@ def run_suite(suite: str, outdir: Path, log: Callable[[str], None] = print) -> R
 
     mean_fields = {
         "1-D two bumps": mean_field_study(
-            report, log, line, bumps, Head([[0.8]], [[-1.0]]), [250, 1000, 4000], "1-D"
+            report, log, line, bumps, Head(A_BUMPS, V_1D), [250, 1000, 4000], "1-D"
         )
     }
     if suite == "full":

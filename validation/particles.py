@@ -302,15 +302,15 @@ class TokenSystem:
         targets, the tokens with position <= L (a prefix of the stably position-sorted
         tokens) the sources. Sum over levels of targets x sources <= n^2 kernel terms; the
         velocity of a level reads only the tokens at positions <= L (bit-for-bit causal)."""
-        n = tokens.shape[0]
-        if self.positions.shape != (n,):
+        n, positions = tokens.shape[0], self.positions
+        assert positions is not None  # (the caller's branch)
+        if positions.shape != (n,):
             raise ValueError(
-                f"tokens.positions: expected shape ({n},) (one per token), got "
-                f"{self.positions.shape}"
+                f"tokens.positions: expected shape ({n},) (one per token), got {positions.shape}"
             )
-        order = np.argsort(self.positions, kind="stable")
+        order = np.argsort(positions, kind="stable")
         sources, source_weights = tokens[order], weights[order]
-        _, starts = np.unique(self.positions[order], return_index=True)
+        _, starts = np.unique(positions[order], return_index=True)
         ends = np.append(starts[1:], n)
         out = np.empty_like(tokens)
         for lo, hi in zip(starts, ends, strict=True):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 from tpde.schemes.velocity import VelocityField
@@ -23,7 +24,7 @@ class ConstantVelocity(VelocityField):
     face_constant = True
     steady = True
 
-    def __init__(self, velocity: Sequence[float]):
+    def __init__(self, velocity: ArrayLike):
         self.velocity = _finite_vector(velocity, "d", "velocity")
         if self.velocity.ndim != 1:
             raise ValueError(f"velocity: expected a vector, got shape {self.velocity.shape}")
@@ -45,7 +46,7 @@ class AffineVelocity(VelocityField):
 
     steady = True
 
-    def __init__(self, matrix: Sequence[Sequence[float]], offset: Sequence[float] | None = None):
+    def __init__(self, matrix: ArrayLike, offset: ArrayLike | None = None):
         self.matrix = _finite_vector(matrix, "d", "velocity.matrix")
         d = self.matrix.shape[0]
         if self.matrix.shape != (d, d):

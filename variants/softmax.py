@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 from tpde.schemes.velocity import VelocityField
@@ -110,7 +111,7 @@ class TiltedMeanField(VelocityField):
             return self.engine
         return "direct" if grid.size <= DIRECT_MAX_CELLS else "separable"
 
-    def at(self, density: np.ndarray, grid: Grid, t: float, offset: Sequence[float]) -> np.ndarray:
+    def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:

@@ -86,7 +86,9 @@ class PlannedFFT:
             self._in[...] = 0.0
             self._window = window
         self._in[window] = values
-        out = self.spectrum_buffer() if out is None else out
+        if out is None:
+            out = self.spectrum_buffer()
+            assert out is not None  # (None for the scipy backend only)
         self._forward(output_array=out)  # (rebinds the plan's output: always pass one)
         return out
 

@@ -124,16 +124,16 @@ def _band_blocks(
     end = np.zeros(starts.size, np.int64)
     valid = lo <= hi
     k = np.arange(lo.size)
-    for b, r0 in enumerate(starts):
+    for b, r0 in enumerate(starts.tolist()):
         r1 = min(r0 + BAND_ROWS, shape[0])
         if rows_axis == t2:  # rows are the band's nodes k: their t1 ranges
             sel = valid[r0:r1]
             if sel.any():
                 first[b], end[b] = lo[r0:r1][sel].min(), hi[r0:r1][sel].max() + 1
         else:  # rows are t1 nodes: the k whose range meets them
-            sel = k[valid & (lo <= r1 - 1) & (hi >= r0)]
-            if sel.size:
-                first[b], end[b] = sel[0], sel[-1] + 1
+            meets = k[valid & (lo <= r1 - 1) & (hi >= r0)]
+            if meets.size:
+                first[b], end[b] = meets[0], meets[-1] + 1
     return first, end
 
 
@@ -410,7 +410,7 @@ class SeparableSums(TiltTable):
         for b in range(d):
             shape = [1] * d
             shape[b] = -1
-            shift = 0.0
+            shift: float | np.ndarray = 0.0
             if spacing is not None:  # d/dc_b log S depends on c_b alone
                 shift = grad_log_box_factor(tilts[b][:, None], [spacing[b]])[:, 0].reshape(shape)
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])

@@ -79,8 +79,8 @@ def shear_plan3(matrix: np.ndarray, extent: np.ndarray | None = None) -> ShearPl
             beta2 = A[t2, s3] / pivot
             alpha2 = (A[t2, s1] - beta2 * A[t3, s1], A[t2, s2] - beta2 * A[t3, s2])
             plan = ShearPlan3(
-                tau,
-                sigma,
+                (t1, t2, t3),
+                (s1, s2, s3),
                 float(alpha1),
                 float(beta1[0]),
                 float(beta1[1]),
@@ -190,7 +190,7 @@ def padding(
     step: np.ndarray,
     lattices: Sequence[Sequence[np.ndarray]],
     matrix: np.ndarray,
-    extent: np.ndarray,
+    extent: np.ndarray | None,
 ) -> np.ndarray:
     """(3,) nodes to add at both ends of each axis so that every read of the passes onto
     ``lattices`` lies in the table (a dry run on the table as it stands)."""
