@@ -419,9 +419,7 @@ def _warn_outside(kind: str, fraction_inside: float) -> None:
         )
 
 
-def uniform_box(
-    grid: Grid, lower: ArrayLike, upper: ArrayLike, mass: float = 1.0
-) -> np.ndarray:
+def uniform_box(grid: Grid, lower: ArrayLike, upper: ArrayLike, mass: float = 1.0) -> np.ndarray:
     """Cell averages of ``mass / |B| * 1_B`` for the box ``B = [lower, upper]``.
 
     Exact: cell ``c`` gets ``mass / |B| * prod_a |[lower_a, upper_a] ∩ cell_a| / h_a``.

@@ -110,7 +110,7 @@ def validate_params(variant: str, params: Any, d: int, name: str = "attention") 
     """
     _check_variant(variant)
 
-    def check_head(p: Any, where: str, kinds: tuple[type, ...]) -> None:
+    def check_head(p: Any, where: str, kinds: tuple[type[Head] | type[L2Head], ...]) -> None:
         if not isinstance(p, kinds):
             names = " or ".join(k.__name__ for k in kinds)
             raise ValueError(
@@ -499,10 +499,10 @@ def solve(
         S = _unpack(y, d)[1]
         return np.linalg.eigvalsh(S)[0] / lam0[-1]
 
-    blowup_event.terminal = True
-    blowup_event.direction = 1.0
-    nonpd_event.terminal = True
-    nonpd_event.direction = -1.0
+    for event, direction in ((blowup_event, 1.0), (nonpd_event, -1.0)):
+        marked: Any = event  # solve_ivp reads these two attributes off the event function
+        marked.terminal = True
+        marked.direction = direction
 
     y = _pack(mean0, cov0)
     segments: list[tuple[float, float, Any]] = []
