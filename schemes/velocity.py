@@ -11,6 +11,7 @@ attention variants compute a nonlocal average of it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,10 +30,14 @@ class VelocityField:
     steady : bool
         True when ``u`` depends on neither the density nor the time (prescribed steady
         fields): the solver then evaluates it once and reuses it at every stage.
+    spec : parameter specification or None
+        The attention parameters an attention field was built from (constant, ``Layers``
+        or a callable of t: :mod:`tpde.variants.parameters`); None for prescribed fields.
     """
 
     face_constant: bool = False
     steady: bool = False
+    spec: Any = None
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""

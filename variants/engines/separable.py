@@ -346,7 +346,7 @@ class SeparableSums(TiltTable):
         weights: np.ndarray,
         grid: Grid,
         bounds: np.ndarray,
-        nodes: int | Sequence[int],
+        nodes: int | Sequence[int] | np.ndarray,
         fields: str = "means",
         matrix: np.ndarray | None = None,
         lattices: Sequence[Sequence[np.ndarray]] | None = None,
