@@ -35,7 +35,6 @@ from tpde.grid import Grid
 from tpde.grid.stencils import point_values
 
 from .engines.direct import support_box
-from .engines.separable import SeparableSums
 from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
 from .softmax import TiltedMeanField
 
@@ -130,9 +129,8 @@ class SinkhornAttention(TiltedMeanField):
         """
         eps = head.eps
         q = weights.reshape(-1)
-        lattices, points = self.lattice_points(grid, [np.zeros(grid.ndim)])
+        lattices = [grid.lattice(np.zeros(grid.ndim))]
         forward, backward = head.A / eps, head.A.T / eps
-        c_f, c_g = points[0] @ forward.T, points[0] @ backward.T
         previous = self._previous
         if (
             self.warm_start
@@ -146,23 +144,19 @@ class SinkhornAttention(TiltedMeanField):
             f, g = np.zeros(q.size), np.zeros(q.size)
         mass = q > 0
 
-        def half_step(potential: np.ndarray, matrix: np.ndarray, c: np.ndarray) -> np.ndarray:
-            """-eps log sum_s q_s e^{c.y_s + potential_s/eps} (potential shifted by its max)."""
+        def half_step(potential: np.ndarray, matrix: np.ndarray) -> np.ndarray:
+            """-eps log sum_s q_s e^{c.y_s + potential_s/eps} at c = matrix x (potential
+            shifted by its max)."""
             top = potential[mass].max()
             field = np.where(mass, q * np.exp(np.minimum(potential - top, 0.0) / eps), 0.0)
             sums = self.sums(
                 field.reshape(grid.shape), grid, lattices, matrix, fields="log", sheared=True
             )
-            log_partition = (
-                sums.on_lattice(lattices[0], matrix, 0)
-                if isinstance(sums, SeparableSums)
-                else sums.log_partition(c)
-            )
-            return -eps * log_partition - top
+            return -eps * sums.on_lattice(lattices[0], matrix, 0) - top
 
         f, g, count, error = sinkhorn_iterations(
-            lambda pot: half_step(pot, forward, c_f),
-            lambda pot: half_step(pot, backward, c_g),
+            lambda pot: half_step(pot, forward),
+            lambda pot: half_step(pot, backward),
             q,
             f,
             g,

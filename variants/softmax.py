@@ -47,15 +47,15 @@ from tpde.grid import Grid
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
-from .engines.direct import DirectSums, grad_log_box_factor, support_box
+from .engines.direct import DirectSums, component_bounds, grad_log_box_factor, support_box
 from .engines.fft import FFTSoftmaxSums, checked_total
-from .engines.separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wanted_nodes
+from .engines.policy import Choice, EnginePolicy
+from .engines.separable import SeparableSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 
-DIRECT_MAX_CELLS = 1024
-#: a TiltedMeanField's table spacing for a grid and matrix whose tables the sheared passes
-#: could not resolve under the node cap: interpolated pointwise from then on
-POINTWISE = np.empty(0)
+#: the warm start's mark of a grid and matrix whose tables the sheared passes could not
+#: resolve under the node cap (interpolated pointwise from then on): EnginePolicy.warm
+POINTWISE = Choice.TABLE_POINTWISE
 
 
 def _heads(params) -> list[Head]:
@@ -63,17 +63,6 @@ def _heads(params) -> list[Head]:
     if not heads or not all(isinstance(h, Head) for h in heads):
         raise ValueError("attention.heads: expected a Head or a non-empty list of Head")
     return heads
-
-
-def component_bounds(
-    C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Range of each component of C m over the means m in ``box`` (lower, upper): the clip of
-    one tabulated or convolved velocity component (docs/theory.md, 'Clip of tilted means')."""
-    return (
-        np.minimum(C * box[0], C * box[1]).sum(axis=1),
-        np.maximum(C * box[0], C * box[1]).sum(axis=1),
-    )
 
 
 class TiltedMeanField(VelocityField):
@@ -86,7 +75,9 @@ class TiltedMeanField(VelocityField):
     warm-started from the previous evaluation, :func:`.engines.separable.resolved_sums`;
     the interpolation uses 12 points per axis; a fixed ``nodes`` table, or a capped one the
     passes cannot resolve, is interpolated pointwise); block: targets per block of the
-    direct sums.
+    direct sums. ``policy`` (:class:`~.engines.policy.EnginePolicy`) holds these, chooses
+    the engine and table of every request and owns the warm starts that :meth:`reset`
+    forgets.
     """
 
     engines: tuple[str, ...] = ("auto", "direct", "separable")
@@ -97,19 +88,30 @@ class TiltedMeanField(VelocityField):
                 f"attention.engine: unknown {engine!r} for {type(self).__name__}; "
                 f"choose one of {', '.join(self.engines)}"
             )
-        self.engine = engine
-        self.nodes = nodes
-        self.block = int(block)
-        # the adaptive tables' node spacing, per grid and matrix (a warm start)
-        self._table_steps = Recent(8)
+        self.policy = EnginePolicy(engine, nodes, block)
+
+    @property
+    def engine(self) -> str:
+        return self.policy.engine
+
+    @property
+    def nodes(self) -> int | None:
+        return self.policy.nodes
+
+    @property
+    def block(self) -> int:
+        return self.policy.block
+
+    @property
+    def _table_steps(self) -> Recent:
+        """The policy's warm starts (per grid, matrix and fields)."""
+        return self.policy.warm
 
     def reset(self) -> None:
-        self._table_steps.clear()
+        self.policy.reset()
 
     def engine_for(self, grid: Grid) -> str:
-        if self.engine != "auto":
-            return self.engine
-        return "direct" if grid.size <= DIRECT_MAX_CELLS else "separable"
+        return self.policy.engine_for(grid)
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         return self.at_many(density, grid, t, [offset])[0]
@@ -128,71 +130,12 @@ class TiltedMeanField(VelocityField):
     ) -> DirectSums | SeparableSums:
         """The kernel-sum engine of ``weights`` (uncorrected sums) for tilts c = matrix x,
         x on ``lattices`` (per-axis coordinates, as from :meth:`lattice_points`): an object
-        with ``means(c)`` and ``log_partition(c)`` (a separable table holds only ``fields``).
-        ``sheared``: the table will serve ``on_lattice`` of these lattices only (refined,
-        padded and, in 2-D, formed only where the sheared passes read:
-        :mod:`tpde.variants.engines.sheared`; a table of means or of log M on the adaptive
-        resolution)."""
-        if self.engine_for(grid) == "direct":
-            return DirectSums(weights, grid, self.block)  # raises when there is no mass
-        lower = np.min([[axis.min() for axis in coords] for coords in lattices], axis=0)
-        upper = np.max([[axis.max() for axis in coords] for coords in lattices], axis=0)
-        corners = (
-            np.stack(np.meshgrid(*zip(lower, upper, strict=True), indexing="ij"), axis=-1).reshape(
-                -1, grid.ndim
-            )
-            @ matrix.T
-        )
-        bounds = np.stack([corners.min(axis=0), corners.max(axis=0)], axis=1)
-        low, high = support_box(weights, grid)
-        extent = high - low
-        # a fixed table is interpolated pointwise; tables for the passes (means, log M)
-        # are resolved a posteriori, and one the cap binds goes pointwise where the passes
-        # cannot reach the tolerance under it (remembered: POINTWISE)
-        key = (grid.shape, matrix.tobytes(), fields)
-        if (
-            sheared
-            and self.nodes is None
-            and fields in ("means", "log")
-            and grid.ndim in (2, 3)
-            and self._table_steps.get(key) is not POINTWISE
-        ):
-            # the tolerance: of the means' size (the support radius), of log M absolutely
-            # (a relative error of M)
-            scale = float(np.abs([low, high]).max()) if fields == "means" else 1.0
-            sums, step = resolved_sums(
-                weights,
-                grid,
-                bounds,
-                extent,
-                scale,
-                matrix,
-                lattices,
-                self._table_steps.pop(key, None),
-                fields,
-            )
-            self._table_steps[key] = POINTWISE if sums is None else step
-            if sums is not None:
-                return sums
-            sheared = False
-        sheared = (
-            sheared
-            and self.nodes is None
-            and bool(np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]))
-        )
-        if not sheared:
-            nodes = self.nodes if self.nodes is not None else table_nodes(bounds, extent)
-            return SeparableSums(weights, grid, bounds, nodes, fields)
-        return SeparableSums(
-            weights,
-            grid,
-            bounds,
-            table_nodes(bounds, extent, matrix),
-            fields,
-            matrix,
-            lattices,
-            extent,
-        )
+        with ``means(c)``, ``log_partition(c)``, ``on_lattice`` and ``velocity_table`` (a
+        table holds only ``fields``). ``sheared``: the table will serve ``on_lattice`` of
+        these lattices only (refined, padded and, in 2-D, formed only where the sheared
+        passes read: :mod:`tpde.variants.engines.sheared`; a table of means or of log M on
+        the adaptive resolution). The choice: :class:`~.engines.policy.EnginePolicy`."""
+        return self.policy.sums(weights, grid, lattices, matrix, fields, sheared)
 
     def head_velocities(
         self,
@@ -211,32 +154,18 @@ class TiltedMeanField(VelocityField):
         (P, d) over the lattice points in C order.
 
         ``spacing``: the cell widths of the exact cell-average correction (softmax), None for
-        point-value weights (l2, Sinkhorn). The separable engine tabulates the velocity
-        components themselves, so a lattice that needs one component interpolates one
-        field; the interpolated values are clipped to the range ``C box`` allows.
+        point-value weights (l2, Sinkhorn). The engine's ``velocity_table`` serves every
+        lattice: the tables tabulate the velocity components themselves, so a lattice that
+        needs one component interpolates one field, clipped to the range ``C box`` allows;
+        the dense sums evaluate it at the lattice points.
         """
         lattices = [grid.lattice(offset) for offset in offsets]
         sums = self.sums(weights, grid, lattices, matrix, sheared=True)
-        C = np.asarray(C, float)
-        if isinstance(sums, SeparableSums):
-            table = sums.velocity_table(C, box, spacing)
-            low, high = component_bounds(C, box)
-            out = []
-            for coords, comp in zip(lattices, components, strict=True):
-                values = table.on_lattice(coords, matrix, comp)
-                bounds = (low, high) if comp is None else (low[comp], high[comp])
-                out.append(np.clip(values, *bounds, out=values))
-            return out
-        _, points = self.lattice_points(grid, offsets)
-        out = []
-        for x, comp in zip(points, components, strict=True):
-            c = x @ matrix.T
-            means = sums.means(c)
-            if spacing is not None:
-                means -= grad_log_box_factor(c, spacing)
-            velocity = np.clip(means, *box, out=means) @ C.T
-            out.append(velocity if comp is None else velocity[:, comp])
-        return out
+        table = sums.velocity_table(np.asarray(C, float), box, spacing)
+        return [
+            table.on_lattice(coords, matrix, comp)
+            for coords, comp in zip(lattices, components, strict=True)
+        ]
 
     @staticmethod
     def shaped(values: list[np.ndarray], grid: Grid, offsets) -> list[np.ndarray]:

@@ -71,18 +71,71 @@ def log_partition(
     return out
 
 
-class DirectSums:
-    """The dense engine behind one weight field: ``means(c)`` and ``log_partition(c)``."""
+def lattice_tilts(coords: Sequence[np.ndarray], matrix: np.ndarray) -> np.ndarray:
+    """c = matrix x for the points x of the tensor lattice ``coords`` in C order, (P, d)."""
+    mesh = np.meshgrid(*coords, indexing="ij")
+    return np.stack([m.reshape(-1) for m in mesh], axis=1) @ matrix.T
 
-    def __init__(self, weights: np.ndarray, grid: Grid, block: int = DIRECT_BLOCK):
+
+class DirectSums:
+    """The dense engine behind one weight field: ``means(c)`` and ``log_partition(c)``, and
+    the interface of the tables (:class:`~.separable.SeparableSums`): ``on_lattice`` (the
+    ``fields`` in the tables' layout: "means" m_1..m_d, "log" log M, "both" log M then the
+    means) and ``velocity_table``."""
+
+    def __init__(
+        self, weights: np.ndarray, grid: Grid, block: int = DIRECT_BLOCK, fields: str = "both"
+    ):
         self.sources, self.weights = density_sources(weights, grid)
         self.block = int(block)
+        self.fields = fields
 
     def means(self, c: np.ndarray) -> np.ndarray:
         return tilted_means(c, self.sources, self.weights, self.block)
 
     def log_partition(self, c: np.ndarray) -> np.ndarray:
         return log_partition(c, self.sources, self.weights, self.block)
+
+    def on_lattice(
+        self, coords: Sequence[np.ndarray], matrix: np.ndarray, field: int | None = None
+    ) -> np.ndarray:
+        """The fields at c = matrix x on the lattice ``coords``: (P, fields), or (P,)."""
+        c = lattice_tilts(coords, matrix)
+        with_log = int(self.fields != "means")
+        if field is not None:
+            return self.log_partition(c) if field < with_log else self.means(c)[:, field - with_log]
+        parts = ([self.log_partition(c)[:, None]] if with_log else []) + (
+            [self.means(c)] if self.fields != "log" else []
+        )
+        return np.concatenate(parts, axis=1)
+
+    def velocity_table(
+        self,
+        C: np.ndarray,
+        box: tuple[np.ndarray, np.ndarray],
+        spacing: Sequence[float] | None = None,
+    ) -> DirectVelocity:
+        """The velocity ``C clip(m(c) - grad log S(c), box)`` (as the tables' velocity_table:
+        ``spacing`` None for point-value weights), evaluated densely by ``on_lattice``."""
+        return DirectVelocity(self, np.asarray(C, float), box, spacing)
+
+
+class DirectVelocity:
+    """:meth:`DirectSums.velocity_table`: ``on_lattice(coords, matrix, comp)``."""
+
+    def __init__(self, sums: DirectSums, C, box, spacing):
+        self.sums, self.C, self.box, self.spacing = sums, C, box, spacing
+
+    def on_lattice(
+        self, coords: Sequence[np.ndarray], matrix: np.ndarray, comp: int | None = None
+    ) -> np.ndarray:
+        """Velocity component ``comp`` (None: all) at the lattice points, (P,) or (P, d)."""
+        c = lattice_tilts(coords, matrix)
+        means = self.sums.means(c)
+        if self.spacing is not None:
+            means -= grad_log_box_factor(c, self.spacing)
+        velocity = np.clip(means, *self.box, out=means) @ self.C.T
+        return velocity if comp is None else velocity[:, comp]
 
 
 def support_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +156,17 @@ def support_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray
         edges = grid.edges(a)
         lower[a], upper[a] = edges[rows[0]], edges[rows[-1] + 1]
     return lower, upper
+
+
+def component_bounds(
+    C: np.ndarray, box: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Range of each component of C m over the means m in ``box`` (lower, upper): the clip of
+    one tabulated or convolved velocity component (docs/theory.md, 'Clip of tilted means')."""
+    return (
+        np.minimum(C * box[0], C * box[1]).sum(axis=1),
+        np.maximum(C * box[0], C * box[1]).sum(axis=1),
+    )
 
 
 def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:

@@ -38,7 +38,7 @@ import numpy as np
 
 from tpde.grid import Grid
 
-from .direct import grad_log_box_factor
+from .direct import component_bounds, grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
 from .products import blocked_dot, row_split_tensordot
 from .sheared import extra_nodes, nodes_read, pass_errors, resolution_factor, sheared_on_lattice
@@ -235,7 +235,9 @@ class TiltTable:
     """Fields on a uniform tensor grid of tilts, interpolated with ORDER points per axis.
 
     values: (fields, count_1, ..., count_d); start, step: (d,) the first node and the node
-    spacing per axis (the nodes are ``start + step * arange(count)``).
+    spacing per axis (the nodes are ``start + step * arange(count)``); clip: (lower, upper)
+    per field, the range :meth:`on_lattice` clips its values to (a velocity table's
+    :func:`~.direct.component_bounds`), None for none.
     """
 
     def __init__(
@@ -245,6 +247,7 @@ class TiltTable:
         step: np.ndarray,
         sheared: bool = True,
         extent: np.ndarray | None = None,
+        clip: tuple[np.ndarray, np.ndarray] | None = None,
     ):
         self.values = np.ascontiguousarray(values)
         self.start = np.asarray(start, float)
@@ -252,6 +255,7 @@ class TiltTable:
         self.count = np.array(self.values.shape[1:])
         self.sheared = sheared  # on_lattice may use the sheared passes
         self.extent = extent  # the support widths the 3-D pass plan was chosen for
+        self.clip = clip
 
     def nodes(self) -> list[np.ndarray]:
         """The tilts of the nodes, one 1-D array per axis."""
@@ -284,16 +288,21 @@ class TiltTable:
             sheared = sheared_on_lattice3(table, self.start, self.step, coords, matrix, self.extent)
         if sheared is not None:
             flat = sheared.reshape(table.shape[0], -1)
-            return flat[0] if field is not None else flat.T
-        mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
-        shape = tuple(len(x) for x in coords)
-        units = []
-        for a in range(len(coords)):
-            unit = -self.start[a] / self.step[a]
-            for b, x in enumerate(mesh):
-                unit = unit + (matrix[a, b] / self.step[a]) * x
-            units.append(np.ascontiguousarray(np.broadcast_to(unit, shape)).reshape(-1))
-        return self._at_units(units, field)
+            values = flat[0] if field is not None else flat.T
+        else:
+            mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
+            shape = tuple(len(x) for x in coords)
+            units = []
+            for a in range(len(coords)):
+                unit = -self.start[a] / self.step[a]
+                for b, x in enumerate(mesh):
+                    unit = unit + (matrix[a, b] / self.step[a]) * x
+                units.append(np.ascontiguousarray(np.broadcast_to(unit, shape)).reshape(-1))
+            values = self._at_units(units, field)
+        if self.clip is not None:
+            low, high = self.clip if field is None else (self.clip[0][field], self.clip[1][field])
+            np.clip(values, low, high, out=values)
+        return values
 
     def pass_errors(
         self, lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
@@ -401,7 +410,8 @@ class SeparableSums(TiltTable):
         interpolates one field instead of d. ``spacing``: the cell widths of the exact
         cell-average correction grad log S (softmax, :func:`grad_log_box_factor`), None for
         point-value weights (l2, Sinkhorn). The correction depends on c_a alone along axis
-        a, so it is applied on the nodes of each axis.
+        a, so it is applied on the nodes of each axis. :meth:`TiltTable.on_lattice` of the
+        result clips each component to the range ``C box`` allows.
         """
         means = self.values if self.fields == "means" else self.values[1:]
         d = means.shape[0]
@@ -414,12 +424,14 @@ class SeparableSums(TiltTable):
             if spacing is not None:  # d/dc_b log S depends on c_b alone
                 shift = grad_log_box_factor(tilts[b][:, None], [spacing[b]])[:, 0].reshape(shape)
             np.clip(means[b] - shift, box[0][b], box[1][b], out=corrected[b])
+        C = np.asarray(C, float)
         return TiltTable(
-            np.tensordot(np.asarray(C, float), corrected, axes=([1], [0])),
+            np.tensordot(C, corrected, axes=([1], [0])),
             self.start,
             self.step,
             self.sheared,
             self.extent,
+            component_bounds(C, box),
         )
 
 
