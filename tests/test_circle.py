@@ -25,7 +25,18 @@ from tpde.grid.circle import (
     von_mises_mixture,
 )
 from tpde.schemes.solver import Problem, Scheme, Solver
-from tpde.validation.sphere_rates import circle_grid_rate, linear_rate
+from tpde.validation.sphere_rates import (
+    circle_grid_rate,
+    circle_sampled_token_rates,
+    circle_token_rate,
+    linear_rate,
+)
+from tpde.validation.sphere_tokens import (
+    CircleTokens,
+    circle_token_velocity,
+    mode_tokens,
+    token_modes,
+)
 from tpde.variants import Head
 from tpde.variants.spherical import CircleAttention, circle_head, interaction_energy
 
@@ -259,3 +270,75 @@ def test_growth_rate_table():
         fastest = max(linear_rate(j, full["beta"]) for j in range(1, 32))
         if full["formula"] > 1e-4 * fastest:
             assert full["error"] < 1e-3
+
+
+# ---- tokens on the circle -------------------------------------------------------------------
+def test_token_sums_fourier_equals_direct():
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(0.0, TWO_PI, 1500)
+    weights = rng.uniform(0.5, 1.5, theta.size)
+    weights /= weights.sum()
+    heads = [circle_head(16.0), Head([[1.5, -0.6], [0.6, 1.5]], [[0.5, -0.2], [0.8, 1.1]])]
+    for head in heads:
+        for normalised in (True, False):
+            fourier = circle_token_velocity(theta, weights, head, normalised, "fourier")
+            direct = circle_token_velocity(theta, weights, head, normalised, "direct")
+            assert np.abs(fourier - direct).max() < 1e-13 * np.abs(direct).max()
+    # the same field as the grid's on the empirical measure of a fine grid
+    g = circle_grid(256)
+    rho = von_mises_mixture(g, MIXTURE)
+    fft = CircleAttention(circle_head(4.0)).at(rho, g, 0.0, [0.0])[0]
+    tokens = circle_token_velocity(g.centres(0), rho / rho.sum(), circle_head(4.0))
+    assert np.abs(fft - tokens).max() < 1e-4  # the midpoint rule's O(h^2) on the tokens
+
+
+def test_token_rk4_is_fourth_order_and_stays_on_the_circle():
+    theta0 = np.random.default_rng(1).uniform(0.0, TWO_PI, 64)
+    finals = []
+    for dt in (0.2, 0.1, 0.05, 0.025):
+        system = CircleTokens(theta0, circle_head(4.0))
+        finals.append(system.integrate([0.0, 2.0], dt)[-1])
+    gaps = [
+        np.abs(np.angle(np.exp(1j * (a - b)))).max()
+        for a, b in zip(finals[:-1], finals[1:], strict=True)
+    ]
+    orders = np.log2(np.array(gaps[:-1]) / np.array(gaps[1:]))
+    assert orders.min() > 3.7, orders
+
+
+def test_mode_tokens_are_the_quantiles():
+    theta = mode_tokens(1000, 3, 0.2, phase=0.4)
+    cdf = (theta + 0.2 * (np.sin(3 * (theta - 0.4)) + math.sin(1.2)) / 3) / TWO_PI
+    assert np.abs(cdf - (np.arange(1000) + 0.5) / 1000).max() < 1e-15
+    modes = token_modes(theta, None, 6)
+    assert abs(modes[3]) == pytest.approx(0.1, rel=1e-6)  # a / 2, as on the grid
+    assert np.abs(token_modes(mode_tokens(1000, 3, 0.0), None, 20)[1:]).max() < 1e-14
+
+
+def test_quasi_uniform_tokens_follow_the_linear_rate():
+    row = circle_token_rate(6, 16.0, n=2000, noise_span=10.0)
+    assert row["error"] < 1e-6
+
+
+@pytest.mark.slow
+def test_token_rate_tables():
+    """n = 10^4 tokens: quasi-uniform (quantile) tokens follow the rates; i.i.d. tokens,
+    whose modes all start at the sampling noise n^-1/2, do not."""
+    print("\nquasi-uniform tokens, n = 10^4: beta k formula measured rel. error")
+    for beta in (16.0, 64.0):
+        for k in (1, 3, 6, 11, 20):
+            row = circle_token_rate(k, beta, step=0.25)
+            print(
+                f"  {beta:4g} {k:3d} {row['formula']:.8e} {row['measured']:.8e} {row['error']:.1e}"
+            )
+            assert row["error"] < 1e-4
+    print("i.i.d. tokens, n = 10^4, one run per beta: beta k formula measured rel. error |c_k(0)|")
+    for beta in (4.0, 16.0, 64.0):
+        rows = circle_sampled_token_rates(beta, range(1, 21))
+        for row in rows:
+            print(
+                f"  {beta:4g} {row['k']:3d} {row['formula']:.5e} {row['measured']: .5e} "
+                f"{row['error']:.1e} {row['initial']:.1e}"
+            )
+        # the sampling noise: far from the formula except near the fastest modes
+        assert max(r["error"] for r in rows) > 1e-1

@@ -66,6 +66,7 @@ __all__ = [
     "CircleAttention",
     "circle_head",
     "conformal_parts",
+    "is_conformal",
     "interaction_energy",
 ]
 
@@ -96,7 +97,8 @@ def conformal_parts(M: np.ndarray) -> tuple[float, float, float, float]:
     )
 
 
-def _is_conformal(M: np.ndarray) -> bool:
+def is_conformal(M: np.ndarray) -> bool:
+    """Whether ``M = a I + b J`` (commutes with rotations) up to 1e-12 relative."""
     a, b, c, d = conformal_parts(M)
     return math.hypot(c, d) <= _CONFORMAL_TOLERANCE * max(1.0, math.hypot(a, b))
 
@@ -164,9 +166,9 @@ class CircleAttention(VelocityField):
 
     def choose(self, head: Head, copies: int = 1) -> str:
         """The engine for ``head`` (and an m-fold grid)."""
-        conformal = _is_conformal(head.A)
+        conformal = is_conformal(head.A)
         if copies > 1:
-            if not (conformal and _is_conformal(head.C)):
+            if not (conformal and is_conformal(head.C)):
                 raise ValueError(
                     "grid.copies: an m-fold symmetric circle grid needs A and C of the form "
                     "a I + b J (rotation-invariant attention)"
