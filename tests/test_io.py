@@ -37,7 +37,7 @@ GRIDS = {
     2: Grid([-6.1, -3.3], [5.7, 4.9], [40, 28], ["periodic", "outflow"]),
     3: Grid([-4.0, -3.7, -5.3], [4.2, 3.1, 4.9], [14, 12, 10], ["noflux", "outflow", "periodic"]),
 }
-RECORDS = ("density", "mass", "mean", "covariance", "outflow", "max_speed", "dt")
+RECORDS = ("density", "mass", "mean_position", "covariance", "outflow", "max_speed", "dt")
 
 
 def snap(
@@ -81,7 +81,7 @@ def assert_records(ds: xr.Dataset, grid: Grid, snaps) -> None:
         assert np.array_equal(ds["density"].values[i], s.density)
         mass, mean, cov = moments(s.density, grid)
         assert ds["mass"].values[i] == mass
-        assert np.array_equal(ds["mean"].values[i], mean)
+        assert np.array_equal(ds["mean_position"].values[i], mean)
         assert np.array_equal(ds["covariance"].values[i], cov)
         for name in ("outflow", "max_speed", "dt"):
             np.testing.assert_array_equal(ds[name].values[i], getattr(s, name))
@@ -99,12 +99,15 @@ def test_round_trip(tmp_path, d):
     assert_records(ds, grid, snaps)
     names = grid.axis_names
     assert ds["density"].dims == ("time", *names)
-    assert ds["mean"].dims == ("time", "dim") and ds["covariance"].dims == ("time", "dim", "dim2")
+    assert ds["mean_position"].dims == ("time", "dim")
+    assert ds["covariance"].dims == ("time", "dim", "dim2")
+    assert ds["dim"].values.tolist() == list(range(d))
+    assert ds["dim"].attrs["flag_meanings"] == " ".join(names)
     for a, name in enumerate(names):
         coord = ds[name]
         assert np.array_equal(coord.values, grid.centres(a))
-        assert coord.attrs["units"] == "1" and coord.attrs["axis"] == name.upper()
-        assert coord.attrs["long_name"] == f"token coordinate {a + 1}"
+        assert coord.attrs["units"] == "1" and coord.attrs.get("axis") == {"z": "Z"}.get(name)
+        assert coord.attrs["long_name"] == f"token coordinate {a + 1} (cell centre)"
         assert coord.attrs["bounds"] == f"{name}_bounds"
         bounds = ds[f"{name}_bounds"]
         assert bounds.dims == (name, "nv")
@@ -115,7 +118,7 @@ def test_round_trip(tmp_path, d):
     assert rebuilt == grid and rebuilt.boundary == grid.boundary
     for a, name in enumerate(names):
         assert np.array_equal(rebuilt.centres(a), ds[name].values)
-    assert ds["time"].attrs == {"units": "1", "long_name": "time (depth through the network)"}
+    assert ds["time"].attrs == tio.TIME_ATTRIBUTES and "_FillValue" not in ds["time"].encoding
     for name in RECORDS:
         assert ds[name].attrs["long_name"]
     attrs = ds.attrs
@@ -295,11 +298,12 @@ def test_incomplete_record_is_dropped(tmp_path):
     path = tmp_path / "partial.nc"
     write_file(path, grid, snaps[:2], status="interrupted")
     with netCDF4.Dataset(path, "a") as nc:  # what a kill between density and time leaves
-        nc["density"][2, ...] = snaps[3].density
+        nc["density"][2, ...] = snaps[3].density.T  # stored (time, y, x)
         nc["mass"][2] = 1.0
         assert len(nc.dimensions["time"]) == 3
-    with xr.open_dataset(path) as raw:
-        assert raw.sizes["time"] == 3 and np.isnan(raw["time"].values[2])
+    with xr.open_dataset(path) as raw:  # no _FillValue on time: the netCDF default fill
+        assert raw.sizes["time"] == 3 and raw["time"].values[2] == tio.TIME_FILL
+        assert tio.complete_records(raw["time"].values) == 2
     assert read(path).sizes["time"] == 2
     state = resume_state(path)
     assert state["snapshots"] == 2 and state["time"] == snaps[1].time
@@ -524,7 +528,7 @@ def assert_sliced_records(ds: xr.Dataset, snaps) -> None:
         assert np.array_equal(ds["density"].values[i], s.density)
         mass, mean, cov = moments(s.density.sum(axis=0), grid)
         assert ds["mass"].values[i] == mass
-        assert np.array_equal(ds["mean"].values[i], mean)
+        assert np.array_equal(ds["mean_position"].values[i], mean)
         assert np.array_equal(ds["covariance"].values[i], cov)
         slice_mass = POSITIONS.marginal(s.density, grid)
         assert np.array_equal(ds["slice_mass"].values[i], slice_mass)
@@ -552,7 +556,7 @@ def test_sliced_round_trip(tmp_path):
     assert ds["slice_mass"].dims == ("time", "s")
     assert ds["slice_mean"].dims == ("time", "s", "dim")
     assert ds["slice_covariance"].dims == ("time", "s", "dim", "dim2")
-    assert ds["mean"].dims == ("time", "dim") and "s" not in ds["mass"].dims
+    assert ds["mean_position"].dims == ("time", "dim") and "s" not in ds["mass"].dims
     assert np.array_equal(ds["s"].values, POSITIONS.s)
     assert np.array_equal(ds["s"].values, [0.0, 0.25, 0.5, 0.75, 1.0])
     assert ds["s"].attrs["long_name"] == "token position" and ds["s"].attrs["units"] == "1"

@@ -45,7 +45,7 @@ def test_simulate_round_trip_rebuilds_grid_and_values(tmp_path):
     assert ds.attrs["status"] == "completed" and ds.attrs["Conventions"] == "CF-1.10"
     final = again["density"].values[-1]
     mass, mean, cov = moments(final, grid)
-    assert np.allclose(again["mean"].values[-1], mean, rtol=0, atol=1e-15)
+    assert np.allclose(again["mean_position"].values[-1], mean, rtol=0, atol=1e-15)
     assert np.allclose(again["covariance"].values[-1], cov, rtol=0, atol=1e-15)
     assert build(again.attrs["config"]).text == config.text
     print(f"\nround trip: {ds.sizes['time']} snapshots, mass {mass:.15f}")

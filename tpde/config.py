@@ -53,6 +53,7 @@ max_outflow = 1e-3        # stop with status mass_left_domain beyond this fracti
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import math
@@ -871,7 +872,7 @@ def build(source: str | Path | Mapping) -> Config:
     Everything is checked before the initial density is allocated: keys (for the chosen
     variant), types, finiteness and magnitudes, then :func:`check_resources` (memory,
     snapshot count, steps); each failure is a one-line ConfigError naming the key."""
-    raw = load(source)
+    raw = resolve_paths(load(source), _folder(source))
     check_keys(raw)
     for section in ("grid", "attention", "run"):
         if section not in raw:
@@ -901,14 +902,75 @@ def build(source: str | Path | Mapping) -> Config:
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-    return Config(problem, run["output"], variant, dumps(raw), raw)
+    return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)
+
+
+#: the keys that hold paths: a relative one is relative to the config file's folder
+PATH_KEYS = (("initial", "file"),)
+
+
+def _folder(source: str | Path | Mapping) -> Path | None:
+    """The folder of a config file (``source`` as :func:`load` reads it), None for TOML
+    text or a mapping (their relative paths are relative to the working directory)."""
+    if isinstance(source, Mapping):
+        return None
+    text = str(source)
+    path = Path(text)
+    if "\n" not in text and (path.suffix == ".toml" or path.exists()):
+        return path.parent
+    return None
+
+
+def resolve_paths(raw: dict, folder: str | Path | None) -> dict:
+    """Make the relative paths of ``raw`` (:data:`PATH_KEYS`: ``initial.file``) absolute:
+    relative to ``folder`` (the config file's), or to the working directory when None, so a
+    config means the same file wherever it is run from, and the config stored in an output
+    names it. Changes ``raw`` in place and returns it."""
+    base = Path(folder) if folder is not None else Path.cwd()
+    for section, key in PATH_KEYS:
+        table = raw.get(section)
+        value = table.get(key) if isinstance(table, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            table[key] = os.path.abspath(base / value)
+    return raw
+
+
+def resolved(raw: Mapping) -> dict:
+    """``raw`` with the default of every key that has a plain one filled in: the sections
+    of :data:`DEFAULTS` (every [scheme] option), the variant's options (``engine``, ``tol``,
+    ...), a Gaussian's ``mean`` and ``covariance``, the position slices of a masked run.
+    What a run stores as its ``config`` attribute: the configuration it actually used."""
+    out = copy.deepcopy(dict(raw))
+    for section, defaults in DEFAULTS.items():
+        table = out.setdefault(section, {})
+        if isinstance(table, dict):
+            for key, default in defaults.items():
+                table.setdefault(key, default)
+    attention, grid = out["attention"], out.get("grid", {})
+    variant = attention.get("variant") if isinstance(attention, dict) else None
+    if isinstance(variant, str) and variant in ATTENTION:
+        parameters = inspect.signature(ATTENTION[variant]).parameters
+        for name in sorted(variant_keys(variant)[0]):
+            default = parameters[name].default
+            if isinstance(default, bool | str | int | float) and name not in attention:
+                attention[name] = default
+        if attention.get("masked") is True and isinstance(grid, dict):
+            grid.setdefault("positions", DEFAULT_POSITIONS)
+            grid.setdefault("sink_mass", SINK_MASS)
+    initial = out.get("initial")
+    lower = grid.get("lower") if isinstance(grid, dict) else None
+    if isinstance(initial, dict) and initial.get("kind") == "gaussian" and isinstance(lower, list):
+        d = len(lower)
+        initial.setdefault("mean", [0.0] * d)
+        initial.setdefault("covariance", np.eye(d).tolist())
+    return out
 
 
 def canonical(source: str | Mapping) -> dict:
     """A config's values in one form, to compare two configs (resume, sweep reruns): TOML
     text or a mapping; numbers as float, the defaults of the keys that have one filled in,
     ``run.output`` dropped (where a run writes is not what it computes)."""
-    raw = parse_toml(source, "config") if isinstance(source, str) else load(source)
+    raw = resolved(parse_toml(source, "config") if isinstance(source, str) else load(source))
 
     def norm(value: Any) -> Any:
         if isinstance(value, bool) or isinstance(value, str):

@@ -4,13 +4,34 @@ The format is described in docs/user-guide.md, 'Output files (CF-1.10 NetCDF)'.
 
 File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
 
-    dimensions : time (unlimited, N), x[, y[, z]] (grid.cells), dim = dim2 = d, nv = 2
-    coordinates: time(time), x(x) [y(y), z(z)] cell centres, x_bounds(x, nv) cell edges, ...
-    variables  : density(time, x[, y[, z]])   float64, zlib level 4, one chunk per snapshot
-                 mass(time), mean(time, dim), covariance(time, dim, dim2)  (tpde.grid.moments)
-                 outflow(time) (cumulative mass that left the box), max_speed(time), dt(time)
-    attributes : Conventions, title, history, source, config, status, status_time,
-                 status_message, grid_lower, grid_upper, grid_cells, grid_boundary
+    dimensions : time (unlimited, N), [z,] [y,] x (grid.cells), dim = dim2 = d, nv = 2
+    coordinates: time(time), x(x) [y(y), z(z)] cell centres, x_bounds(x, nv) cell edges, ...,
+                 dim(dim), dim2(dim2) integer codes 0 .. d-1 (flag_meanings "x y z")
+    variables  : density(time, [z,] [y,] x)   float64, zlib level 4, one chunk per snapshot
+                 mass(time), mean_position(time, dim), covariance(time, dim, dim2)
+                 (tpde.grid.moments), outflow(time) (cumulative mass that left the box),
+                 max_speed(time), dt(time)
+    attributes : Conventions, title, history, source, tpde_version, config (the resolved
+                 TOML), status, status_time, status_message, grid_lower, grid_upper,
+                 grid_cells, grid_boundary; at close threads, steps, rejected_steps,
+                 wall_time (the counters of every run segment, summed over resumes)
+
+Axis order. Fields are stored in CF's T, Z, Y, X order, x fastest (the order ParaView's CF
+reader, ncview, Panoply and ``xarray.DataArray.plot`` take as horizontal = x), while tpde's
+arrays are indexed ``[x, y, z]``: the writer transposes the spatial axes of every field on
+write (:func:`_to_file`), and :func:`read`, :func:`resume_state` and the resumed writer
+transpose them back by dimension name, so a variable added later with spatial dimensions
+(the co-moving frame's physical coordinates as CF auxiliary coordinates, say
+``position_x(time, [z,] [y,] x)`` next to ``frame_mean(time, dim)`` and
+``frame_matrix(time, dim, dim2)``) needs no reader change. ``time`` is Transformer time (the
+layer depth): ``standard_name = "time"``, ``axis = "T"``, ``units = "1"`` (xarray leaves it
+a number; CF's calendar-time units would decode it to dates) and no ``_FillValue`` (CF
+forbids one on a coordinate): a record not yet written reads as the netCDF default fill
+value, which :func:`complete_records` treats like NaN. ``x`` and ``y`` have no ``axis``
+attribute (CF tools read ``axis = "X"/"Y"`` as longitude/latitude and then ask for
+degrees); ``z`` has ``axis = "Z"`` and ``positive = "up"``. Files written before this layout
+(``density(time, x, y)``, ``mean``) are read the same way: ``mean`` reads as
+``mean_position`` (``mean`` shadows ``xarray.Dataset.mean``).
 
 Masked (causal) attention adds the position coordinate s (``positions=`` a
 :class:`tpde.grid.Positions` with ``S = positions.count = slices + 1``)::
@@ -19,8 +40,8 @@ Masked (causal) attention adds the position coordinate s (``positions=`` a
     coordinates: s(s) positions 0, 1/slices, .., 1 (slice 0 is the attention sink at s = 0;
                  slice k stands for the positions in ((k-1)/slices, k/slices])
     variables  : position_weight(s)  nu-mass of each slice (Positions.weights, sums to 1)
-                 density(time, s, x[, y[, z]])  slice k: cell averages of the joint density
-                 mass, mean, covariance      of the x-marginal (density summed over s)
+                 density(time, s, [z,] [y,] x)  slice k: cell averages of the joint density
+                 mass, mean_position, covariance  of the x-marginal (density summed over s)
                  slice_mass(time, s), slice_mean(time, s, dim),
                  slice_covariance(time, s, dim, dim2)  moments of each slice, normalised by
                  its mass (NaN for a slice without mass)
@@ -59,7 +80,7 @@ import errno
 import math
 import os
 import time as _time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -68,7 +89,7 @@ import numpy as np
 import xarray as xr
 
 import tpde
-from tpde.grid import Grid, Positions, moments
+from tpde.grid import Grid, Positions, moments, profile
 
 try:
     import fcntl
@@ -77,20 +98,34 @@ except ImportError:  # not POSIX: treat every failed open as a lock and retry
 
 __all__ = [
     "CONVENTIONS",
+    "COUNTERS",
+    "MEAN",
     "OUTCOMES",
     "RESULTS",
+    "TIME_ATTRIBUTES",
+    "TIME_FILL",
     "DiskFull",
     "Outcome",
     "OutputBusy",
     "OutputError",
     "SnapshotLike",
     "SnapshotWriter",
+    "complete_records",
+    "coordinates",
+    "file_order",
+    "global_attributes",
     "grid_from_dataset",
     "outcome",
     "positions_from_dataset",
     "read",
+    "renamed",
+    "reordered",
     "resume_state",
     "staged_name",
+    "to_dataset",
+    "to_netcdf",
+    "write",
+    "xyz_order",
 ]
 
 CONVENTIONS = "CF-1.10"
@@ -102,11 +137,24 @@ _TIME_CHUNK = 256
 _RECORD_CHUNK_VALUES = 8192  # at most this many values (64 KiB) per chunk of a moment record
 S_COMMENT = "slice 0 is the attention sink at s = 0; slice k stands for positions in ((k-1)/N, k/N]"
 MARGINAL_COMMENT = "of the x-marginal (density summed over s)"
+#: the record of the mean (``mean`` would shadow ``xarray.Dataset.mean``: ``ds.mean.plot()``)
+MEAN = "mean_position"
+#: names of files written before the current layout -> the names :func:`read` gives them
+RENAMED = {"mean": MEAN}
+#: the time coordinate: Transformer time is the layer depth, a plain number (docstring)
+TIME_ATTRIBUTES = {
+    "standard_name": "time",
+    "axis": "T",
+    "units": "1",
+    "long_name": "layer depth (Transformer time)",
+}
+#: what ``time`` holds in a record not yet written (no _FillValue: the netCDF default)
+TIME_FILL = float(netCDF4.default_fillvals["f8"])
 
 _LONG_NAMES = {
     "density": "token density (cell averages)",
     "mass": "mass in the box",
-    "mean": "mean of the density",
+    MEAN: "mean position of the density",
     "covariance": "covariance of the density",
     "outflow": "cumulative mass that left the box",
     "max_speed": "largest face velocity of the last step",
@@ -458,36 +506,118 @@ def _opened(path: str, mode: Literal["r", "a"], timeout: float) -> Iterator[netC
 
 
 # ---- file layout ----------------------------------------------------------------------------
+def _spatial_order(dims: Sequence[str], reverse: bool) -> tuple[str, ...]:
+    """``dims`` with its spatial dimensions in x, y, z order (``reverse``: z, y, x), in the
+    places they had; every other dimension stays where it is."""
+    out = list(dims)
+    where = [i for i, name in enumerate(out) if name in AXES]
+    spatial = sorted((out[i] for i in where), key=AXES.index, reverse=reverse)
+    for i, name in zip(where, spatial, strict=True):
+        out[i] = name
+    return tuple(out)
+
+
+def file_order(dims: Sequence[str]) -> tuple[str, ...]:
+    """The stored order of a variable whose tpde dimensions are ``dims``: CF's ..., Z, Y, X
+    (``(time, s, x, y)`` is stored ``(time, s, y, x)``; ``x_bounds(x, nv)`` stays)."""
+    return _spatial_order(dims, True)
+
+
+def xyz_order(dims: Sequence[str]) -> tuple[str, ...]:
+    """The order tpde's arrays use (``[x, y, z]``) for a variable stored with ``dims``."""
+    return _spatial_order(dims, False)
+
+
+def _transposed(values: np.ndarray, have: Sequence[str], want: Sequence[str]) -> np.ndarray:
+    """``values`` (dimensions ``have``) with its axes in the order ``want`` (a view)."""
+    have = tuple(have)
+    return np.transpose(values, [have.index(name) for name in want])
+
+
 def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
-    """Spatial dimensions, cell-centre coordinates and their bounds (cell edges)."""
+    """Spatial dimensions, cell-centre coordinates and their bounds (cell edges). No
+    ``axis`` on x and y: CF tools take ``axis = "X"/"Y"`` for longitude/latitude."""
     nc.createDimension("nv", 2)
     for a in range(grid.ndim):
         name = AXES[a]
         nc.createDimension(name, grid.cells[a])
         coord = nc.createVariable(name, "f8", (name,))
-        coord.setncatts(
-            {
-                "units": "1",
-                "axis": name.upper(),
-                "long_name": f"token coordinate {a + 1}",
-                "bounds": f"{name}_bounds",
-            }
-        )
+        coord.setncatts(_axis_attributes(a))
         coord[:] = grid.centres(a)
-        edges = grid.edges(a)
         bounds = nc.createVariable(f"{name}_bounds", "f8", (name, "nv"))
-        bounds[:] = np.stack([edges[:-1], edges[1:]], axis=1)
+        bounds[:] = _bounds(grid, a)
+
+
+def _axis_attributes(a: int) -> dict[str, str]:
+    name = AXES[a]
+    attributes = {
+        "units": "1",
+        "long_name": f"token coordinate {a + 1} (cell centre)",
+        "bounds": f"{name}_bounds",
+    }
+    if name == "z":
+        attributes.update(axis="Z", positive="up")
+    return attributes
+
+
+def _bounds(grid: Grid, a: int) -> np.ndarray:
+    """The cells' edges along axis a, (cells, 2)."""
+    edges = grid.edges(a)
+    return np.stack([edges[:-1], edges[1:]], axis=1)
+
+
+def _component_attributes(d: int, name: str) -> dict[str, Any]:
+    what = "component" if name == "dim" else "second component"
+    return {
+        "long_name": f"{what} (axis)",
+        "flag_values": np.arange(d, dtype=np.int32),
+        "flag_meanings": " ".join(AXES[:d]),
+    }
+
+
+S_ATTRIBUTES = {"units": "1", "long_name": "token position", "comment": S_COMMENT}
+WEIGHT_ATTRIBUTES = {"units": "1", "long_name": "position marginal nu (mass per slice)"}
+
+
+def coordinates(grid: Grid, positions: Positions | None = None) -> xr.Dataset:
+    """The coordinates every tpde file has, as a Dataset to build others on (the
+    references, :func:`to_dataset`): ``x(x)``.. cell centres with ``x_bounds(x, nv)``..,
+    ``dim(dim)`` and ``dim2(dim2)``, with positions ``s(s)`` and ``position_weight(s)``;
+    the attributes of the run files."""
+    d = grid.ndim
+    variables: dict[str, Any] = {}
+    coords: dict[str, Any] = {}
+    for a, name in enumerate(grid.axis_names):
+        coords[name] = (name, grid.centres(a), _axis_attributes(a))
+        variables[f"{name}_bounds"] = ((name, "nv"), _bounds(grid, a))
+    for name in ("dim", "dim2"):
+        coords[name] = (name, np.arange(d, dtype=np.int32), _component_attributes(d, name))
+    if positions is not None:
+        coords["s"] = ("s", positions.s, dict(S_ATTRIBUTES))
+        variables["position_weight"] = ("s", positions.weights, dict(WEIGHT_ATTRIBUTES))
+    return xr.Dataset(variables, coords=coords)
 
 
 def _define_positions(nc: netCDF4.Dataset, positions: Positions) -> None:
     """The ``s`` dimension, its coordinate ``s(s)`` and ``position_weight(s)``."""
     nc.createDimension("s", positions.count)
     coord = nc.createVariable("s", "f8", ("s",))
-    coord.setncatts({"units": "1", "long_name": "token position", "comment": S_COMMENT})
+    coord.setncatts(S_ATTRIBUTES)
     coord[:] = positions.s
     weight = nc.createVariable("position_weight", "f8", ("s",))
-    weight.setncatts({"units": "1", "long_name": "position marginal nu (mass per slice)"})
+    weight.setncatts(WEIGHT_ATTRIBUTES)
     weight[:] = positions.weights
+
+
+def _define_components(nc: netCDF4.Dataset, d: int) -> None:
+    """``dim`` and ``dim2`` (the indices of a mean and a covariance): integer coordinates
+    0 .. d-1 whose ``flag_meanings`` name the axes (a string coordinate is variable-length
+    in NetCDF4, which CF checkers and older tools do not read)."""
+    for name in ("dim", "dim2"):
+        nc.createDimension(name, d)
+        var = nc.createVariable(name, "i4", (name,))
+        var.setncatts(_component_attributes(d, name))
+        var[:] = np.arange(d, dtype=np.int32)
 
 
 def _record_variable(
@@ -496,12 +626,14 @@ def _record_variable(
     dims: tuple[str, ...],
     chunks: tuple[int, ...],
     comment: str = "",
+    cell_methods: str = "time: point",
     **compression: Any,
 ) -> None:
+    """A float64 record ``name(time, *dims)`` (``dims`` in the stored order, NaN fill)."""
     var = nc.createVariable(
         name, "f8", ("time", *dims), fill_value=np.nan, chunksizes=chunks, **compression
     )
-    var.setncatts({"long_name": _LONG_NAMES[name], "units": "1"})
+    var.setncatts({"long_name": _LONG_NAMES[name], "units": "1", "cell_methods": cell_methods})
     if comment:
         var.setncattr("comment", comment)
 
@@ -520,28 +652,35 @@ def _define_slice_records(nc: netCDF4.Dataset, d: int, count: int) -> None:
     _record_variable(nc, "slice_covariance", ("s", "dim", "dim2"), _moment_chunks((count, d, d)))
 
 
+def _density_dims(grid: Grid, positions: Positions | None) -> tuple[str, ...]:
+    """The dimensions of a density after ``time``, in tpde's order (``[s,] x[, y[, z]]``)."""
+    return (*(() if positions is None else ("s",)), *grid.axis_names)
+
+
 def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None) -> None:
     """The unlimited ``time`` axis and every per-snapshot variable."""
     d = grid.ndim
     nc.createDimension("time", None)
-    nc.createDimension("dim", d)
-    nc.createDimension("dim2", d)
-    time = nc.createVariable("time", "f8", ("time",), fill_value=np.nan, chunksizes=(_TIME_CHUNK,))
-    time.setncatts({"units": "1", "long_name": "time (depth through the network)"})
-    lead = () if positions is None else ("s",)
-    shape = grid.shape if positions is None else positions.shape(grid)
+    _define_components(nc, d)
+    # no _FillValue on a coordinate (CF 2.5.1): an unwritten time reads as TIME_FILL
+    time = nc.createVariable("time", "f8", ("time",), chunksizes=(_TIME_CHUNK,))
+    time.setncatts(TIME_ATTRIBUTES)
+    dims = file_order(_density_dims(grid, positions))
+    sizes = {"s": 0 if positions is None else positions.count}
+    sizes.update(zip(grid.axis_names, grid.cells, strict=True))
     _record_variable(
         nc,
         "density",
-        (*lead, *grid.axis_names),
-        (1, *shape),
+        dims,
+        (1, *(sizes[name] for name in dims)),
+        cell_methods="time: point " + " ".join(f"{a}:" for a in grid.axis_names) + " mean",
         compression="zlib",
         complevel=4,
         shuffle=True,
     )
     marginal = "" if positions is None else MARGINAL_COMMENT
     _record_variable(nc, "mass", (), (_TIME_CHUNK,), marginal)
-    _record_variable(nc, "mean", ("dim",), (_TIME_CHUNK, d), marginal)
+    _record_variable(nc, MEAN, ("dim",), (_TIME_CHUNK, d), marginal)
     _record_variable(nc, "covariance", ("dim", "dim2"), (_TIME_CHUNK, d, d), marginal)
     for name in ("outflow", "max_speed", "dt"):
         _record_variable(nc, name, (), (_TIME_CHUNK,))
@@ -558,6 +697,7 @@ def _global_attributes(
         "title": title,
         "history": created,
         "source": _source(),
+        "tpde_version": tpde.__version__,
         "config": config_text,
         "status": "running",
         "status_time": math.nan,
@@ -571,6 +711,30 @@ def _global_attributes(
         attributes["positions"] = np.int64(positions.slices)
         attributes["sink_mass"] = np.float64(positions.sink_mass)
     return attributes
+
+
+#: the global attributes of a tpde file (the references' and :func:`to_dataset`'s as well)
+global_attributes = _global_attributes
+
+
+def to_netcdf(ds: xr.Dataset, path: str | os.PathLike) -> None:
+    """Write a Dataset in the layout of the run files (the references, the sweep summary):
+    the stored CF order (:func:`file_order`, x fastest), no ``_FillValue`` on coordinates,
+    bounds, integer and text variables, text as fixed-length characters (a NetCDF4
+    variable-length string is what CF checkers and older tools fail on). Writes ``path`` as
+    is (callers stage and rename)."""
+    stored = reordered(renamed(ds), file_order)
+    encoding: dict[str, dict[str, Any]] = {}
+    for name, var in stored.variables.items():
+        kind = var.dtype.kind
+        if name in stored.coords or name.endswith("_bounds") or kind not in "fc":
+            encoding[name] = {"_FillValue": None}
+        if kind in "UOS":
+            encoding[name] = {"_FillValue": None, "dtype": "S1"}
+    unlimited = ["time"] if "time" in stored.dims else None  # as the run files (CF: T first)
+    stored.to_netcdf(
+        path, engine="netcdf4", format="NETCDF4", encoding=encoding, unlimited_dims=unlimited
+    )
 
 
 def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None = None) -> None:
@@ -621,8 +785,13 @@ def _grid_from_attributes(
 
 
 def _density_shape(nc: netCDF4.Dataset) -> tuple[int, ...]:
-    """The shape of the file's density, () when it has none."""
-    return tuple(nc["density"].shape) if "density" in nc.variables else ()
+    """The shape of the file's density in tpde's order (``time[, s], x[, y[, z]]``, from the
+    dimension names: files of either layout), () when it has none."""
+    if "density" not in nc.variables:
+        return ()
+    var = nc["density"]
+    sizes = dict(zip(var.dimensions, var.shape, strict=True))
+    return tuple(sizes[name] for name in xyz_order(var.dimensions))
 
 
 def _positions_from_attributes(attrs: dict, where: str) -> Positions | None:
@@ -658,10 +827,15 @@ def _slice_moments(
     return mass, mean, cov
 
 
-def _complete_records(time: np.ndarray) -> int:
-    """Number of leading records whose ``time`` (written last) is present."""
-    ok = np.isfinite(np.asarray(time, dtype=np.float64))
+def complete_records(time: np.ndarray) -> int:
+    """Number of leading records whose ``time`` (written last) is present: finite and not
+    the fill value of a record not yet written (:data:`TIME_FILL`; NaN in older files)."""
+    t = np.asarray(time, dtype=np.float64)
+    ok = np.isfinite(t) & (t != TIME_FILL)
     return int(ok.size if ok.all() else np.argmin(ok))
+
+
+_complete_records = complete_records
 
 
 def _complete_in_file(nc: netCDF4.Dataset) -> int:
@@ -681,6 +855,32 @@ def _energy_names(attrs: dict) -> tuple[str, ...] | None:
         return None
     text = str(attrs["energies"]).strip()
     return tuple(name.strip() for name in text.split(",")) if text else ()
+
+
+#: provenance attributes that count a run's work: a resumed run adds its own
+COUNTERS = ("steps", "rejected_steps", "wall_time")
+
+
+def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes to store for ``values`` (:meth:`SnapshotWriter.close`): the
+    :data:`COUNTERS` added to what ``nc`` holds, numbers as numpy scalars."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in COUNTERS:
+            before = nc.getncattr(name) if name in nc.ncattrs() else 0
+            try:
+                value = float(np.asarray(before).reshape(-1)[0]) + float(value)
+            except (TypeError, ValueError, IndexError):
+                value = float(value)
+            value = np.float64(value) if name == "wall_time" else np.int64(round(value))
+        elif isinstance(value, bool | int | np.integer):
+            value = np.int64(value)
+        elif isinstance(value, float | np.floating):
+            value = np.float64(value)
+        else:
+            value = str(value)
+        out[str(name)] = value
+    return out
 
 
 # ---- the writer -----------------------------------------------------------------------------
@@ -811,6 +1011,10 @@ class SnapshotWriter:
         self.file = path
         self.staged = False
         self._record = _record_bytes(grid, positions)
+        # the stored order of the density and the mean's name: those of this layout, or of
+        # the file a resumed writer continues (an earlier layout keeps its own)
+        self._stored = file_order(_density_dims(grid, positions))
+        self._mean = MEAN
 
     def _attach(self, lock: _OutputLock, file: str, staged: bool) -> None:
         """The writer owns ``lock`` and writes its records to ``file`` (the staged partial
@@ -858,6 +1062,8 @@ class SnapshotWriter:
                 grid = _grid_from_attributes(attrs, path, _density_shape(nc))
                 positions = _positions_from_attributes(attrs, path)
                 count = _complete_in_file(nc)
+                stored = tuple(nc["density"].dimensions[1:])
+                mean_name = MEAN if MEAN in nc.variables else "mean"
                 last = float(nc["time"][count - 1]) if count else None
             if accept is not None:
                 accept(
@@ -886,6 +1092,7 @@ class SnapshotWriter:
         writer._setup(
             path, grid, count, last, lock_timeout, positions, energies, _energy_names(attrs)
         )
+        writer._stored, writer._mean = stored, mean_name
         writer._attach(lock, file, staged)
         return writer
 
@@ -926,6 +1133,7 @@ class SnapshotWriter:
             )
         return t, density
 
+    @profile.timed("io.write")
     def write(self, snapshot: SnapshotLike) -> bool:
         """Append one snapshot (density of shape :attr:`shape`) and close the file again.
 
@@ -965,9 +1173,10 @@ class SnapshotWriter:
         with _opened(self.file, "a", self.lock_timeout) as nc:
             if energies is not None:
                 self._write_energies(nc, i, energies)
-            nc["density"][i, ...] = density
+            tpde_dims = _density_dims(self.grid, self.positions)
+            nc["density"][i, ...] = _transposed(density, tpde_dims, self._stored)
             nc["mass"][i] = mass
-            nc["mean"][i, :] = mean
+            nc[self._mean][i, :] = mean
             nc["covariance"][i, :, :] = cov
             if sliced:
                 self._write_slices(nc, i, density)
@@ -1035,12 +1244,17 @@ class SnapshotWriter:
         status: str | Outcome = "completed",
         status_time: float = math.nan,
         status_message: str = "",
+        provenance: Mapping[str, Any] | None = None,
     ) -> bool:
         """Record how the run ended (an :class:`Outcome`, or its status, time and message:
         one of :data:`OUTCOMES`, the message made one line), release the lock, and, for a
         run that replaces an existing file (``overwrite``), move it over that file when the
         status is a result (:data:`RESULTS`); otherwise the old file stays and the new
         records stay in :attr:`file` for ``resume``.
+
+        ``provenance``: global attributes stored with the status, e.g. ``threads`` and the
+        solver's counters ``steps``, ``rejected_steps``, ``wall_time`` (:data:`COUNTERS`:
+        added to the values a resumed file already holds, so they count the whole run).
 
         Returns whether the status was stored: on a full disk it is not (the file then says
         ``running``, which ``resume`` accepts), and a staged run is not published.
@@ -1060,6 +1274,7 @@ class SnapshotWriter:
                             "status": outcome.status,
                             "status_time": outcome.time,
                             "status_message": outcome.message,
+                            **_provenance(nc, provenance or {}),
                         }
                     )
                 stored = True
@@ -1107,13 +1322,20 @@ def _load(path: str) -> xr.Dataset:
         return ds.load()
 
 
-def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
+def read(
+    path: str | os.PathLike, lock_timeout: float = 10.0, order: Literal["xyz", "file"] = "xyz"
+) -> xr.Dataset:
     """Load an output file into memory (the file is closed on return).
 
     Returns an ``xarray.Dataset`` with ``density (time, x[, y[, z]])``, ``mass (time)``,
-    ``mean (time, dim)``, ``covariance (time, dim, dim2)``, ``outflow``, ``max_speed``,
-    ``dt (time)``, coordinates ``time``, ``x``.. and bounds ``x_bounds (x, nv)``..; a trailing
-    incomplete record is dropped. A run with positions has ``density (time, s, x[, y[, z]])``,
+    ``mean_position (time, dim)``, ``covariance (time, dim, dim2)``, ``outflow``,
+    ``max_speed``, ``dt (time)``, coordinates ``time``, ``x``.., ``dim``, ``dim2`` and bounds
+    ``x_bounds (x, nv)``..; a trailing incomplete record is dropped. ``order = "xyz"`` (the
+    default) gives every variable its spatial dimensions in x, y, z order, as tpde's arrays
+    (``density.values[i]`` is indexed ``[x, y, z]``, like the solver's densities; plot with
+    ``.plot(x="x")``); ``order = "file"`` keeps the stored CF order (``(time, [z,] [y,] x)``,
+    what ``xarray.open_dataset`` gives). Files of the earlier layout read the same (their
+    ``mean`` as ``mean_position``). A run with positions has ``density (time, s, x[, y[, z]])``,
     the coordinate ``s (s)``, ``position_weight (s)``, ``slice_mass (time, s)``,
     ``slice_mean (time, s, dim)`` and ``slice_covariance (time, s, dim, dim2)`` as well
     (:func:`positions_from_dataset` rebuilds its Positions). A run with energies has
@@ -1134,7 +1356,35 @@ def read(path: str | os.PathLike, lock_timeout: float = 10.0) -> xr.Dataset:
     n = _complete_records(ds["time"].values)
     if n < ds.sizes["time"]:
         ds = ds.isel(time=slice(0, n))
-    return ds
+    ds = renamed(ds)
+    return reordered(ds, xyz_order) if order == "xyz" else reordered(ds, file_order)
+
+
+def renamed(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with the variables of earlier layouts under their current names
+    (:data:`RENAMED`: ``mean`` -> ``mean_position``)."""
+    names = {old: new for old, new in RENAMED.items() if old in ds.variables and new not in ds}
+    return ds.rename(names) if names else ds
+
+
+def reordered(ds: xr.Dataset, order: Callable[[Sequence[str]], tuple[str, ...]]) -> xr.Dataset:
+    """``ds`` with every variable's dimensions in ``order(dims)`` (:func:`xyz_order`: tpde's
+    ``[x, y, z]``; :func:`file_order`: the stored CF order); chunk sizes follow."""
+    out = ds.copy(deep=False)
+    for name, var in ds.variables.items():
+        dims = order(var.dims)
+        if dims == var.dims:
+            continue
+        moved = var.transpose(*dims)
+        chunks = var.encoding.get("chunksizes")
+        if chunks is not None and len(chunks) == len(dims):
+            where = dict(zip(var.dims, chunks, strict=True))
+            moved.encoding = {**var.encoding, "chunksizes": tuple(where[n] for n in dims)}
+        if name in ds.coords:
+            out = out.assign_coords({name: moved})
+        else:
+            out[name] = moved
+    return out
 
 
 def outcome(path: str | os.PathLike) -> Outcome:
@@ -1147,7 +1397,10 @@ def outcome(path: str | os.PathLike) -> Outcome:
 def grid_from_dataset(ds: xr.Dataset) -> Grid:
     """The exact :class:`Grid` of a run (from the ``grid_*`` global attributes, checked
     against the shape of its ``density``)."""
-    shape = tuple(ds["density"].shape) if "density" in ds.variables else None
+    shape = None
+    if "density" in ds.variables:
+        sizes = ds["density"].sizes
+        shape = tuple(sizes[name] for name in xyz_order(ds["density"].dims))
     return _grid_from_attributes(dict(ds.attrs), "dataset", shape)
 
 
@@ -1180,11 +1433,13 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
                 f"run.output: {path} holds no complete snapshot; start a new run with --overwrite"
             )
         last = n - 1
+        stored = nc["density"].dimensions
+        density = _transposed(nc["density"][last, ...], stored[1:], xyz_order(stored[1:]))
         return {
             "grid": grid,
             "positions": positions,
             "time": float(nc["time"][last]),
-            "density": np.array(nc["density"][last, ...], dtype=np.float64),
+            "density": np.array(density, dtype=np.float64),
             "outflow": float(nc["outflow"][last]),
             "mass": float(nc["mass"][last]),
             "snapshots": n,
@@ -1194,3 +1449,109 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             "status_message": str(attrs.get("status_message", "")),
             "outcome": Outcome.from_attributes(attrs),
         }
+
+
+# ---- results built in Python ------------------------------------------------------------------
+class ResultLike(Protocol):
+    """What :func:`write` reads (``tpde.schemes.solver.Result`` fits)."""
+
+    grid: Grid
+    snapshots: list
+    status: str
+    status_time: float
+    status_message: str
+
+
+#: the solver's statuses that are not file outcomes (:data:`OUTCOMES`)
+_STATUS_OF_RESULT = {"failed": "error"}
+
+
+def write(
+    result: ResultLike,
+    path: str | os.PathLike,
+    config_text: str = "",
+    title: str = "tpde run",
+    overwrite: bool = False,
+    history: str = "",
+    positions: Positions | None = None,
+    energies: EnergyCallable | None = None,
+) -> str:
+    """Write a run built in Python (a ``tpde.schemes.solver.Result``) as the file ``tpde
+    run`` writes: every snapshot through a :class:`SnapshotWriter`, then the result's
+    status and its provenance (``steps``, ``rejected_steps``, ``wall_time``, ``threads``).
+
+    positions: the Problem's :class:`tpde.grid.Positions` of a masked run (its densities
+    have a leading slice axis), else None. Returns the path. Raises OutputError (as the
+    writer) when ``path`` exists without ``overwrite``.
+    """
+    snapshots = list(result.snapshots)
+    if not snapshots:
+        raise ValueError("io.write: the result has no snapshot to write")
+    grid = result.grid
+    positions = positions if positions is not None else getattr(result, "positions", None)
+    leading = np.ndim(snapshots[0].density) - grid.ndim
+    if leading != (0 if positions is None else 1):
+        raise ValueError(
+            f"io.write: densities of shape {np.shape(snapshots[0].density)} on a "
+            f"{grid.ndim}-D grid need positions= the Problem's Positions"
+            if positions is None
+            else f"io.write: positions given but the densities have shape "
+            f"{np.shape(snapshots[0].density)} (expected {positions.shape(grid)})"
+        )
+    writer = SnapshotWriter(
+        path,
+        grid,
+        config_text=config_text,
+        title=title,
+        overwrite=overwrite,
+        history=history,
+        positions=positions,
+        energies=energies,
+    )
+    try:
+        for snapshot in snapshots:
+            writer.write(snapshot)
+    except BaseException as exc:
+        writer.close("error", math.nan, f"{type(exc).__name__}: {exc}")
+        raise
+    status = _STATUS_OF_RESULT.get(str(result.status), str(result.status))
+    if status not in OUTCOMES:
+        status = "error"
+    writer.close(
+        Outcome(status, float(result.status_time), str(result.status_message)),
+        provenance=_result_provenance(result),
+    )
+    return os.fspath(path)
+
+
+def _result_provenance(result: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, key in (("steps", "steps"), ("rejected_steps", "rejected_steps")):
+        if hasattr(result, key):
+            out[name] = int(getattr(result, key))
+    if hasattr(result, "wall_time"):
+        out["wall_time"] = float(result.wall_time)
+    try:
+        from tpde.grid.threads import ensure_policy
+
+        out["threads"] = int(ensure_policy())
+    except ImportError:  # pragma: no cover - numba is a dependency
+        pass
+    return out
+
+
+def to_dataset(
+    result: ResultLike,
+    order: Literal["xyz", "file"] = "xyz",
+    positions: Positions | None = None,
+    **attributes: Any,
+) -> xr.Dataset:
+    """The ``xarray.Dataset`` of a run built in Python: exactly what :func:`read` gives of
+    the file :func:`write` writes (same variables, attributes and provenance; ``order``
+    as in :func:`read`). ``attributes``: ``config_text``, ``title``, ``history``,
+    ``energies`` of :func:`write`. ``Result.to_xarray()`` calls this."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tpde-") as folder:
+        path = write(result, os.path.join(folder, "run.nc"), positions=positions, **attributes)
+        return read(path, order=order)

@@ -63,15 +63,18 @@ POSITION = "s"  # the position dimension of masked (causal) attention
 
 # ---- inputs ---------------------------------------------------------------------------------
 def _as_dataset(ds: xr.Dataset | str | os.PathLike[str]) -> xr.Dataset:
-    """The Dataset itself, or the one in the NetCDF file ``ds`` (opened lazily)."""
+    """The Dataset itself, or the one in the NetCDF file ``ds`` (opened lazily); variables
+    of earlier layouts under their current names (``mean`` -> ``mean_position``)."""
+    from tpde.io import renamed
+
     if isinstance(ds, str | os.PathLike):
         import xarray as xr
 
         path = Path(ds)
         if not path.is_file():
             raise ValueError(f"plot: {path} does not exist or is not a file")
-        return xr.open_dataset(path)
-    return ds
+        return renamed(xr.open_dataset(path))
+    return renamed(ds)
 
 
 def _source(ds: xr.Dataset) -> str:
@@ -196,6 +199,11 @@ def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndar
     """Validated reference moments as arrays ``time`` (m,), ``mean`` (m, d), ``cov`` (m, d, d)."""
     if reference is None:
         return None
+    if "mean" not in reference and "mean_position" in reference:  # a reference Dataset
+        reference = {
+            **{k: reference[k] for k in ("time", "covariance") if k in reference},
+            "mean": reference["mean_position"],
+        }
     missing = [key for key in ("time", "mean", "covariance") if key not in reference]
     if missing:
         raise ValueError(
@@ -526,11 +534,12 @@ def moments_figure(
     spatial = _spatial_dims(ds)
     d = len(spatial)
     ref = _reference(reference, d)
-    for name in ("mean", "covariance"):
+    for name in ("mean_position", "covariance"):
         if name not in ds:
             raise ValueError(f"plot: {_source(ds)} has no {name!r} variable")
     t = _times(ds)
-    mean = np.asarray(ds["mean"].transpose("time", ...).values, float).reshape(t.size, d)
+    mean = np.asarray(ds["mean_position"].transpose("time", ...).values, float)
+    mean = mean.reshape(t.size, d)
     cov = np.asarray(ds["covariance"].transpose("time", ...).values, float)
     eigs = _eigenvalues(cov.reshape(t.size, d, d))
 

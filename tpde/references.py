@@ -1,17 +1,24 @@
 """``tpde gaussian`` and ``tpde particles``: the references of a configuration, alone.
 
-Both read the same TOML as ``tpde run`` and write NetCDF with the run's names where they apply
-(``time``, ``mean(time, dim)``, ``covariance(time, dim, dim2)``, the ``config`` and ``status``
-attributes):
+Both read the same TOML as ``tpde run`` and write NetCDF in the run's layout and with its
+names (:mod:`tpde.io`): ``time``, the grid coordinates, ``density(time, [z,] [y,] x)`` on the
+run's grid, ``mass(time)``, ``mean_position(time, dim)``, ``covariance(time, dim, dim2)`` and
+the run's global attributes (``config``, ``status``, ``grid_*``), so ``tpde info``, ``tpde
+plot``, ``tpde compare``, ParaView and xarray read the three files alike:
 
 * ``gaussian_reference(config)``: the mean/covariance ODEs (docs/theory.md, 'Gaussian
   closures') from the Gaussian initial data (variants with a Gaussian closure only);
-  ``status`` is ``blowup`` with its time when the covariance blows up.
+  ``status`` is ``blowup`` with its time when the covariance blows up, and the records stop
+  at the last snapshot time before it. ``density`` is the exact cell averages of the
+  Gaussian N(mean, covariance) of unit mass.
 * ``particle_reference(config, n, seed)``: n i.i.d. tokens sampled from the initial density,
   moved by the token system (docs/theory.md, 'The Transformer PDE'; SSP-RK3 with the run's
-  snapshot times), stored as ``tokens(time, token, dim)``. Masked runs: n // (positions + 1)
-  tokens per position slice (``token_position(token)``, ``token_weight(token)``), moved by
-  the masked system.
+  snapshot times), stored as ``tokens(time, token, dim)``; ``density`` is their histogram on
+  the run's grid (token weights per cell over the cell volume; tokens outside the box are
+  not counted in it or in ``mass``), the moments are those of all tokens. Masked runs:
+  n // (positions + 1) tokens per position slice (``token_position(token)``,
+  ``token_weight(token)``), moved by the masked system, ``density(time, s, ...)`` one
+  histogram per slice, as in the run.
 """
 
 from __future__ import annotations
@@ -21,8 +28,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-import tpde
-
+from . import io
 from .config import Config, ConfigError, check_memory
 
 __all__ = ["gaussian_reference", "particle_reference", "write_reference"]
@@ -30,37 +36,57 @@ __all__ = ["gaussian_reference", "particle_reference", "write_reference"]
 AXES = ("x", "y", "z")
 
 
-def _moments_dataset(times, means, covs, config: Config, title: str) -> xr.Dataset:
-    d = means.shape[1]
-    return xr.Dataset(
-        {
-            "mean": (("time", "dim"), means, {"long_name": "mean of the token distribution"}),
-            "covariance": (
-                ("time", "dim", "dim2"),
-                covs,
-                {"long_name": "covariance of the token distribution"},
-            ),
-        },
-        coords={
-            "time": (
-                "time",
-                np.asarray(times, float),
-                {"units": "1", "long_name": "time (depth through the network)"},
-            ),
-            "dim": ("dim", list(AXES[:d])),
-            "dim2": ("dim2", list(AXES[:d])),
-        },
-        attrs={
-            "Conventions": "CF-1.10",
-            "title": title,
-            "source": f"tpde {tpde.__version__}",
-            "config": config.text,
-        },
+def _reference_dataset(
+    times, means, covs, density, config: Config, title: str, what: str, positions=None
+) -> xr.Dataset:
+    """A reference in the run's layout: the grid's coordinates (:func:`tpde.io.coordinates`),
+    ``density`` (times, [S,] *grid.shape) with its mass, the moments, the run's global
+    attributes."""
+    grid = config.problem.grid
+    times = np.asarray(times, dtype=float)
+    dims = ("time", *(() if positions is None else ("s",)), *grid.axis_names)
+    cells = np.asarray(density, dtype=float)
+    mass = cells.reshape(times.size, -1).sum(axis=1) * grid.cell_volume
+    point = {"units": "1", "cell_methods": "time: point"}
+    ds = io.coordinates(grid, positions).assign(
+        density=(
+            dims,
+            cells,
+            {
+                "long_name": f"density of the {what} (cell averages)",
+                "units": "1",
+                "cell_methods": "time: point "
+                + " ".join(f"{a}:" for a in grid.axis_names)
+                + " mean",
+            },
+        ),
+        mass=(("time",), mass, {"long_name": f"mass of the {what} in the box", **point}),
+        mean_position=(
+            ("time", "dim"),
+            np.asarray(means, dtype=float).reshape(times.size, grid.ndim),
+            {"long_name": f"mean position of the {what}", **point},
+        ),
+        covariance=(
+            ("time", "dim", "dim2"),
+            np.asarray(covs, dtype=float).reshape(times.size, grid.ndim, grid.ndim),
+            {"long_name": f"covariance of the {what}", **point},
+        ),
     )
+    ds = ds.assign_coords(time=("time", times, dict(io.TIME_ATTRIBUTES)))
+    ds.attrs = io.global_attributes(grid, config.text, title, "", positions)
+    return ds
+
+
+def _histogram(tokens: np.ndarray, weights: np.ndarray, grid) -> np.ndarray:
+    """Cell averages of the weighted tokens (n, d) on ``grid``: weight per cell / volume."""
+    edges = [grid.edges(a) for a in range(grid.ndim)]
+    counts, _ = np.histogramdd(tokens, bins=edges, weights=weights)
+    return counts / grid.cell_volume
 
 
 def gaussian_reference(config: Config) -> xr.Dataset:
     """The Gaussian mean/covariance ODE solution at the run's snapshot times."""
+    from tpde.grid import gaussian
     from tpde.validation.gaussian import VARIANTS, solve
 
     initial = config.raw.get("initial", {})
@@ -88,7 +114,11 @@ def gaussian_reference(config: Config) -> xr.Dataset:
     )
     times = problem.times[problem.times <= solution.status_time]
     means, covs = solution.at(times)
-    ds = _moments_dataset(times, means, covs, config, "tpde Gaussian ODE reference")
+    grid = problem.grid
+    density = np.stack([gaussian(grid, m, c) for m, c in zip(means, covs, strict=True)])
+    ds = _reference_dataset(
+        times, means, covs, density, config, "tpde Gaussian ODE reference", "Gaussian"
+    )
     ds.attrs.update(
         status=solution.status,
         status_time=float(solution.status_time),
@@ -140,11 +170,47 @@ def particle_reference(
         t_start=problem.t_start,
     )
     means, covs = solution.moments()
-    ds = _moments_dataset(solution.times, means, covs, config, f"tpde token system, n = {n}")
-    ds["tokens"] = (("time", "token", "dim"), solution.tokens, {"long_name": "token positions"})
+    grid = problem.grid
+    count = len(solution.tokens[0])
+    w = np.full(count, 1.0) if solution.weights is None else np.asarray(solution.weights, float)
+    w = w / w.sum()  # unit mass, as the run's initial density (up to what is outside the box)
+    if positions is None:
+        density = np.stack([_histogram(x, w, grid) for x in solution.tokens])
+    else:  # one histogram per position slice: the tokens whose position is s_k
+        slice_of = np.argmin(np.abs(np.subtract.outer(token_s, positions.s)), axis=1)
+        density = np.stack(
+            [
+                np.stack(
+                    [
+                        _histogram(x[slice_of == k], w[slice_of == k], grid)
+                        for k in range(positions.count)
+                    ]
+                )
+                for x in solution.tokens
+            ]
+        )
+    ds = _reference_dataset(
+        solution.times,
+        means,
+        covs,
+        density,
+        config,
+        f"tpde token system, n = {n}",
+        "tokens",
+        positions,
+    )
+    ds["tokens"] = (
+        ("time", "token", "dim"),
+        np.asarray(solution.tokens),
+        {"long_name": "token positions", "units": "1"},
+    )
     if token_s is not None:
-        ds["token_position"] = (("token",), token_s, {"long_name": "token position s"})
-        ds["token_weight"] = (("token",), solution.weights, {"long_name": "token weight"})
+        ds["token_position"] = (
+            ("token",),
+            token_s,
+            {"long_name": "token position s", "units": "1"},
+        )
+        ds["token_weight"] = (("token",), w, {"long_name": "token weight", "units": "1"})
     ds.attrs.update(
         status="completed",
         status_time=float(solution.times[-1]),
@@ -165,6 +231,6 @@ def write_reference(ds: xr.Dataset, path: str | Path, overwrite: bool = False) -
             f"run.output: cannot write {path}: directory {path.parent} does not exist"
         )
     tmp = path.with_name(f".{path.name}.tmp")
-    ds.to_netcdf(tmp)
+    io.to_netcdf(ds, tmp)
     tmp.replace(path)
     return path

@@ -60,6 +60,7 @@ from .config import (
     load,
     parse_toml,
     read_text,
+    resolve_paths,
 )
 from .run import StatusLine
 
@@ -165,9 +166,9 @@ def _base(value: Any, folder: Path) -> dict:
             raise ConfigError(
                 f"base: cannot read {path}; give a run config file relative to the sweep file"
             )
-        raw = load(path)
+        raw = resolve_paths(load(path), path.parent)  # initial.file: beside the base
     elif isinstance(value, Mapping):
-        raw = load(value)
+        raw = resolve_paths(load(value), folder)
     else:
         raise ConfigError(f"base: expected a file name or a table, got {value!r:.60}")
     try:  # the base's keys follow the config schema (its values are checked per run)
@@ -452,8 +453,7 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
         attrs = dict(ds.attrs)
         time = np.asarray(ds["time"].values, dtype=float)
         cov = np.asarray(ds["covariance"].values, dtype=float)
-    ok = np.isfinite(time)
-    n = int(ok.size if ok.all() else np.argmin(ok))
+    n = io.complete_records(time)
     outcome = io.Outcome.from_attributes(attrs)  # the typed outcome the run recorded
     record = classify(outcome.status, outcome.time, outcome.message, time[:n], cov[:n], tolerance)
     record["config"] = str(attrs.get("config", ""))
