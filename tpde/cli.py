@@ -1,6 +1,6 @@
 """The ``tpde`` command line (console script).
 
-    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet] [--profile]
+    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet]
     tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite]
     tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite]
     tpde info OUT.nc
@@ -42,10 +42,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,  # (a subcommand's default would hide `tpde --debug run`)
-        help="print the traceback of a failure (else one line)",
+        "--debug", action="store_true", help="print the traceback of a failure (else one line)"
     )
     parser = _Parser(prog="tpde", description="Transformer PDE on grids.", parents=[common])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -67,12 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue an interrupted output")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output")
     run.add_argument("--quiet", action="store_true", help="no progress output")
-    run.add_argument(
-        "--profile",
-        action="store_true",
-        help="time the phases (velocity tables, interpolation, fluxes, limiter, I/O) and "
-        "print their table to stderr after the run",
-    )
     for name, what in (
         ("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
         ("particles", "the token system of a configuration"),
@@ -183,8 +174,6 @@ def _kept(output: Path) -> str:
     from tpde import io
 
     staged = Path(io.staged_name(output))
-    if not Path(output).exists() and not staged.is_file():
-        return f"nothing was written to {output}"
     if staged.is_file():
         return (
             f"{output} is unchanged; the new run is in {staged} (--resume continues it and "
@@ -196,7 +185,7 @@ def _kept(output: Path) -> str:
 def cmd_run(args) -> int:
     from tpde import io
     from tpde.config import ConfigError
-    from tpde.run import error_line, profiled, run_config
+    from tpde.run import error_line, run_config
 
     output, started = args.output, False
     try:
@@ -207,19 +196,18 @@ def cmd_run(args) -> int:
         if args.resume and args.overwrite:
             return _fail("run: --resume and --overwrite exclude each other; choose one")
         started = True
-        with profiled(args.profile):
-            path = run_config(
-                config,
-                output,
-                overwrite=args.overwrite,
-                resume=args.resume,
-                quiet=args.quiet,
-                history=" ".join(["tpde"] + sys.argv[1:]),
-            )
+        path = run_config(
+            config,
+            output,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            quiet=args.quiet,
+            history=" ".join(["tpde"] + sys.argv[1:]),
+        )
     except (ConfigError, io.OutputError) as exc:
         return _fail(str(exc).splitlines()[0])
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (tpde.run.Interrupted)
-        if getattr(args, "debug", False):
+        if args.debug:
             traceback.print_exc()
         signum = int(getattr(exc, "signum", signal.SIGINT))
         if not started:
@@ -232,7 +220,7 @@ def cmd_run(args) -> int:
         )
         return 128 + signum
     except io.DiskFull as exc:
-        if getattr(args, "debug", False):
+        if args.debug:
             traceback.print_exc()
         print(
             f"tpde: {exc}; {_kept(output)}: free space, then continue with: tpde run "
@@ -241,18 +229,11 @@ def cmd_run(args) -> int:
         )
         return 1
     except Exception as exc:  # noqa: BLE001 - any failure: one line, recorded in the file
-        if getattr(args, "debug", False):
+        if args.debug:
             traceback.print_exc()
-        staged = Path(io.staged_name(output)) if output is not None else None
-        if staged is not None and staged.is_file():
-            kept = f"{output} is unchanged; the failed run is in {staged} (status error)"
-        elif output is not None and Path(output).exists() and started:
-            kept = f"{output} records it (status error)"
-        else:
-            kept = "nothing was written"
         print(
-            f"tpde: error: {error_line(exc)}; {kept}"
-            + ("" if getattr(args, "debug", False) else "; --debug prints the traceback"),
+            f"tpde: error: {error_line(exc)}; {output} records it (status error)"
+            + ("" if args.debug else "; --debug prints the traceback"),
             file=sys.stderr,
         )
         return 1
