@@ -27,6 +27,7 @@ from .grid import Grid
 
 __all__ = [
     "TWO_PI",
+    "CircleGrid",
     "circle_copies",
     "circle_grid",
     "clusters",
@@ -46,13 +47,35 @@ _GL_NODES = 16
 _GL_MAX_EXPONENT_CHANGE = 6.0  # per sub-interval: 16 nodes are then exact to round-off
 
 
-def circle_grid(cells: int, copies: int = 1) -> Grid:
+class CircleGrid(Grid):
+    """The periodic angle grid of the circle (one period of an m-fold grid): a
+    :class:`Grid` that says what its coordinate is. ``axis_attributes`` and
+    ``file_attributes`` are the CF attributes a writer adds to the axis and the file."""
+
+    @property
+    def copies(self) -> int:
+        return circle_copies(self)
+
+    @property
+    def axis_attributes(self) -> dict[str, str]:
+        return {
+            "units": "radian",
+            "long_name": "angle theta on the circle S^1 (cell centre)",
+            "comment": "the token is x = (cos theta, sin theta); density per unit angle",
+        }
+
+    @property
+    def file_attributes(self) -> dict[str, object]:
+        return {"geometry": "circle", "circle_copies": np.int64(self.copies)}
+
+
+def circle_grid(cells: int, copies: int = 1) -> CircleGrid:
     """The periodic angle grid of ``cells`` cells on ``[0, 2 pi / copies)``."""
     if isinstance(cells, bool) or int(cells) != cells or cells < 7:
         raise ValueError(f"grid.cells: the circle needs at least 7 cells, got {cells!r}")
     if isinstance(copies, bool) or int(copies) != copies or copies < 1:
         raise ValueError(f"grid.copies: expected an integer >= 1, got {copies!r}")
-    return Grid([0.0], [TWO_PI / int(copies)], [int(cells)], "periodic")
+    return CircleGrid([0.0], [TWO_PI / int(copies)], [int(cells)], "periodic")
 
 
 def circle_copies(grid: Grid) -> int:

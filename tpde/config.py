@@ -91,7 +91,7 @@ from tpde.variants import (
 from tpde.variants.parameters import ParameterError, checked_matrix
 
 SECTIONS = {
-    "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass"},
+    "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass", "geometry"},
     "initial": {
         "kind",
         "mean",
@@ -873,6 +873,12 @@ def build(source: str | Path | Mapping) -> Config:
     variant), types, finiteness and magnitudes, then :func:`check_resources` (memory,
     snapshot count, steps); each failure is a one-line ConfigError naming the key."""
     raw = resolve_paths(load(source), _folder(source))
+    grid_table = raw.get("grid")
+    geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, dict) else "flat"
+    if geometry != "flat":  # the circle: tpde.circle (docs/theory.md, 'The circle on the grid')
+        from .circle import build_circle
+
+        return build_circle(raw)
     check_keys(raw)
     for section in ("grid", "attention", "run"):
         if section not in raw:

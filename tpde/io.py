@@ -543,6 +543,7 @@ def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
         nc.createDimension(name, grid.cells[a])
         coord = nc.createVariable(name, "f8", (name,))
         coord.setncatts(_axis_attributes(a))
+        coord.setncatts(getattr(grid, "axis_attributes", {}))  # a geometry's (the circle)
         coord[:] = grid.centres(a)
         bounds = nc.createVariable(f"{name}_bounds", "f8", (name, "nv"))
         bounds[:] = _bounds(grid, a)
@@ -710,6 +711,7 @@ def _global_attributes(
     if positions is not None:
         attributes["positions"] = np.int64(positions.slices)
         attributes["sink_mass"] = np.float64(positions.sink_mass)
+    attributes.update(getattr(grid, "file_attributes", {}))  # a geometry's (the circle)
     return attributes
 
 

@@ -853,6 +853,14 @@ def plot_all(
                 ("slices.png", lambda: slices_figure(ds)),
                 ("position_marginal.png", lambda: position_marginal_figure(ds)),
             ]
+        if ds.attrs.get("geometry") == "circle":  # tpde.circle_plots
+            from tpde import circle_plots
+
+            jobs += [
+                ("space_time.png", lambda: circle_plots.space_time_figure(ds)),
+                ("ring.png", lambda: circle_plots.ring_figure(ds)),
+                ("modes.png", lambda: circle_plots.modes_figure(ds)),
+            ]
         written = []
         for name, make in jobs:
             fig = make()

@@ -1,0 +1,257 @@
+"""Configurations on the circle: ``[grid] geometry = "circle"``.
+
+docs/theory.md, 'Attention dynamics on the sphere' and 'The circle on the grid';
+docs/user-guide.md, 'The circle'. :func:`build_circle` turns the raw tables of a circle
+configuration into a :class:`tpde.config.Config` (``tpde.config.build`` hands them over), so
+``tpde run``, ``tpde.simulate`` and the writer work unchanged: the output holds the density
+per unit angle on the angle cells, the coordinate ``x`` is the angle in radians (CF
+attributes of :class:`tpde.grid.circle.CircleGrid`) and the file says
+``geometry = "circle"``. :func:`circle_energies` is what the writer records:
+the interaction energy ``E = 1/(2 beta) iint e^{beta cos(phi - theta)} dmu dmu`` for
+``A = beta I`` (increasing along the flow for ``C`` a positive multiple of ``I``).
+
+Keys::
+
+    [grid]       geometry = "circle", cells (>= 7), copies (m-fold reduction, default 1)
+    [initial]    kind = "uniform" (optional modes = [[k, amplitude, phase], ...]),
+                 "noise" (amplitude, k_max, seed), "von_mises" (mean, kappa),
+                 "mixture" (weights, means, kappas)
+    [attention]  variant = "softmax"; beta (A = beta I, V = I) or A, V (2 x 2), optional W;
+                 normalised (default true); engine = "auto" | "fft" | "direct"
+    [scheme], [run]  as on R^d
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from tpde.grid import circle as geo
+from tpde.schemes.solver import Problem
+from tpde.variants.parameters import Head
+from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
+
+from .config import Config, ConfigError, _run_settings, build_scheme, dumps
+
+__all__ = ["GEOMETRIES", "build_circle", "circle_energies"]
+
+GEOMETRIES = ("flat", "circle")
+KEYS = {
+    "grid": {"geometry", "cells", "copies"},
+    "initial": {"kind", "modes", "amplitude", "k_max", "seed", "mean", "kappa"}
+    | {"weights", "means", "kappas"},
+    "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine"},
+}
+INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
+
+
+def _number(key: str, value: Any, positive: bool = False, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a finite number, got {value!r:.60}")
+    if integer and int(value) != value:
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if positive and not value > 0:
+        raise ConfigError(f"{key}: expected a number > 0, got {value!r}")
+    return float(value)
+
+
+def _numbers(key: str, value: Any, count: int | None = None) -> list[float]:
+    if not isinstance(value, list) or (count is not None and len(value) != count):
+        what = f"a list of {count} numbers" if count is not None else "a list of numbers"
+        raise ConfigError(f"{key}: expected {what}, got {value!r:.60}")
+    return [_number(f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _matrix(key: str, value: Any) -> np.ndarray:
+    rows = value if isinstance(value, list) and len(value) == 2 else None
+    if rows is None:
+        raise ConfigError(f"{key}: expected a 2 x 2 matrix [[a, b], [c, d]], got {value!r:.60}")
+    return np.array([_numbers(f"{key}[{i}]", row, 2) for i, row in enumerate(rows)])
+
+
+def _check_keys(raw: Mapping) -> None:
+    for section, keys in KEYS.items():
+        table = raw.get(section, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{section}: expected a [{section}] table")
+        for key in table:
+            if key not in keys:
+                raise ConfigError(
+                    f"{section}.{key}: not a key of the circle geometry; "
+                    f"choose from {', '.join(sorted(keys))}"
+                )
+    for section in ("grid", "attention", "run"):
+        if section not in raw:
+            raise ConfigError(f"{section}: missing section [{section}]")
+
+
+def _grid(table: Mapping) -> geo.CircleGrid:
+    if "cells" not in table:
+        raise ConfigError("grid.cells: missing (the number of angle cells, >= 7)")
+    cells = _number("grid.cells", table["cells"], positive=True, integer=True)
+    copies = _number("grid.copies", table.get("copies", 1), positive=True, integer=True)
+    try:
+        return geo.circle_grid(int(cells), int(copies))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _initial(table: Mapping, grid: geo.CircleGrid) -> np.ndarray:
+    kind = table.get("kind", "uniform")
+    if kind not in INITIAL_KINDS:
+        raise ConfigError(
+            f"initial.kind: unknown {kind!r} on the circle; choose one of "
+            f"{', '.join(INITIAL_KINDS)}"
+        )
+    try:
+        if kind == "uniform":
+            modes = table.get("modes", [])
+            if not isinstance(modes, list):
+                raise ConfigError("initial.modes: expected [[k, amplitude, phase], ...]")
+            triples = []
+            for i, mode in enumerate(modes):
+                k, amplitude, phase = _numbers(f"initial.modes[{i}]", mode, 3)
+                triples.append((int(k), amplitude, phase))
+            return geo.uniform_modes(grid, triples)
+        if kind == "noise":
+            return geo.smooth_noise(
+                grid,
+                _number("initial.amplitude", table.get("amplitude", 1e-3)),
+                int(_number("initial.k_max", table.get("k_max", 32), True, True)),
+                int(_number("initial.seed", table.get("seed", 0), integer=True)),
+            )
+        if kind == "von_mises":
+            return geo.von_mises(
+                grid,
+                _number("initial.mean", table.get("mean", 0.0)),
+                _number("initial.kappa", table.get("kappa", 1.0)),
+            )
+        for key in ("weights", "means", "kappas"):
+            if key not in table:
+                raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
+        weights = _numbers("initial.weights", table["weights"])
+        means = _numbers("initial.means", table["means"], len(weights))
+        kappas = _numbers("initial.kappas", table["kappas"], len(weights))
+        if min(weights, default=0.0) <= 0:
+            raise ConfigError(f"initial.weights: must be > 0, got {weights}")
+        total = sum(weights)
+        return geo.von_mises_mixture(
+            grid, [(w / total, m, k) for w, m, k in zip(weights, means, kappas, strict=True)]
+        )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        message = str(exc).splitlines()[0]
+        raise ConfigError(
+            message if message.startswith("initial") else f"initial: {message}"
+        ) from None
+
+
+def _attention(table: Mapping) -> CircleAttention:
+    variant = table.get("variant", "softmax")
+    if variant != "softmax":
+        raise ConfigError(
+            f"attention.variant: the circle has softmax attention (normalised = false for "
+            f"the unnormalised one), got {variant!r}"
+        )
+    if "beta" in table:
+        for key in ("A", "V"):
+            if key in table:
+                raise ConfigError(f"attention.{key}: give beta (A = beta I, V = I) or A and V")
+        beta = _number("attention.beta", table["beta"])
+        A, V = beta * np.eye(2), np.eye(2)
+    else:
+        if "A" not in table:
+            raise ConfigError("attention.beta: missing (A = beta I), or give attention.A")
+        A = _matrix("attention.A", table["A"])
+        V = _matrix("attention.V", table.get("V", [[1.0, 0.0], [0.0, 1.0]]))
+    W = _matrix("attention.W", table["W"]) if "W" in table else None
+    normalised = table.get("normalised", True)
+    if not isinstance(normalised, bool):
+        raise ConfigError(f"attention.normalised: expected true or false, got {normalised!r}")
+    engine = table.get("engine", "auto")
+    if engine not in CIRCLE_ENGINES:
+        raise ConfigError(
+            f"attention.engine: unknown {engine!r} on the circle; choose one of "
+            f"{', '.join(CIRCLE_ENGINES)}"
+        )
+    if float(np.linalg.norm(A, 2)) > 300.0:
+        raise ConfigError("attention.A: |A| > 300 overflows the kernel e^{<A x, y>} on the circle")
+    try:
+        return CircleAttention(Head(A, V, W), normalised=normalised, engine=engine)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+
+
+def build_circle(raw: dict) -> Config:
+    """The :class:`Config` of a circle configuration (raw TOML tables, paths resolved)."""
+    geometry = raw.get("grid", {}).get("geometry")
+    if geometry != "circle":
+        raise ConfigError(
+            f"grid.geometry: unknown {geometry!r}; choose one of {', '.join(GEOMETRIES)}"
+        )
+    _check_keys(raw)
+    grid = _grid(raw["grid"])
+    field = _attention(raw["attention"])
+    try:
+        field.choose(field.spec, grid.copies)  # the m-fold grid's needs, before any run
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    scheme = build_scheme(raw.get("scheme", {}))
+    run = _run_settings(raw["run"])
+    density = _initial(raw.get("initial", {}), grid)
+    try:
+        problem = Problem(
+            grid,
+            density,
+            field,
+            run["t_end"],
+            scheme=scheme,
+            snapshots=run["snapshots"],
+            t_start=run["t_start"],
+            max_outflow=run["max_outflow"],
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    stored = {section: dict(table) for section, table in raw.items()}
+    stored["grid"].setdefault("copies", 1)
+    stored["attention"].setdefault("normalised", True)
+    stored["attention"].setdefault("engine", "auto")
+    config = Config(problem, run["output"], "circle", dumps(stored), raw)
+    config.run_energies = lambda: circle_energies(field, grid)  # type: ignore[attr-defined]
+    return config
+
+
+def circle_energies(
+    field: CircleAttention, grid: geo.CircleGrid
+) -> Callable[[np.ndarray, float], dict]:
+    """``(density, t) -> {"interaction": Energy}`` for ``A = beta I`` (the energy of
+    docs/theory.md, 'Attention dynamics on the sphere'; ``increasing`` when ``C`` is a
+    positive multiple of the identity); ``{}`` for other matrices."""
+    from tpde.energies import Energy
+
+    head = field.spec if isinstance(field.spec, Head) else None
+    if head is None:
+        return lambda density, t: {}
+    A, C = np.asarray(head.A, float), np.asarray(head.C, float)
+    beta = float(A[0, 0])
+    scalar = np.allclose(A, beta * np.eye(2), rtol=0, atol=1e-12 * max(abs(beta), 1e-300))
+    if not (scalar and beta > 0):
+        return lambda density, t: {}
+    positive = np.allclose(C, C[0, 0] * np.eye(2), rtol=0, atol=1e-12) and C[0, 0] > 0
+    monotone = "increasing" if positive else "none"
+
+    def evaluate(density: np.ndarray, t: float) -> dict:
+        return {
+            "interaction": Energy(
+                interaction_energy(density, grid, beta),
+                monotone,
+                "interaction energy on the circle",
+                "1/(2 beta) iint exp(beta cos(phi - theta)) dmu dmu",
+            )
+        }
+
+    return evaluate
