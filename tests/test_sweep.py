@@ -17,7 +17,7 @@ import xarray as xr
 
 from tpde.cli import main
 from tpde.config import ConfigError, dumps
-from tpde.sweep import SweepProgress, classify, load_sweep, run_sweep
+from tpde.sweep import SweepProgress, classify, load_sweep, read_summary, run_sweep
 
 distributed = pytest.importorskip("distributed")
 
@@ -200,7 +200,12 @@ def test_sweep_of_96_runs_on_a_local_cluster(swept, capsys):
     files = sorted((out / "runs").glob("*.nc"))
     assert len(files) == 64  # one NetCDF per valid run
     assert (out / "summary.nc").is_file() and (out / "phase.png").stat().st_size > 10_000
-    ds = xr.open_dataset(out / "summary.nc")
+    with xr.open_dataset(out / "summary.nc") as grid:  # the parameter grid, phase x last
+        assert grid["outcome"].dims == ("initial_covariance", "attention_A_0_1", "attention_scale")
+        assert grid["attention_scale"].attrs["parameter"] == "attention.scale"
+        assert grid["attention_scale"].values.tolist() == sorted(SCALES)
+        assert grid.sizes["initial_covariance"] == len(COVARIANCES)
+    ds = read_summary(out / "summary.nc")  # the table along run, sweep order
     assert ds.sizes["run"] == 96 and ds.attrs["runs"] == 96
     assert set(ds["attention.scale"].values) == set(SCALES)
     spd = ds["initial.covariance"].values != json.dumps(COVARIANCES[2])
@@ -225,7 +230,7 @@ def test_sweep_of_96_runs_on_a_local_cluster(swept, capsys):
 def test_rerun_skips_completed_runs(swept, cluster):
     path, out = swept
     files = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.nc")}
-    before = xr.open_dataset(out / "summary.nc").load()
+    before = read_summary(out / "summary.nc")
     redo = sorted(files)[:2]  # one file deleted, one left "interrupted"
     (out / "runs" / redo[0]).unlink()
     with netCDF4.Dataset(out / "runs" / redo[1], "a") as nc:

@@ -725,9 +725,10 @@ def to_netcdf(ds: xr.Dataset, path: str | os.PathLike) -> None:
     bounds, integer and text variables, text as fixed-length characters (a NetCDF4
     variable-length string is what CF checkers and older tools fail on). Writes ``path`` as
     is (callers stage and rename)."""
-    stored = reordered(renamed(ds), file_order)
+    stored = reordered(renamed(ds), file_order).copy()
     encoding: dict[str, dict[str, Any]] = {}
     for name, var in stored.variables.items():
+        var.encoding = {}  # what a read left (chunks, coordinates of another layout)
         kind = var.dtype.kind
         if name in stored.coords or name.endswith("_bounds") or kind not in "fc":
             encoding[name] = {"_FillValue": None}
@@ -964,7 +965,7 @@ class SnapshotWriter:
                 grid, str(config_text), str(title), str(history), positions
             )
             record = _record_bytes(grid, positions)
-            header = RESERVE_MARGIN + 32 * sum(grid.cells) + 2 * len(str(config_text))
+            header = 64 * 1024 + 32 * sum(grid.cells) + 2 * len(str(config_text))
             try:
                 _reserve(temporary, header + record, "the new file and its first snapshot")
                 _create(temporary, grid, attributes, positions)

@@ -40,7 +40,7 @@ import math
 import os
 import re
 import time as _time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,11 +70,14 @@ __all__ = [
     "SweepProgress",
     "classify",
     "load_sweep",
+    "parameter_names",
     "plot_phase",
     "read_outcome",
+    "read_summary",
     "run_one",
     "run_sweep",
     "summary_dataset",
+    "summary_grid",
 ]
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
@@ -731,7 +734,7 @@ def run_sweep(
     summary = summary_dataset(spec, records)
     path = spec.output / "summary.nc"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    summary.to_netcdf(tmp, engine="netcdf4")
+    io.to_netcdf(summary_grid(summary), tmp)
     os.replace(tmp, path)
     plot_phase(summary, spec.output / "phase.png")
     return summary
@@ -785,16 +788,14 @@ def _previous_walls(path: Path) -> dict[str, float]:
     if not path.is_file():
         return {}
     try:
-        import xarray as xr
-
-        with xr.open_dataset(path, engine="netcdf4") as ds:
-            return dict(
-                zip(
-                    ds["run_id"].values.tolist(),
-                    ds["wall_s"].values.astype(float).tolist(),
-                    strict=True,
-                )
+        ds = read_summary(path)
+        return dict(
+            zip(
+                [str(r) for r in ds["run_id"].values.tolist()],
+                ds["wall_s"].values.astype(float).tolist(),
+                strict=True,
             )
+        )
     except Exception:  # noqa: BLE001 - a stale or foreign file: no wall times
         return {}
 
@@ -867,6 +868,168 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
     )
     ds["event_time"].attrs["long_name"] = "time of the blow-up or of the mass leaving the box"
     return ds
+
+
+# ---- summary.nc: the parameter grid -----------------------------------------------------------
+#: the variables of the summary, one value per run
+_PER_RUN = (
+    "run_id",
+    "outcome",
+    "rank",
+    "event_time",
+    "trace_initial",
+    "trace_final",
+    "status",
+    "message",
+    "wall_s",
+    "skipped",
+)
+_LONG_NAMES = {
+    "run_id": "run identifier (its file: runs/<run_id>.nc)",
+    "outcome": "converged | blowup | mass_left | failed",
+    "outcome_code": "outcome of the run",
+    "event_time": "time of the blow-up or of the mass leaving the box",
+    "trace_initial": "trace of the covariance at the first snapshot",
+    "trace_final": "trace of the covariance at the last finite snapshot",
+    "eigenvalues": "eigenvalues of Sigma/tr(Sigma) at the last finite snapshot, descending",
+    "status": "status the run file records",
+    "message": "status message or failure",
+    "wall_s": "wall time of the run",
+    "skipped": "1 if the run was done by an earlier call",
+    "run_index": "position of the run in the sweep order",
+}
+
+
+def parameter_names(keys: Sequence[str]) -> dict[str, str]:
+    """A NetCDF/CF variable name for each swept key (letters, digits, underscores, a letter
+    first; ``attention.A[0][1]`` -> ``attention_A_0_1``), unique."""
+    names: dict[str, str] = {}
+    for key in keys:
+        name = re.sub(r"[^A-Za-z0-9_]+", "_", key).strip("_") or "parameter"
+        name = name if name[0].isalpha() else f"p_{name}"
+        base, k = name, 2
+        while name in names.values() or name in _PER_RUN or name in ("eigen", "eigenvalues"):
+            name, k = f"{base}_{k}", k + 1
+        names[key] = name
+    return names
+
+
+def summary_grid(summary):
+    """The summary as the parameter grid that ``summary.nc`` stores: one dimension per swept
+    key (the ``[phase]`` x key last, y before it: x fastest, as the run files), each with a
+    coordinate (numbers sorted; other values by index, their text in ``<name>_value``) that
+    names its key in the attribute ``parameter``; every per-run variable over those
+    dimensions (``eigenvalues`` with ``eigen`` first), ``outcome_code`` (flag_values /
+    flag_meanings) beside the text ``outcome``, and ``run_index`` (the sweep order)."""
+    keys = json.loads(summary.attrs["parameters"])
+    names = parameter_names(keys)
+    x = summary.attrs.get("phase_x") or keys[0]
+    y = summary.attrs.get("phase_y") or None
+    order = [k for k in keys if k not in (x, y)] + ([y] if y else []) + [x]
+    flat = summary.assign(
+        run_index=("run", np.arange(summary.sizes["run"], dtype=np.int32)),
+        outcome_code=(
+            "run",
+            np.array([OUTCOMES.index(str(o)) for o in summary["outcome"].values], dtype=np.int8),
+        ),
+    )
+    labels: dict[str, Any] = {}
+    for key in keys:
+        values = flat[key].values
+        if values.dtype.kind == "f":
+            continue
+        texts = list(dict.fromkeys(str(v) for v in values))
+        codes = np.array([texts.index(str(v)) for v in values], dtype=np.int32)
+        flat[key] = ("run", codes)
+        labels[key] = np.array(texts, dtype=str)
+    grid = flat.set_index(run=order).unstack("run")
+    grid = grid.rename({key: names[key] for key in keys})
+    for key in keys:
+        name = names[key]
+        attrs = {"long_name": f"sweep parameter {key}", "parameter": key}
+        if key in labels:
+            grid = grid.assign_coords({f"{name}_value": (name, labels[key])})
+            grid[f"{name}_value"].attrs.update(long_name=f"{key} (text)", parameter=key)
+            attrs["long_name"] = f"index of the values of {key} ({name}_value)"
+        else:
+            attrs["units"] = "1"
+        grid[name].attrs.update(attrs)
+    dims = [names[k] for k in order]
+    grid = grid.transpose("eigen", *dims)
+    for name, text in _LONG_NAMES.items():
+        if name in grid:
+            grid[name].attrs["long_name"] = text
+    grid["rank"].attrs["long_name"] = summary["rank"].attrs.get("long_name", "rank")
+    grid["outcome_code"].attrs.update(
+        flag_values=np.arange(len(OUTCOMES), dtype=np.int8), flag_meanings=" ".join(OUTCOMES)
+    )
+    for name in ("event_time", "trace_initial", "trace_final", "eigenvalues"):
+        grid[name].attrs["units"] = "1"
+    grid["wall_s"].attrs["units"] = "s"
+    grid.attrs = {
+        **{k: v for k, v in summary.attrs.items()},
+        "Conventions": io.CONVENTIONS,
+        "source": f"tpde {_version()}",
+        "tpde_version": _version(),
+        "history": f"{_now()}: tpde sweep",
+        "parameter_names": json.dumps([names[k] for k in keys]),
+    }
+    return grid
+
+
+def read_summary(path: str | Path):
+    """A sweep's ``summary.nc`` as the table :func:`run_sweep` returns: dimension ``run``
+    (sweep order), one coordinate per swept key (named by the key), the per-run variables.
+    Reads the parameter grid :func:`summary_grid` writes and the flat files of earlier
+    versions."""
+    import xarray as xr
+
+    with xr.open_dataset(path, engine="netcdf4") as stored:
+        grid = stored.load()
+    if "run" in grid.dims:  # an earlier, flat summary
+        return grid
+    keys = json.loads(grid.attrs["parameters"])
+    names = parameter_names(keys)
+    flat = grid.stack(run=[names[k] for k in reversed(keys)])
+    flat = flat.dropna("run", subset=["run_index"]) if flat["run_index"].isnull().any() else flat
+    flat = flat.reset_index("run").sortby("run_index")
+    out = flat.drop_vars(
+        [
+            v
+            for v in flat.variables
+            if v not in _PER_RUN
+            and v not in (*names.values(), *(f"{n}_value" for n in names.values()), "eigenvalues")
+        ]
+    )
+    for key in keys:
+        name = names[key]
+        label = f"{name}_value"
+        values = (
+            out[label].values[out[name].values.astype(int)] if label in grid else out[name].values
+        )
+        out = out.drop_vars([v for v in (name, label) if v in out.variables])
+        out = out.assign_coords({key: ("run", np.asarray(values))})
+    out = out.assign_coords(run=np.arange(out.sizes["run"]))
+    out = out.transpose("run", ...)
+    for name in ("rank", "skipped"):
+        out[name] = out[name].astype(np.int64 if name == "rank" else np.int8)
+    for name in list(out.variables):
+        if out[name].dtype.kind == "O":  # NetCDF text reads as objects
+            out[name] = out[name].astype(str)
+    out.attrs = {k: v for k, v in grid.attrs.items() if k not in ("parameter_names",)}
+    return out
+
+
+def _version() -> str:
+    import tpde
+
+    return tpde.__version__
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---- the phase diagram ----------------------------------------------------------------------
