@@ -122,3 +122,25 @@ def test_reduced_circle_run_through_the_config():
     a = [mode_amplitude(d, grid, 4) for d in ds["density"].values]
     rate = np.log(a[-1] / a[0]) / 4.0
     assert rate == pytest.approx(linear_rate(4, 16.0), rel=2e-3)  # the CFL step's RK3 error
+
+
+def test_example_configuration_builds():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    config = build(root / "examples" / "sphere" / "clusters.toml")
+    assert isinstance(config.problem.grid, CircleGrid) and config.problem.grid.cells == (512,)
+    assert config.problem.scheme.dt_max == pytest.approx(0.137)
+
+
+@pytest.mark.slow
+def test_cluster_counts_follow_the_fastest_mode():
+    from tpde.circle import clusters_from_noise
+
+    print("\nbeta k_max sqrt(2 beta) clusters")
+    for beta in (4.0, 16.0, 32.0, 64.0, 100.0):
+        run = clusters_from_noise(beta)
+        print(f"  {beta:5g} {run['k_max']:3d} {math.sqrt(2 * beta):6.2f} {run['count']:3d}")
+        assert abs(run["count"] - run["k_max"]) <= 2
+        assert run["masses"].sum() > 0.85  # the rest: basins still below the threshold
+        assert run["result"].final.min() >= 0.0
