@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.polynomial.legendre import leggauss
+from numpy.typing import ArrayLike
 from scipy.special import ive
 
 from .grid import Grid
@@ -111,9 +112,9 @@ def tangent(theta: np.ndarray) -> np.ndarray:
     return np.stack([-np.sin(theta), np.cos(theta)], axis=-1)
 
 
-def _sinc(x: np.ndarray) -> np.ndarray:
+def _sinc(x: ArrayLike) -> np.ndarray:
     """sin(x) / x (numpy's sinc is sin(pi x) / (pi x))."""
-    return np.sinc(np.asarray(x, float) / math.pi)
+    return np.asarray(np.sinc(np.asarray(x, float) / math.pi))
 
 
 def _check_mass(mass: float) -> float:
@@ -138,7 +139,7 @@ def uniform_modes(
     mass = _check_mass(mass)
     h = grid.spacing[0]
     centres = grid.centres(0)
-    shape = np.ones_like(centres)
+    shape = np.ones(centres.shape)
     bound = 1.0
     for item in modes:
         k, amplitude, phase = item
@@ -184,7 +185,7 @@ def smooth_noise(
 def _uniform_modes_unchecked(grid: Grid, modes, mass: float) -> np.ndarray:
     h = grid.spacing[0]
     centres = grid.centres(0)
-    shape = np.ones_like(centres)
+    shape = np.ones(centres.shape)
     for k, amplitude, phase in modes:
         shape += amplitude * np.cos(k * (centres - phase)) * _sinc(0.5 * k * h)
     if shape.min() < 0:

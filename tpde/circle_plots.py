@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -42,7 +43,7 @@ def is_circle_file(ds: xr.Dataset) -> bool:
     return str(ds.attrs.get("geometry", "")) == "circle"
 
 
-def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, Any]:
     """The arrays of a circle run: ``time``, ``theta`` (cell centres), ``density``
     (time, cells), ``copies`` and the grid."""
     ds = _dataset(ds)

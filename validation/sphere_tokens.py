@@ -25,9 +25,9 @@ Sums (``method=``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import ive
 
 from tpde.grid import Grid
@@ -175,8 +175,8 @@ class CircleTokens:
         head = _head(self.spec, t)
         return circle_token_velocity(theta, self.weights, head, self.normalised, self.method)
 
-    def integrate(self, times: Sequence[float], dt: float) -> np.ndarray:
-        times = np.asarray(times, float)
+    def integrate(self, times: ArrayLike, dt: float) -> np.ndarray:
+        times = np.asarray(times, float).reshape(-1)
         if not (math.isfinite(dt) and dt > 0):
             raise ValueError(f"tokens.dt: expected a positive number, got {dt!r}")
         if np.any(np.diff(times) < 0) or times[0] < self.t:
