@@ -342,3 +342,62 @@ def test_token_rate_tables():
             )
         # the sampling noise: far from the formula except near the fastest modes
         assert max(r["error"] for r in rows) > 1e-1
+
+
+# ---- causal (masked) attention on the circle ------------------------------------------------
+def masked_run(density, positions, t_end=2.0, beta=8.0, dt=None):
+    from tpde.variants.masked import CausalAttention
+
+    g = circle_grid(density.shape[-1])
+    field = CausalAttention(CircleAttention(circle_head(beta)))
+    field.attention = False  # no box to hold the measure: the circle is periodic
+    problem = Problem(
+        g,
+        density,
+        field,
+        t_end,
+        positions=positions,
+        snapshots=3,
+        scheme=Scheme(dt=dt),
+    )
+    return Solver(problem).run()
+
+
+def test_masked_position_independent_data_follow_the_unmasked_flow():
+    from tpde.grid import Positions
+
+    positions = Positions(6, 0.2)
+    g = circle_grid(64)
+    rho = von_mises_mixture(g, MIXTURE)
+    masked = masked_run(positions.product(rho, g), positions).final
+    unmasked = Solver(Problem(g, rho, CircleAttention(circle_head(8.0)), 2.0, snapshots=3)).run()
+    weights = positions.weights
+    for k in range(positions.count):
+        assert np.abs(masked[k] / weights[k] - unmasked.final).max() < 1e-12
+    assert np.allclose(positions.marginal(masked, g), weights, rtol=0, atol=1e-14)
+
+
+def test_masked_attention_is_causal():
+    from tpde.grid import Positions
+
+    positions = Positions(5, 0.2)
+    g = circle_grid(48)
+    slices = np.stack([von_mises(g, 0.8 * k, 3.0, mass=w) for k, w in enumerate(positions.weights)])
+    # a fixed step: the CFL step would depend on every slice
+    base = masked_run(slices, positions, t_end=1.0, dt=0.02).final
+    changed = slices.copy()
+    changed[3] = von_mises(g, 2.0, 9.0, mass=positions.weights[3])
+    other = masked_run(changed, positions, t_end=1.0, dt=0.02).final
+    assert np.array_equal(base[:3], other[:3])  # bit for bit: slices before 3
+    assert np.abs(base[4] - other[4]).max() > 1e-3  # the last slice sees slice 3
+    # the sink attends to itself only: the unmasked flow of its own law
+    sink = Solver(
+        Problem(
+            g,
+            slices[0] / positions.weights[0],
+            CircleAttention(circle_head(8.0)),
+            1.0,
+            scheme=Scheme(dt=0.02),
+        )
+    ).run()
+    assert np.abs(base[0] / positions.weights[0] - sink.final).max() < 1e-12

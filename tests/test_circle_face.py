@@ -144,3 +144,15 @@ def test_cluster_counts_follow_the_fastest_mode():
         assert abs(run["count"] - run["k_max"]) <= 2
         assert run["masses"].sum() > 0.85  # the rest: basins still below the threshold
         assert run["result"].final.min() >= 0.0
+
+
+def test_masked_circle_through_the_config():
+    text = NOISE.replace("cells = 128", "cells = 64\npositions = 4").replace(
+        "beta = 16.0", "beta = 16.0\nmasked = true"
+    )
+    text = text.replace("t_end = 16.0", "t_end = 2.0")
+    ds = tpde.simulate(text)
+    assert ds["density"].shape == (9, 5, 64)
+    assert "energy_interaction" not in ds
+    with pytest.raises(ConfigError, match="grid.positions: only for masked"):
+        build(NOISE.replace("cells = 128", "cells = 64\npositions = 4"))

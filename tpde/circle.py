@@ -17,7 +17,9 @@ Keys::
                  "noise" (amplitude, k_max, seed), "von_mises" (mean, kappa),
                  "mixture" (weights, means, kappas)
     [attention]  variant = "softmax"; beta (A = beta I, V = I) or A, V (2 x 2), optional W;
-                 normalised (default true); engine = "auto" | "fft" | "direct"
+                 normalised (default true); engine = "auto" | "fft" | "direct";
+                 masked = true: causal attention over position slices (grid.positions,
+                 grid.sink_mass as on R^d)
     [scheme], [run]  as on R^d
 """
 
@@ -29,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from tpde.grid import SINK_MASS, Positions
 from tpde.grid import circle as geo
 from tpde.schemes.solver import Problem
+from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
@@ -40,10 +44,10 @@ __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise
 
 GEOMETRIES = ("flat", "circle")
 KEYS = {
-    "grid": {"geometry", "cells", "copies"},
+    "grid": {"geometry", "cells", "copies", "positions", "sink_mass"},
     "initial": {"kind", "modes", "amplitude", "k_max", "seed", "mean", "kappa"}
     | {"weights", "means", "kappas"},
-    "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine"},
+    "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine", "masked"},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
 
@@ -186,6 +190,24 @@ def _attention(table: Mapping) -> CircleAttention:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
+def _positions(grid_table: Mapping, attention_table: Mapping) -> Positions | None:
+    """The position slices of masked attention on the circle (None unless masked)."""
+    masked = attention_table.get("masked", False)
+    if not isinstance(masked, bool):
+        raise ConfigError(f"attention.masked: expected true or false, got {masked!r}")
+    if not masked:
+        for key in ("positions", "sink_mass"):
+            if key in grid_table:
+                raise ConfigError(f"grid.{key}: only for masked attention (attention.masked)")
+        return None
+    slices = _number("grid.positions", grid_table.get("positions", 16), True, True)
+    sink = _number("grid.sink_mass", grid_table.get("sink_mass", SINK_MASS), True)
+    try:
+        return Positions(int(slices), sink)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def build_circle(raw: dict) -> Config:
     """The :class:`Config` of a circle configuration (raw TOML tables, paths resolved)."""
     geometry = raw.get("grid", {}).get("geometry")
@@ -203,16 +225,23 @@ def build_circle(raw: dict) -> Config:
     scheme = build_scheme(raw.get("scheme", {}))
     run = _run_settings(raw["run"])
     density = _initial(raw.get("initial", {}), grid)
+    positions = _positions(raw["grid"], raw["attention"])
+    velocity: CircleAttention | CausalAttention = field
+    if positions is not None:
+        velocity = CausalAttention(field)
+        velocity.attention = False  # no box to hold the measure: the circle is periodic
+        density = positions.product(density, grid)
     try:
         problem = Problem(
             grid,
             density,
-            field,
+            velocity,
             run["t_end"],
             scheme=scheme,
             snapshots=run["snapshots"],
             t_start=run["t_start"],
             max_outflow=run["max_outflow"],
+            positions=positions,
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
@@ -221,7 +250,10 @@ def build_circle(raw: dict) -> Config:
     stored["attention"].setdefault("normalised", True)
     stored["attention"].setdefault("engine", "auto")
     config = Config(problem, run["output"], "circle", dumps(stored), raw)
-    config.run_energies = lambda: circle_energies(field, grid)  # type: ignore[attr-defined]
+    if positions is None:
+        config.run_energies = lambda: circle_energies(field, grid)  # type: ignore[attr-defined]
+    else:  # one law per slice: no energy of the run
+        config.run_energies = lambda: lambda density, t: {}  # type: ignore[attr-defined]
     return config
 
 
