@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Full Transformer-PDE step: time per step, steps per second, and the FFT floor.
 
-    .venv/bin/python benchmarks/step.py [--n 256] [--steps 20]
+    .venv/bin/python benchmarks/step.py [--n 256] [--steps 20] [--profile]
 
 One SSP-RK3 step with WENO5-Z fluxes, the positivity limiter and the attention velocity
 recomputed at every stage (the default scheme, face velocities interpolated along the faces),
@@ -24,7 +24,10 @@ engine. The ``softmax-fft`` row runs tpde's own FFT engine (symmetric A = 0.3 [[
 is the default separable engine on the general c1 matrix (the engine ``auto`` picks, for
 its relative accuracy). ``table_s`` is the separable method's own floor: its tables as the
 step forms them (matrix products on the adaptive resolution, error estimate; one table per
-stage). Prints one JSON line.
+stage). ``velocity_s`` is the ``velocity`` phase of :mod:`tpde.grid.profile`; with
+``--profile`` each row also holds ``phase_s``, the self seconds per step of every phase
+(velocity tables, interpolation, fluxes, limiter, ...: the table of ``tpde run --profile``),
+and the table is printed to stderr. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import pyfftw  # noqa: E402
 from _machine import A1, V1, emit, loadavg  # noqa: E402
 
 import tpde  # noqa: E402
-from tpde.grid import Grid, gaussian  # noqa: E402
+from tpde.grid import Grid, gaussian, profile  # noqa: E402
 from tpde.schemes.solver import Problem, Scheme, Solver  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
 from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
@@ -68,22 +71,7 @@ def make_field(case: str):
     return SinkhornAttention(SinkhornHead(A1, V1, eps=1.0))
 
 
-class TimedVelocity:
-    """Wraps Solver.face_velocity to add up the time spent in the velocity."""
-
-    def __init__(self, solver: Solver):
-        self.seconds = 0.0
-        self._inner = solver.face_velocity
-        solver.face_velocity = self
-
-    def __call__(self, density, t):
-        start = time.perf_counter()
-        out = self._inner(density, t)
-        self.seconds += time.perf_counter() - start
-        return out
-
-
-def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
+def time_steps(case: str, n: int, steps: int, threads: int, phases: bool = False) -> dict:
     """Median step time of ``case``; for the kernel-sum cases rounds of BLOCK steps alternate
     with BLOCK evaluations of the FFT floor (same thread count), and the ratio is the median
     over rounds of step median / floor median: both sides of a round see the same load on a
@@ -92,7 +80,6 @@ def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
     rho = gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]])
     field = make_field(case)
     solver = Solver(Problem(grid, rho, field, t_end=1e9, scheme=Scheme()))
-    timer = TimedVelocity(solver)
     velocity = solver.face_velocity(solver.density, 0.0)
     dt = 0.4 * solver.stable_dt(velocity)
     for _ in range(2):  # compile, warm the Sinkhorn potentials
@@ -100,14 +87,19 @@ def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
     lattices = 1 if not solver.interpolate_faces else grid.ndim
     floor = None if case == "sinkhorn" else FFTFloor(n, grid.ndim, lattices, threads)
     totals, velocities, floors, ratios = [], [], [], []
+    summed: dict[str, dict] = {}  # the phases' records over the timed steps
     for _round in range(max(1, steps // BLOCK)):
         block = []
         for _ in range(BLOCK):
-            timer.seconds = 0.0
-            start = time.perf_counter()
-            solver.step(dt, solver.face_velocity(solver.density, solver.t))
-            block.append(time.perf_counter() - start)
-            velocities.append(timer.seconds)
+            with profile.profiling() as timed:
+                start = time.perf_counter()
+                solver.step(dt, solver.face_velocity(solver.density, solver.t))
+                block.append(time.perf_counter() - start)
+            velocities.append(timed["velocity"]["total_s"])
+            for name, record in timed.items():
+                into = summed.setdefault(name, dict.fromkeys(record, 0))
+                for key, value in record.items():
+                    into[key] += value
         totals += block
         if floor is not None:
             floor_block = [floor.seconds() for _ in range(BLOCK)]
@@ -123,6 +115,12 @@ def time_steps(case: str, n: int, steps: int, threads: int) -> dict:
         "rest_s": step_s - velocity_s,
         "lattices_per_stage": lattices,
     }
+    if phases:
+        row["phase_s"] = {name: r["self_s"] / len(totals) for name, r in summed.items()}
+        table = profile.table(summed, float(np.sum(totals)))
+        print(
+            f"# {case} {n}^2, {threads} thread(s), {len(totals)} steps:\n{table}", file=sys.stderr
+        )
     if floor is not None:
         row["fft_floor_s"] = float(np.median(floors))
         row["step_over_fft_floor"] = float(np.median(ratios))
@@ -176,13 +174,17 @@ def main() -> int:
         default="softmax,softmax-fft,l2,sinkhorn",
         help="comma-separated subset of the cases",
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="per-phase seconds per step (phase_s)"
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     rows = []
     for threads in (1, 2):
         used = tpde.set_num_threads(threads)
         for case in args.cases.split(","):
-            row = time_steps(case, args.n, args.steps if case != "sinkhorn" else 5, used)
+            steps = args.steps if case != "sinkhorn" else 5
+            row = time_steps(case, args.n, steps, used, args.profile)
             row["threads"] = used
             row["loadavg"] = loadavg()
             rows.append(row)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, profile
 from tpde.grid.stencils import average_to_point_weights, ghost_index_map
 
 from . import kernels
@@ -305,6 +305,7 @@ class FluxOperator:
             level += 1
         return arrays
 
+    @profile.timed("fluxes")
     def compute_fluxes(self, density: np.ndarray, velocity: FaceVelocity) -> list[np.ndarray]:
         """High-order face fluxes F_a (face_shape(a)) into the operator's work arrays."""
         recon = self.reconstruction.kind
@@ -372,6 +373,7 @@ class FluxOperator:
         return w
 
     # ---- one limited forward-Euler step -------------------------------------------------------
+    @profile.timed("euler")
     def euler_step(
         self,
         density: np.ndarray,
@@ -403,6 +405,7 @@ class FluxOperator:
             self._limit(density, velocity, dt, out, fluxes)
         return self._outflow(fluxes, dt)
 
+    @profile.timed("limiter")
     def _limit(self, density, velocity, dt, out, fluxes, part: slice = slice(None)) -> None:
         """Limit the fluxes of ``density`` (the position slices ``part`` of the state when
         there are slices: every array passed is that part, the work arrays are cut to it)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from tpde.grid import Grid, Positions
+from tpde.grid import Grid, Positions, profile
 from tpde.grid.threads import ensure_policy
 
 from . import kernels
@@ -267,6 +267,7 @@ class Solver:
         self._next = np.empty(self.operator.shape)
 
     # ---- velocity on the faces ---------------------------------------------------------------
+    @profile.timed("velocity")
     def face_velocity(self, density: np.ndarray, t: float) -> FaceVelocity:
         """Evaluate the velocity field on every face node the scheme asked for.
 
@@ -337,11 +338,12 @@ class Solver:
                     vel = None
                     term = self._euler
                     new_outflow += alpha * (stage_outflow[k] + left)
-                if first:
-                    np.multiply(term, alpha, out=out)
-                    first = False
-                else:
-                    kernels.axpy(flat_out, alpha, term.reshape(-1))
+                with profile.phase("rk.combine"):
+                    if first:
+                        np.multiply(term, alpha, out=out)
+                        first = False
+                    else:
+                        kernels.axpy(flat_out, alpha, term.reshape(-1))
             if i + 1 < rk.stages:
                 stages[i + 1][...] = out
                 stage_outflow[i + 1] = new_outflow

@@ -1,6 +1,6 @@
 """The ``tpde`` command line (console script).
 
-    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet]
+    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet] [--profile]
     tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite]
     tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite]
     tpde info OUT.nc
@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue an interrupted output")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+    run.add_argument(
+        "--profile",
+        action="store_true",
+        help="time the phases (velocity tables, interpolation, fluxes, limiter, I/O) and "
+        "print their table to stderr after the run",
+    )
     for name, what in (
         ("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
         ("particles", "the token system of a configuration"),
@@ -185,7 +191,7 @@ def _kept(output: Path) -> str:
 def cmd_run(args) -> int:
     from tpde import io
     from tpde.config import ConfigError
-    from tpde.run import error_line, run_config
+    from tpde.run import error_line, profiled, run_config
 
     output, started = args.output, False
     try:
@@ -196,14 +202,15 @@ def cmd_run(args) -> int:
         if args.resume and args.overwrite:
             return _fail("run: --resume and --overwrite exclude each other; choose one")
         started = True
-        path = run_config(
-            config,
-            output,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            quiet=args.quiet,
-            history=" ".join(["tpde"] + sys.argv[1:]),
-        )
+        with profiled(args.profile):
+            path = run_config(
+                config,
+                output,
+                overwrite=args.overwrite,
+                resume=args.resume,
+                quiet=args.quiet,
+                history=" ".join(["tpde"] + sys.argv[1:]),
+            )
     except (ConfigError, io.OutputError) as exc:
         return _fail(str(exc).splitlines()[0])
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (tpde.run.Interrupted)

@@ -89,7 +89,7 @@ import numpy as np
 import xarray as xr
 
 import tpde
-from tpde.grid import Grid, Positions, moments
+from tpde.grid import Grid, Positions, moments, profile
 
 try:
     import fcntl
@@ -1136,6 +1136,7 @@ class SnapshotWriter:
             )
         return t, density
 
+    @profile.timed("io.write")
     def write(self, snapshot: SnapshotLike) -> bool:
         """Append one snapshot (density of shape :attr:`shape`) and close the file again.
 

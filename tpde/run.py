@@ -17,13 +17,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tpde.grid import profile
 from tpde.schemes.solver import Snapshot, Solver
 
 from . import io
 from .config import Config, ConfigError, build, canonical
 from .energies import run_energies
 
-__all__ = ["Interrupted", "Progress", "run_config", "same_config", "simulate"]
+__all__ = ["Interrupted", "Progress", "profiled", "run_config", "same_config", "simulate"]
 
 
 class StatusLine:
@@ -314,6 +315,28 @@ def _resume_state(path: Path) -> dict:
             if message.startswith("run.output")
             else f"run.output: cannot resume {path}: {message}"
         ) from None
+
+
+@contextlib.contextmanager
+def profiled(enabled: bool = True, stream=None) -> Iterator[dict]:
+    """With ``enabled`` (``tpde run --profile``): time the phases of what runs inside
+    (:mod:`tpde.grid.profile`) and print their table, with the wall time of the block, to
+    ``stream`` (stderr) when it ends, also by an exception. Yields the phases' records
+    (filled at the end); nothing is timed or printed otherwise."""
+    if not enabled:
+        yield {}
+        return
+    start = _time.perf_counter()
+    phases: dict = {}
+    try:
+        with profile.profiling() as phases:
+            yield phases
+    finally:
+        wall = _time.perf_counter() - start
+        print(
+            f"phase times (tpde run --profile)\n{profile.table(phases, wall)}",
+            file=stream or sys.stderr,
+        )
 
 
 def simulate(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, profile
 from tpde.grid.stencils import point_values
 
 from .engines.direct import support_box
@@ -43,6 +43,7 @@ class SinkhornError(RuntimeError):
     """The Sinkhorn iterations did not reach the marginal tolerance."""
 
 
+@profile.timed("velocity.sinkhorn")
 def sinkhorn_iterations(
     half_f,
     half_g,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numba as nb
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, profile
 
 DIRECT_BLOCK = 256
 
@@ -48,6 +48,7 @@ def _blocks(c: np.ndarray, sources: np.ndarray, block: int):
         yield slice(start, start + block), logits, shift[:, 0]
 
 
+@profile.timed("velocity.direct")
 def tilted_means(
     c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
 ) -> np.ndarray:
@@ -60,6 +61,7 @@ def tilted_means(
     return out
 
 
+@profile.timed("velocity.direct")
 def log_partition(
     c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
 ) -> np.ndarray:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, profile
 
 try:
     import pyfftw
@@ -163,6 +163,7 @@ class FFTSoftmaxSums:
         mass = density > 0
         return np.where(mass, density * np.exp(quad - quad[mass].max()), 0.0)
 
+    @profile.timed("velocity.fft")
     def convolve(
         self,
         fields: list[np.ndarray],

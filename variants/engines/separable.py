@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tpde.grid import Grid
+from tpde.grid import Grid, profile
 
 from .direct import component_bounds, grad_log_box_factor
 from .lagrange import HIGH, LOW, ORDER, interpolate_1d, interpolate_2d, interpolate_3d
@@ -137,6 +137,7 @@ def _band_blocks(
     return first, end
 
 
+@profile.timed("velocity.tables")
 def mgf_table(
     weights: np.ndarray,
     grid: Grid,
@@ -282,10 +283,13 @@ class TiltTable:
         else (``sheared`` off, or a pass would leave the table) by the pointwise stencils."""
         table = self.values if field is None else self.values[field : field + 1]
         sheared = None
-        if self.sheared and len(coords) == 2:
-            sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
-        elif self.sheared and len(coords) == 3:
-            sheared = sheared_on_lattice3(table, self.start, self.step, coords, matrix, self.extent)
+        with profile.phase("velocity.interpolation.passes"):
+            if self.sheared and len(coords) == 2:
+                sheared = sheared_on_lattice(table, self.start, self.step, coords, matrix)
+            elif self.sheared and len(coords) == 3:
+                sheared = sheared_on_lattice3(
+                    table, self.start, self.step, coords, matrix, self.extent
+                )
         if sheared is not None:
             flat = sheared.reshape(table.shape[0], -1)
             values = flat[0] if field is not None else flat.T
@@ -304,6 +308,7 @@ class TiltTable:
             np.clip(values, low, high, out=values)
         return values
 
+    @profile.timed("velocity.tables.estimate")
     def pass_errors(
         self, lattices: Sequence[Sequence[np.ndarray]], matrix: np.ndarray
     ) -> np.ndarray | None:
@@ -322,6 +327,7 @@ class TiltTable:
             largest = np.maximum(largest, errors)
         return largest
 
+    @profile.timed("velocity.interpolation.pointwise")
     def _at_units(self, units: list[np.ndarray], field: int | None) -> np.ndarray:
         for u, count in zip(units, self.count, strict=True):
             if u.size and (u.min() < LOW or u.max() >= count - HIGH):
@@ -398,6 +404,7 @@ class SeparableSums(TiltTable):
             raise ValueError("separable engine: this table holds the means only (fields='means')")
         return self(c, 0)
 
+    @profile.timed("velocity.tables")
     def velocity_table(
         self,
         C: np.ndarray,
