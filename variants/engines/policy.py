@@ -135,7 +135,7 @@ class EnginePolicy:
         if choice is Choice.DIRECT:
             return DirectSums(weights, grid, self.block, fields)
         if choice is Choice.TABLE_SHEARED:
-            nodes = table_nodes(bounds, extent, matrix)
-            return SeparableSums(weights, grid, bounds, nodes, fields, matrix, lattices, extent)
+            refined = table_nodes(bounds, extent, matrix)
+            return SeparableSums(weights, grid, bounds, refined, fields, matrix, lattices, extent)
         nodes = table_nodes(bounds, extent) if self.nodes is None else self.nodes
         return SeparableSums(weights, grid, bounds, nodes, fields)
