@@ -306,3 +306,177 @@ def test_summary_reads_back_as_the_table(files):
     assert table["attention.scale"].values.tolist() == [2.0, 2.0, 0.5, 0.5, 1.0, 1.0]
     assert table["scheme.reconstruction"].values.tolist() == ["weno5z", "muscl"] * 3
     assert table["outcome"].values.tolist()[:3] == ["blowup", "converged", "converged"]
+
+
+# ---- tpde info, plot and compare on every file ------------------------------------------------
+def drawn_texts(fig) -> list[tuple[str, object]]:
+    """(text, window box) of what a drawn figure shows: figure and subfigure titles, axes
+    titles and labels, the tick labels inside the view, legends (one box each)."""
+    renderer = fig.canvas.get_renderer()
+    items: list[tuple[str, object]] = []
+    seen: set[int] = set()
+
+    def add(artist, name=None) -> None:
+        if artist is None or not artist.get_visible() or id(artist) in seen:
+            return
+        seen.add(id(artist))
+        if hasattr(artist, "get_text") and not artist.get_text().strip():
+            return
+        box = artist.get_window_extent(renderer)
+        if box.width > 0 and box.height > 0:
+            items.append((name or artist.get_text(), box))
+
+    for figure in (fig, *fig.subfigs):
+        add(getattr(figure, "_suptitle", None))
+        for text in figure.texts:
+            add(text)
+    for ax in fig.get_axes():
+        if not ax.get_visible():
+            continue
+        for text in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label):
+            add(text)
+        for text in ax.texts:
+            add(text)
+        for axis in (ax.xaxis, ax.yaxis) if ax.axison else ():
+            for tick in axis._update_ticks():  # the ticks inside the view
+                for label in (tick.label1, tick.label2):
+                    if tick.get_visible():
+                        add(label)
+            add(axis.offsetText)
+        add(ax.get_legend(), "legend")
+    return items
+
+
+def text_problems(fig) -> list[str]:
+    """Texts of ``fig`` that overlap one another or leave the figure."""
+    fig.canvas.draw()
+    fig.canvas.draw()  # (the compressed layout settles in a second pass, as savefig does)
+    width, height = fig.bbox.width, fig.bbox.height
+    items = drawn_texts(fig)
+    found = []
+    for name, box in items:
+        if box.x0 < -0.5 or box.y0 < -0.5 or box.x1 > width + 0.5 or box.y1 > height + 0.5:
+            found.append(f"outside the figure: {name!r}")
+    for i, (a, box_a) in enumerate(items):
+        for b, box_b in items[i + 1 :]:
+            dx = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+            dy = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+            if dx > 0.5 and dy > 0.5:
+                found.append(f"overlap: {a!r} / {b!r}")
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tpde_info_and_plot_read_every_file(files, kind, tmp_path, capsys):
+    from tpde.cli import main
+
+    assert main(["info", str(files[kind])]) == 0
+    said = capsys.readouterr().out
+    assert str(files[kind]) in said.splitlines()[0]
+    if kind == "summary":
+        assert "sweep summary, 6 runs" in said and "attention.scale: 3 values" in said
+    else:
+        expected = {"gaussian": "Gaussian ODE", "particles": "token system"}
+        assert expected.get(kind.split("_")[0], "grid run") in said and "written by tpde" in said
+    out = tmp_path / "figures"
+    assert main(["plot", str(files[kind]), "-o", str(out), "--title", "T"]) == 0
+    written = capsys.readouterr().out.split()
+    assert written and all(Path(p).is_file() and Path(p).stat().st_size > 5000 for p in written)
+    if kind == "summary":
+        assert [Path(p).name for p in written] == ["phase.png"]
+
+
+def _matching_run(path: Path, reference: Path) -> Path:
+    """A run file on the references' grid and times (the ODE's densities, slightly moved)."""
+    ds = io.read(reference)
+    grid = io.grid_from_dataset(ds)
+    writer = io.SnapshotWriter(path, grid, config_text=ds.attrs["config"])
+    for i, t in enumerate(ds["time"].values):
+        rho = np.roll(ds["density"].values[i], 1, axis=0)
+        writer.write(SimpleNamespace(time=t, density=rho, outflow=0.0, max_speed=1.0, dt=0.1))
+    writer.close("completed", float(ds["time"].values[-1]))
+    return path
+
+
+def test_tpde_compare_draws_run_tokens_and_ode(files, tmp_path, capsys):
+    from tpde.cli import main
+    from tpde.plots import compare_figure
+
+    run = _matching_run(tmp_path / "run.nc", files["gaussian"])
+    target = tmp_path / "compare.png"
+    args = ["compare", str(run), str(files["gaussian"]), str(files["particles"])]
+    assert main([*args, "-o", str(target), "--log", "--title", "c1"]) == 0
+    assert target.stat().st_size > 20_000
+    assert main(["compare", str(run), str(files["run2"])]) == 2  # a run is not a reference
+    assert main(["compare", str(files["run2"]), str(files["gaussian"])]) == 2  # another grid
+    capsys.readouterr()
+    fig = compare_figure(run, files["particles"], files["gaussian"])
+    assert text_problems(fig) == []
+    w_axes = [ax for ax in fig.get_axes() if ax.get_title() == "W2 distance to the grid run"]
+    curves = {line.get_label(): line.get_ydata() for line in w_axes[0].lines}
+    assert set(curves) == {"tokens - grid", "Gaussian ODE - grid"}
+    assert all(np.all(np.asarray(v) > 0) for v in curves.values())
+
+
+def test_reference_curves_stop_where_the_reference_does(files):
+    """A reference that ended early (a blow-up) draws nothing after its last time."""
+    from tpde.plots import compare_figure, density_figure
+
+    with xr.open_dataset(files["gaussian"]) as full:
+        cut = full.isel(time=slice(0, 2)).load()  # the ODE "blew up" after its 2nd time
+    last = float(cut["time"].values[-1])
+    reference = {
+        "time": cut["time"].values,
+        "mean": cut["mean_position"].values,
+        "covariance": cut["covariance"].values,
+    }
+    fig = density_figure(files["gaussian"], reference=reference)
+    images = [ax for ax in fig.get_axes() if ax.get_title().startswith("t = ")]
+    times = [float(ax.get_title()[4:]) for ax in images]
+    assert [len(ax.lines) > 0 for ax in images] == [t <= last for t in times]
+    fig = compare_figure(files["gaussian"], gaussian=cut)
+    for ax in fig.get_axes():
+        for line in ax.lines:
+            if line.get_label().startswith("Gaussian ODE"):
+                assert np.max(line.get_xdata()) <= last
+    assert any("no snapshot at t" in t.get_text() for ax in fig.get_axes() for t in ax.texts)
+
+
+def test_plot_options_and_no_overlapping_text(files):
+    from matplotlib.colors import LogNorm
+
+    from tpde.plots import density_figure, moments_figure, plot_all, projection_figure
+    from tpde.sweep import plot_phase
+
+    grid = Grid([-5.5, -5.5], [5.5, 5.5], [40, 40])
+    five = xr.Dataset(
+        {
+            "density": (
+                ("time", "y", "x"),
+                np.stack([gaussian(grid, [0, 0], np.eye(2) * (1 - 0.1 * i)).T for i in range(7)]),
+            )
+        },
+        coords={"time": np.linspace(0, 6, 7), "x": grid.centres(0), "y": grid.centres(1)},
+        attrs={"title": "tpde run"},
+    )  # the shape of the README's E2 figure, whose title and x labels collided
+    fig = density_figure(five, log=True, vmax=1.0, title="a long title " * 4)
+    assert text_problems(fig) == []
+    norm = next(ax for ax in fig.get_axes() if ax.collections).collections[0].norm
+    assert isinstance(norm, LogNorm) and (norm.vmin, norm.vmax) == (1e-6, 1.0)
+    assert fig.get_suptitle().startswith("a long title")
+    fig = density_figure(files["run2"], times=[0.25], vmin=0.01, vmax=0.2)
+    mesh = next(ax for ax in fig.get_axes() if ax.collections).collections[0]
+    assert (mesh.norm.vmin, mesh.norm.vmax) == (0.01, 0.2)
+    assert [ax.get_title() for ax in fig.get_axes() if ax.get_title()] == ["t = 0.25"]
+    with pytest.raises(ValueError, match="vmin must be below vmax"):
+        density_figure(files["run2"], vmin=1.0, vmax=0.5)
+    for make in (
+        lambda: density_figure(files["run3"]),
+        lambda: density_figure(files["run1"], log=True),
+        lambda: projection_figure(files["run3"]),
+        lambda: moments_figure(files["particles"]),
+    ):
+        assert text_problems(make()) == []
+    phase = plot_phase(read_summary(files["summary"]), Path(files["summary"]).with_suffix(".png"))
+    assert phase.is_file()
+    assert plot_all(files["masked"], Path(files["masked"]).parent / "masked_figures")

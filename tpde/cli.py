@@ -3,8 +3,11 @@
     tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet] [--profile]
     tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite]
     tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite]
-    tpde info OUT.nc
-    tpde plot OUT.nc [-o DIR] [--animate]
+    tpde info FILE.nc                       # a run, gaussian, particles or sweep summary file
+    tpde plot FILE.nc [-o DIR] [--animate] [--times T ...] [--log] [--vmin V] [--vmax V]
+              [--title TEXT]
+    tpde compare RUN.nc [PARTICLES.nc] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
+    tpde --version
     tpde validate [--suite quick|full] [-o DIR]
     tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [-o DIR] [--quiet]
 
@@ -22,6 +25,7 @@ the sweep itself cannot go on (e.g. no scheduler at ADDRESS).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import traceback
@@ -45,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="print the traceback of a failure (else one line)"
     )
     parser = _Parser(prog="tpde", description="Transformer PDE on grids.", parents=[common])
+    parser.add_argument("--version", action="version", version=f"tpde {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add = sub.add_parser
 
@@ -87,9 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "particles":
             ref.add_argument("--tokens", type=int, required=True, help="number of tokens n")
             ref.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    info = sub.add_parser("info", help="summarise a tpde NetCDF output")
+    info = sub.add_parser(
+        "info", help="summarise a tpde NetCDF file (run, gaussian, particles, sweep summary)"
+    )
     info.add_argument("file", type=Path)
-    plot = sub.add_parser("plot", help="figures (and an animation) of a tpde output")
+    plot = sub.add_parser(
+        "plot", help="figures of a tpde NetCDF file (run, gaussian, particles, sweep summary)"
+    )
     plot.add_argument("file", type=Path)
     plot.add_argument(
         "-o",
@@ -99,6 +108,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="figure directory (default: next to the file, <name>_figures)",
     )
     plot.add_argument("--animate", action="store_true", help="also write an animation")
+    _figure_options(plot, "--times")
+    compare = sub.add_parser(
+        "compare",
+        help="one configuration's grid run, tokens and Gaussian ODE side by side",
+        description="Draw RUN.nc (tpde run) next to the outputs of tpde particles and tpde "
+        "gaussian for the same config (either may be left out): densities, moments and "
+        "their differences, W2 distances, energies.",
+    )
+    compare.add_argument("run", type=Path, help="the grid run (tpde run)")
+    compare.add_argument(
+        "references", type=Path, nargs="*", help="PARTICLES.nc and/or GAUSSIAN.nc, any order"
+    )
+    compare.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        help="figure file (default: next to RUN, <name>_compare.png)",
+    )
+    _figure_options(compare, "--time")
     validate = sub.add_parser("validate", help="run the validation suite and write a report")
     validate.add_argument(
         "--suite",
@@ -272,6 +301,49 @@ def cmd_reference(args) -> int:
     return 0
 
 
+def _version() -> str:
+    import tpde
+
+    return tpde.__version__
+
+
+def _figure_options(parser: argparse.ArgumentParser, times: str) -> None:
+    """The density figure's options: times, colour scale, title."""
+    if times == "--times":
+        parser.add_argument(
+            "--times",
+            type=float,
+            nargs="+",
+            default=None,
+            metavar="T",
+            help="draw the snapshots nearest these times (default: 5 evenly spaced)",
+        )
+    else:
+        parser.add_argument(
+            "--time",
+            type=float,
+            default=None,
+            metavar="T",
+            help="the density panels' time (default: the run's last snapshot)",
+        )
+    parser.add_argument("--log", action="store_true", help="logarithmic colour scale")
+    parser.add_argument("--vmin", type=float, default=None, help="lower colour limit")
+    parser.add_argument("--vmax", type=float, default=None, help="upper colour limit")
+    parser.add_argument("--title", default=None, help="figure title (default: the file's)")
+
+
+def _summary_file(path: Path) -> bool:
+    """Whether ``path`` is a sweep's summary.nc (its attributes say so)."""
+    import netCDF4
+
+    try:
+        with netCDF4.Dataset(path) as nc:
+            names = set(nc.ncattrs())
+    except OSError:
+        return False
+    return {"sweep", "parameters"} <= names
+
+
 def _open(path: Path):
     from tpde.io import read
 
@@ -287,22 +359,30 @@ def _open(path: Path):
 def cmd_info(args) -> int:
     from tpde.io import Outcome, grid_from_dataset, staged_name
 
+    if args.file.is_file() and _summary_file(args.file):
+        return _info_summary(args.file)
     try:
         ds = _open(args.file)
         grid = grid_from_dataset(ds)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         return _fail(str(exc))
     times = ds["time"].values
+    what = {"particles": "token system", "gaussian": "Gaussian ODE", "run": "grid run"}
     print(
-        f"{args.file}: {grid.ndim}-D grid {' x '.join(map(str, grid.shape))} on "
-        f"{[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}"
+        f"{args.file}: {what[_kind(ds)]}, {grid.ndim}-D grid {' x '.join(map(str, grid.shape))}"
+        f" on {[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}"
     )
     if "s" in ds.dims:
         print(
             f"  masked attention: {ds.sizes['s'] - 1} positions in (0, 1] plus the sink "
             f"at s = 0 (mass {float(ds.attrs.get('sink_mass', float('nan'))):g})"
         )
-    print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
+    if times.size:
+        print(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
+    else:
+        print("  snapshots: none yet")
+    if "tokens" in ds.variables:
+        print(f"  tokens: {ds.sizes['token']} (seed {ds.attrs.get('seed', '?')})")
     outcome = Outcome.from_attributes(ds.attrs)  # attributes are untrusted text
     print(f"  status: {outcome.status} at t = {outcome.time:.6g}: {outcome.message[:500]}")
     if Path(staged_name(args.file)).is_file():
@@ -310,25 +390,133 @@ def cmd_info(args) -> int:
             f"  a run replacing this file is pending in {staged_name(args.file)} "
             "(tpde run ... --resume continues it)"
         )
-    print(f"  mass {float(ds['mass'][-1]):.12g}, outflow {float(ds['outflow'][-1]):.3e}")
+    if times.size:
+        outflow = f", outflow {float(ds['outflow'][-1]):.3e}" if "outflow" in ds else ""
+        print(f"  mass {float(ds['mass'][-1]):.12g}{outflow}")
+    energies = [str(n)[len("energy_") :] for n in ds.data_vars if str(n).startswith("energy_")]
+    if energies:
+        print(f"  energies: {', '.join(energies)}")
+    print("  " + _provenance(ds.attrs))
     print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
+    return 0
+
+
+def _kind(ds) -> str:
+    from tpde.plots import _kind as kind
+
+    return kind(ds)
+
+
+def _provenance(attrs) -> str:
+    """tpde version, threads, steps, rejected steps and wall time, those the file records
+    (attributes are untrusted: shown as text, at most 40 characters each)."""
+
+    def show(name: str) -> str:
+        return " ".join(str(attrs.get(name)).split())[:40]
+
+    version = show("tpde_version") if "tpde_version" in attrs else show("source")
+    parts = [f"written by tpde {version.removeprefix('tpde ')}"]
+    if "threads" in attrs:
+        parts.append(f"threads {show('threads')}")
+    if "steps" in attrs:
+        rejected = f" ({show('rejected_steps')} rejected)" if "rejected_steps" in attrs else ""
+        parts.append(f"steps {show('steps')}{rejected}")
+    if "wall_time" in attrs:
+        try:
+            parts.append(f"wall time {float(attrs['wall_time']):.3g} s")
+        except (TypeError, ValueError):
+            parts.append(f"wall time {show('wall_time')}")
+    return ", ".join(parts)
+
+
+def _info_summary(path: Path) -> int:
+    from tpde.sweep import read_summary
+
+    try:
+        ds = read_summary(path)
+    except (OSError, ValueError, KeyError) as exc:
+        return _fail(f"{path}: not a readable sweep summary ({str(exc).splitlines()[0]})")
+    a = ds.attrs
+    keys = json.loads(str(a.get("parameters", "[]")))
+    print(f"{path}: sweep summary, {ds.sizes['run']} runs over {len(keys)} parameters")
+    for key in keys:
+        values = list(dict.fromkeys(str(v) for v in ds[key].values))
+        shown = ", ".join(values[:8]) + (", ..." if len(values) > 8 else "")
+        print(f"  {key}: {len(values)} values ({shown})")
+    outcomes = ("converged", "blowup", "mass_left", "failed")
+    counts = ", ".join(f"{o} {a.get(o, '?')}" for o in outcomes)
+    print(f"  outcomes: {counts}; skipped {a.get('skipped', '?')}")
+    print(f"  phase diagram axes: x {a.get('phase_x', '?')}, y {a.get('phase_y') or '-'}")
+    print(f"  written by tpde {a.get('tpde_version', '?')}; runs in {a.get('output', '?')}")
     return 0
 
 
 def cmd_plot(args) -> int:
     from tpde.plots import plot_all
 
+    outdir = args.output or args.file.with_name(args.file.stem + "_figures")
+    if outdir.exists() and not outdir.is_dir():
+        return _fail(f"plot: -o {outdir} exists and is not a directory; choose another path")
+    if args.file.is_file() and _summary_file(args.file):
+        from tpde.sweep import plot_phase, read_summary
+
+        outdir.mkdir(parents=True, exist_ok=True)
+        print(plot_phase(read_summary(args.file), outdir / "phase.png"))
+        return 0
     try:
         ds = _open(args.file)
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc))
-    outdir = args.output or args.file.with_name(args.file.stem + "_figures")
-    if outdir.exists() and not outdir.is_dir():
-        return _fail(f"plot: -o {outdir} exists and is not a directory; choose another path")
     reference = gaussian_reference(ds)
-    paths = plot_all(ds, outdir, reference=reference, animate_density=args.animate)
+    try:
+        paths = plot_all(
+            ds,
+            outdir,
+            reference=reference,
+            animate_density=args.animate,
+            times=args.times,
+            log=args.log,
+            vmin=args.vmin,
+            vmax=args.vmax,
+            title=args.title,
+        )
+    except ValueError as exc:  # a bad option (vmin >= vmax, ...) or an unusable file
+        return _fail(str(exc).splitlines()[0])
     for path in paths:
         print(path)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from tpde.plots import compare_figure
+
+    try:
+        run = _open(args.run)
+        found: dict[str, object] = {}
+        for path in args.references:
+            ds = _open(path)
+            kind = _kind(ds)
+            if kind == "run" or kind in found:
+                return _fail(
+                    f"compare: {path} is a {'grid run' if kind == 'run' else kind} output; "
+                    "give at most one tpde particles and one tpde gaussian file after RUN"
+                )
+            found[kind] = ds
+        target = args.output or args.run.with_name(args.run.stem + "_compare.png")
+        fig = compare_figure(
+            run,
+            found.get("particles"),
+            found.get("gaussian"),
+            args.time,
+            log=args.log,
+            vmin=args.vmin,
+            vmax=args.vmax,
+            title=args.title,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        return _fail(str(exc).splitlines()[0])
+    fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
+    print(target)
     return 0
 
 
@@ -344,8 +532,11 @@ def gaussian_reference(ds) -> dict | None:
             ode = reference(build(str(ds.attrs.get("config", ""))))
     except (ConfigError, ValueError, ArithmeticError, MemoryError):
         return None
-    return {"time": ode["time"].values, "mean": ode["mean_position"].values,
-            "covariance": ode["covariance"].values}
+    return {
+        "time": ode["time"].values,
+        "mean": ode["mean_position"].values,
+        "covariance": ode["covariance"].values,
+    }
 
 
 def cmd_validate(args) -> int:
@@ -414,6 +605,7 @@ COMMANDS = {
     "run": cmd_run,
     "info": cmd_info,
     "plot": cmd_plot,
+    "compare": cmd_compare,
     "validate": cmd_validate,
     "gaussian": cmd_reference,
     "particles": cmd_reference,

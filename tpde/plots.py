@@ -37,10 +37,12 @@ import numpy as np
 if TYPE_CHECKING:
     import xarray as xr
     from matplotlib.axes import Axes
+    from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
 __all__ = [
     "animate",
+    "compare_figure",
     "density_figure",
     "mass_figure",
     "moments_figure",
@@ -221,9 +223,13 @@ def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndar
     return {"time": time[order], "mean": mean[order], "cov": cov[order]}
 
 
-def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarray]:
-    """Reference mean and covariance at time ``t`` (linear in time, clamped at the ends)."""
+def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Reference mean and covariance at time ``t`` (linear in time), None outside the
+    reference's times: a reference that blew up is not drawn after it did."""
     rt = ref["time"]
+    slack = 1e-9 * max(1.0, abs(float(rt[-1])))
+    if not rt[0] - slack <= t <= rt[-1] + slack:
+        return None  # the reference stopped (a blow-up) or starts later: nothing to draw
     mean = np.array([np.interp(t, rt, ref["mean"][:, i]) for i in range(ref["mean"].shape[1])])
     d = mean.size
     cov = np.array([[np.interp(t, rt, ref["cov"][:, i, j]) for j in range(d)] for i in range(d)])
@@ -231,12 +237,14 @@ def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarra
 
 
 # ---- drawing helpers ------------------------------------------------------------------------
-def _figure(width: float, height: float) -> Figure:
-    """A new figure on its own Agg canvas (no pyplot, no global backend switch)."""
+def _figure(width: float, height: float, layout: str = "constrained") -> Figure:
+    """A new figure on its own Agg canvas (no pyplot, no global backend switch).
+    ``layout="compressed"`` for grids of equal-aspect images (constrained layout leaves
+    them floating: titles ran into the suptitle and x labels off the bottom)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(fig)
     return fig
 
@@ -308,18 +316,49 @@ def _image(
     xe: np.ndarray,
     ye: np.ndarray,
     values: np.ndarray,
-    vmax: float,
+    vmax: float | Normalize,
     xlabel: str,
     ylabel: str,
 ):
-    """pcolormesh of ``values[i, j]`` (i along the horizontal axis) on the cell edges."""
-    mesh = ax.pcolormesh(xe, ye, values.T, cmap=CMAP, vmin=0.0, vmax=vmax, shading="flat")
+    """pcolormesh of ``values[i, j]`` (i along the horizontal axis) on the cell edges; colour
+    scale 0 .. ``vmax``, or the :func:`_norm` given."""
+    from matplotlib.colors import Normalize
+
+    norm = vmax if isinstance(vmax, Normalize) else Normalize(0.0, vmax)
+    mesh = ax.pcolormesh(xe, ye, values.T, cmap=_cmap(), norm=norm, shading="flat")
     ax.set_aspect("equal")
     ax.set_xlim(xe[0], xe[-1])
     ax.set_ylim(ye[0], ye[-1])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return mesh
+
+
+def _cmap():
+    """The colour map, with no density (0, or below a log scale) drawn as its lowest colour."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[CMAP]
+    return cmap.with_extremes(bad=cmap(0.0), under=cmap(0.0))
+
+
+def _norm(
+    top: float, log: bool = False, vmin: float | None = None, vmax: float | None = None
+) -> Normalize:
+    """The colour scale of density images: ``vmin`` (default 0; log: ``vmax`` / 1e6) ..
+    ``vmax`` (default ``top``, the largest value drawn), linear or logarithmic."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    high = float(top if vmax is None else vmax)
+    if log:
+        low = float(high * 1e-6 if vmin is None else vmin)
+        if not 0 < low < high:
+            raise ValueError(f"plot: a log scale needs 0 < vmin < vmax, got {low:g}, {high:g}")
+        return LogNorm(low, high, clip=False)
+    low = float(0.0 if vmin is None else vmin)
+    if not low < high:
+        raise ValueError(f"plot: vmin must be below vmax, got {low:g}, {high:g}")
+    return Normalize(low, high)
 
 
 def _vmax(values: Iterable[np.ndarray]) -> float:
@@ -346,6 +385,11 @@ def density_figure(
     ds: xr.Dataset | str | os.PathLike[str],
     times: Sequence[float] | None = None,
     reference: Mapping[str, Any] | None = None,
+    *,
+    log: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    title: str | None = None,
 ) -> Figure:
     """Density snapshots.
 
@@ -359,7 +403,11 @@ def density_figure(
     reference : mapping, optional
         Reference moments ``time`` (m,), ``mean`` (m, d), ``covariance`` (m, d, d); drawn as
         the Gaussian density (1-D, dashed, scaled to the snapshot's mass) or the 1- and
-        2-sigma ellipses (2-D images; 3-D slices: the Gaussian's level sets on each plane).
+        2-sigma ellipses (2-D images; 3-D slices: the Gaussian's level sets on each plane),
+        up to the reference's last time (a reference that blew up is not drawn after).
+    log, vmin, vmax : the colour scale (1-D: the density axis): logarithmic, and its limits
+        (default 0, or vmax / 1e6 on a log scale, .. the largest value drawn).
+    title : replaces the file's ``title`` in the figure title.
 
     Returns
     -------
@@ -369,6 +417,8 @@ def density_figure(
         density maximum, shared colour scale.
     """
     ds = _as_dataset(ds)
+    if title is not None:
+        ds = ds.assign_attrs(title=title)
     spatial = _spatial_dims(ds)
     d = len(spatial)
     ref = _reference(reference, d)
@@ -385,8 +435,9 @@ def density_figure(
         for k, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
             colour = f"C{k % 10}"
             ax.plot(x, rho, color=colour, lw=1.4, label=f"t = {all_times[i]:.4g}")
-            if ref is not None:
-                m, c = _interp(ref, all_times[i])
+            gaussian = None if ref is None else _interp(ref, all_times[i])
+            if gaussian is not None:
+                m, c = gaussian
                 scale = mass[i] if mass is not None and np.isfinite(mass[i]) else 1.0
                 var = max(float(c[0, 0]), 1e-300)
                 xf = np.linspace(edges[0][0], edges[0][-1], 800)
@@ -400,25 +451,28 @@ def density_figure(
                     label="reference Gaussian" if k == 0 else None,
                 )
         ax.set_xlim(edges[0][0], edges[0][-1])
-        ax.set_ylim(bottom=0.0)
+        norm = _norm(_vmax(snaps), log, vmin, vmax)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylim(norm.vmin, 1.05 * norm.vmax if vmax is None else norm.vmax)
         ax.set_xlabel(_label(ds, "x"))
         ax.set_ylabel("density")
         ax.legend(fontsize="small")
         _suptitle(fig, ds, "density")
         return fig
 
-    vmax = _vmax(snaps)
+    scale = _norm(_vmax(snaps), log, vmin, vmax)
     if d == 2:
         ncol = len(picks)
-        fig = _figure(3.6 * ncol + 1.0, 3.8)
+        fig = _figure(3.6 * ncol + 1.0, 3.8, "compressed")
         axes = fig.subplots(1, ncol, squeeze=False)[0]
         mesh = None
         for k, (ax, i, rho) in enumerate(zip(axes, picks, snaps, strict=True)):
-            mesh = _image(ax, edges[0], edges[1], rho, vmax, _label(ds, "x"), _label(ds, "y"))
+            mesh = _image(ax, edges[0], edges[1], rho, scale, _label(ds, "x"), _label(ds, "y"))
             ax.set_title(f"t = {all_times[i]:.4g}")
-            if ref is not None:
-                m, c = _interp(ref, all_times[i])
-                _draw_ellipses(ax, m, c, label=k == 0)
+            gaussian = None if ref is None else _interp(ref, all_times[i])
+            if gaussian is not None:
+                _draw_ellipses(ax, *gaussian, label=k == 0)
                 ax.set_xlim(edges[0][0], edges[0][-1])
                 ax.set_ylim(edges[1][0], edges[1][-1])
             if k > 0:
@@ -432,7 +486,7 @@ def density_figure(
 
     # d == 3
     centres = [_centres(ds, a) for a in spatial]
-    fig = _figure(11.0, 3.4 * len(picks) + 0.6)
+    fig = _figure(11.0, 3.4 * len(picks) + 0.6, "compressed")
     axes = fig.subplots(len(picks), 3, squeeze=False)
     mesh = None
     for row, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
@@ -447,7 +501,7 @@ def density_figure(
                 edges[a],
                 edges[b],
                 _plane_slice(rho, plane, at),
-                vmax,
+                scale,
                 _label(ds, spatial[a]),
                 _label(ds, spatial[b]),
             )
@@ -496,7 +550,7 @@ def projection_figure(
         fixed = 3 - a - b
         projections.append(np.nansum(rho * widths[fixed].reshape(shape[fixed]), axis=fixed))
     vmax = _vmax(projections)
-    fig = _figure(11.0, 3.9)
+    fig = _figure(11.0, 3.9, "compressed")
     axes = fig.subplots(1, 3)
     mesh = None
     gaussian = None if ref is None else _interp(ref, all_times[i])
@@ -680,7 +734,7 @@ def slices_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = 
     mass, _ = _slice_stats(ds, spatial, i)
     picks = _slice_picks(rho.shape[0])
     d = len(spatial)
-    fig = _figure(3.8 * len(picks) + 0.6, 3.6 if d == 1 else 3.9)
+    fig = _figure(3.8 * len(picks) + 0.6, 3.6 if d == 1 else 3.9, _layout(d))
     axes = fig.subplots(1, len(picks), squeeze=False)[0]
     for ax, k in zip(axes, picks, strict=True):
         _draw_slice(fig, ax, ds, spatial, rho[k])
@@ -692,6 +746,10 @@ def slices_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = 
         where += f", z = {z[z.size // 2]:.3g}"
     _suptitle(fig, ds, f"position slices at {where}")
     return fig
+
+
+def _layout(d: int) -> str:
+    return "constrained" if d == 1 else "compressed"
 
 
 def position_marginal_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
@@ -820,8 +878,19 @@ def plot_all(
     outdir: str | os.PathLike[str],
     reference: Mapping[str, Any] | None = None,
     animate_density: bool = False,
+    *,
+    times: Sequence[float] | None = None,
+    log: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    title: str | None = None,
 ) -> list[Path]:
     """Write the standard figures of a run into ``outdir`` (created if needed).
+
+    ``times``, ``log``, ``vmin``, ``vmax``: the snapshots and the colour scale of
+    ``density.png`` (:func:`density_figure`); ``title`` replaces the file's title in every
+    figure. Works on every file with a density: runs, ``tpde gaussian`` and ``tpde
+    particles`` outputs.
 
     Files: ``density.png``, ``moments.png``, ``mass.png``, in 3-D also ``projections.png``
     (at the last snapshot), with position slices (a ``density`` with dimension ``s``) also
@@ -837,12 +906,16 @@ def plot_all(
     """
     opened = isinstance(ds, str | os.PathLike)
     ds = _as_dataset(ds)
+    source = ds
+    if title is not None:
+        ds = ds.assign_attrs(title=title)
     try:
         spatial = _spatial_dims(ds)
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
+        options = {"times": times, "log": log, "vmin": vmin, "vmax": vmax}
         jobs = [
-            ("density.png", lambda: density_figure(ds, reference=reference)),
+            ("density.png", lambda: density_figure(ds, reference=reference, **options)),
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
         ]
@@ -865,7 +938,7 @@ def plot_all(
         for name, make in jobs:
             fig = make()
             target = outdir / name
-            fig.savefig(target, dpi=DPI)
+            fig.savefig(target, dpi=DPI, bbox_inches="tight", pad_inches=0.05)
             fig.clear()
             written.append(target)
         if animate_density:
@@ -873,4 +946,321 @@ def plot_all(
         return written
     finally:
         if opened:
-            ds.close()
+            source.close()
+
+
+# ---- grid run, tokens and ODE side by side ----------------------------------------------------
+COMPARE_DISTANCES = 8  # W2 is computed at up to this many snapshot times (POT, ~0.1 s each)
+
+
+def _kind(ds: xr.Dataset) -> str:
+    """Which tool wrote ``ds``: "particles" (tokens), "gaussian" (the ODE), "run"."""
+    if "tokens" in ds.variables:
+        return "particles"
+    if str(ds.attrs.get("title", "")).startswith("tpde Gaussian") or (
+        "outflow" not in ds.variables and "density" in ds.variables
+    ):
+        return "gaussian"
+    return "run"
+
+
+def _marginal(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray:
+    """The x-marginal density of snapshot ``index`` (summed over s), ``[x, y, z]``."""
+    return _snapshot(ds, spatial, index)
+
+
+def _at(times: np.ndarray, t: float) -> int | None:
+    """The snapshot of ``times`` at ``t`` (within 1e-9 relative), None if there is none."""
+    if times.size == 0:
+        return None
+    i = int(np.argmin(np.abs(times - t)))
+    return i if abs(times[i] - t) <= 1e-9 * max(1.0, abs(t)) else None
+
+
+def _moments_of(ds: xr.Dataset, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = _times(ds)
+    mean = np.asarray(ds["mean_position"].transpose("time", ...).values, float).reshape(t.size, d)
+    cov = np.asarray(ds["covariance"].transpose("time", ...).values, float).reshape(t.size, d, d)
+    return t, mean, cov
+
+
+def _picture(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray:
+    """What a density panel draws: the density in 1-D and 2-D, the x-y marginal in 3-D."""
+    rho = _marginal(ds, spatial, index)
+    if len(spatial) == 3:
+        dz = np.diff(_edges(ds, "z"))
+        rho = np.nansum(rho * dz.reshape(1, 1, -1), axis=2)
+    return rho
+
+
+def compare_figure(
+    run: xr.Dataset | str | os.PathLike[str],
+    particles: xr.Dataset | str | os.PathLike[str] | None = None,
+    gaussian: xr.Dataset | str | os.PathLike[str] | None = None,
+    time: float | None = None,
+    *,
+    log: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    title: str | None = None,
+    distances: int = COMPARE_DISTANCES,
+) -> Figure:
+    """One configuration's grid run, tokens (``tpde particles``) and Gaussian ODE (``tpde
+    gaussian``) side by side (``tpde compare``); either reference may be missing.
+
+    Top: the density at ``time`` (default: the run's last snapshot), the token histogram and
+    the ODE's Gaussian on the run's grid, one colour scale (``log``, ``vmin``, ``vmax``),
+    with the ODE's 1- and 2-sigma ellipses (1-D: the three curves on one axes; 3-D: the x-y
+    marginals; masked runs: the x-marginal). Bottom: the mean and the covariance
+    eigenvalues against t (run solid, tokens dotted, ODE dashed), their differences to the
+    run on a log scale, the W2 distance of each reference to the run (at up to
+    ``distances`` snapshot times; POT, tpde.validation.metrics), and the run's energies.
+    A reference's curves stop where it does (the ODE at a blow-up), and its panel says so
+    when it has no snapshot at ``time``.
+    """
+    from tpde.io import grid_from_dataset
+
+    run = _as_dataset(run)
+    refs = {"tokens": particles, "ODE": gaussian}
+    sets = {name: None if value is None else _as_dataset(value) for name, value in refs.items()}
+    if title is not None:
+        run = run.assign_attrs(title=title)
+    spatial = _spatial_dims(run)
+    d = len(spatial)
+    grid = grid_from_dataset(run)
+    for ds in sets.values():
+        if ds is None:
+            continue
+        if _spatial_dims(ds) != spatial or grid_from_dataset(ds) != grid:
+            raise ValueError(
+                f"compare: {_source(ds)} is not on the grid of {_source(run)}; write the "
+                "references with the run's config (tpde particles / tpde gaussian CONFIG)"
+            )
+    times = _times(run)
+    i_run = _pick(times, None if time is None else [time])[-1]
+    t = float(times[i_run])
+    present = {"grid": run, **{k: v for k, v in sets.items() if v is not None}}
+    ode = sets["ODE"]
+    ode_moments = None if ode is None else _moments_of(ode, d)
+    ode_ref = None
+    if ode_moments is not None:
+        ode_ref = {"time": ode_moments[0], "mean": ode_moments[1], "cov": ode_moments[2]}
+
+    fig = _figure(13.0, 9.0 if d > 1 else 8.0)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.15])
+    edges = [_edges(run, a) for a in spatial]
+    pictures: dict[str, np.ndarray | None] = {}
+    for name, ds in present.items():
+        j = _at(_times(ds), t)
+        pictures[name] = None if j is None else _picture(ds, spatial, j)
+    drawn = [p for p in pictures.values() if p is not None]
+    scale = _norm(_vmax(drawn), log, vmin, vmax)
+    labels = {"grid": "grid run", "tokens": "token histogram", "ODE": "Gaussian ODE"}
+    styles = {"grid": "-", "tokens": ":", "ODE": "--"}
+    if d == 1:
+        ax = top.subplots()
+        x = _centres(run, "x")
+        for name, picture in pictures.items():
+            if picture is None:
+                last = _times(present[name])
+                ax.plot(
+                    [], [], styles[name], label=f"{labels[name]}: stopped at t = {last[-1]:.4g}"
+                )
+                continue
+            kind = "steps-mid" if name == "tokens" else "default"
+            ax.plot(x, picture, styles[name], drawstyle=kind, lw=1.3, label=labels[name])
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylim(scale.vmin, 1.05 * scale.vmax if vmax is None else scale.vmax)
+        ax.set_xlim(edges[0][0], edges[0][-1])
+        ax.set_xlabel(_label(run, "x"))
+        ax.set_ylabel("density")
+        ax.set_title(f"t = {t:.4g}")
+        ax.legend(fontsize="small")
+    else:
+        axes = top.subplots(1, len(pictures), squeeze=False)[0]
+        mesh = None
+        gaussian_at = None if ode_ref is None else _interp(ode_ref, t)
+        for ax, (name, picture) in zip(axes, pictures.items(), strict=True):
+            ax.set_title(f"{labels[name]}, t = {t:.4g}" + (", sum over z" if d == 3 else ""))
+            ax.set_aspect("equal")
+            ax.set_xlim(edges[0][0], edges[0][-1])
+            ax.set_ylim(edges[1][0], edges[1][-1])
+            if picture is None:
+                last = _times(present[name])
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"no snapshot at t = {t:.4g}\n(stopped at t = {last[-1]:.4g})",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
+                ax.set_xlabel(_label(run, spatial[0]))
+                continue
+            mesh = _image(
+                ax,
+                edges[0],
+                edges[1],
+                picture,
+                scale,
+                _label(run, spatial[0]),
+                _label(run, spatial[1]),
+            )
+            if gaussian_at is not None and name != "ODE":
+                m, c = gaussian_at
+                _draw_ellipses(ax, m[:2], c[:2, :2], label=name == "grid")
+        if gaussian_at is not None:
+            axes[0].legend(fontsize="x-small", loc="upper right")
+        for ax in axes[1:]:
+            ax.set_ylabel("")
+        if mesh is not None:
+            top.colorbar(mesh, ax=list(axes), label="density", shrink=0.9)
+
+    ax_mean, ax_eig, ax_diff, ax_w, ax_energy, ax_info = bottom.subplots(2, 3).ravel()
+    labels = {**labels, "tokens": "tokens"}  # the moments are the tokens', not the histogram's
+    curves = {name: _moments_of(ds, d) for name, ds in present.items()}
+    for name, (tt, mean, cov) in curves.items():
+        eig = _eigenvalues(cov)
+        for k in range(d):
+            ax_mean.plot(
+                tt,
+                mean[:, k],
+                styles[name],
+                color=f"C{k}",
+                lw=1.2,
+                label=f"{labels[name]}" if k == 0 else None,
+            )
+            ax_eig.plot(
+                tt,
+                eig[:, k],
+                styles[name],
+                color=f"C{k}",
+                lw=1.2,
+                label=f"{labels[name]}" if k == 0 else None,
+            )
+    ax_mean.set_title("mean (colour: component)")
+    ax_eig.set_title("covariance eigenvalues")
+    if np.all([np.nanmin(_eigenvalues(c[2])) > 0 for c in curves.values()]):
+        ax_eig.set_yscale("log")
+    t_run, mean_run, cov_run = curves["grid"]
+    for name in ("tokens", "ODE"):
+        if name not in curves:
+            continue
+        tt, mean, cov = curves[name]
+        common = [(i, j) for i, tv in enumerate(t_run) if (j := _at(tt, tv)) is not None]
+        if not common:
+            continue
+        ii, jj = (np.array(v) for v in zip(*common, strict=True))
+        dmean = np.linalg.norm(mean[jj] - mean_run[ii], axis=1)
+        dcov = np.linalg.norm(cov[jj] - cov_run[ii], axis=(1, 2))
+        positive = {"mean": dmean, "covariance": dcov}
+        for (what, values), marker in zip(positive.items(), ("o", "s"), strict=True):
+            shown = np.where(values > 0, values, np.nan)
+            ax_diff.plot(
+                t_run[ii],
+                shown,
+                styles[name],
+                marker=marker,
+                ms=3,
+                lw=1.0,
+                label=f"|{what}| {labels[name]} - grid",
+            )
+    ax_diff.set_yscale("log")
+    ax_diff.set_title("differences to the grid run")
+    _distances(ax_w, run, sets, spatial, grid, curves, labels, styles, distances)
+    energies = [n for n in run.data_vars if str(n).startswith("energy_")]
+    for k, name in enumerate(energies):
+        ax_energy.plot(
+            t_run,
+            np.asarray(run[name].values, float),
+            "-",
+            color=f"C{k}",
+            label=_plain(run[name].attrs.get("long_name", name), 40),
+        )
+    ax_energy.set_title("energies of the grid run")
+    if not energies:
+        ax_energy.text(
+            0.5,
+            0.5,
+            "no energy records in the run",
+            ha="center",
+            va="center",
+            transform=ax_energy.transAxes,
+        )
+    ax_info.axis("off")
+    lines = [
+        f"{labels[name]}: {_plain(ds.attrs.get('title', ''), 60)}"
+        f" [{_plain(ds.attrs.get('status', ''), 20)}]"
+        for name, ds in present.items()
+    ]
+    ax_info.text(
+        0.0,
+        1.0,
+        "\n".join(lines),
+        va="top",
+        ha="left",
+        fontsize="small",
+        transform=ax_info.transAxes,
+        wrap=True,
+    )
+    for ax in (ax_diff, ax_w):
+        if not ax.lines:
+            ax.set_yscale("linear")
+            ax.text(
+                0.5,
+                0.5,
+                "no reference file given",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+    for ax in (ax_mean, ax_eig, ax_diff, ax_w, ax_energy):
+        ax.set_xlabel("t")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="x-small")
+    _suptitle(fig, run, "grid run, tokens and Gaussian ODE")
+    return fig
+
+
+def _distances(ax, run, sets, spatial, grid, curves, labels, styles, count) -> None:
+    """W2 of the tokens and of the ODE's Gaussian to the grid run's x-marginal, at up to
+    ``count`` snapshot times the two share."""
+    from tpde.validation.metrics import wasserstein, wasserstein_tokens
+
+    t_run = curves["grid"][0]
+    for name, ds in sets.items():
+        if ds is None:
+            continue
+        tt = _times(ds)
+        common = [(i, j) for i, tv in enumerate(t_run) if (j := _at(tt, tv)) is not None]
+        if not common:
+            continue
+        picks = sorted(
+            {int(round(k)) for k in np.linspace(0, len(common) - 1, min(count, len(common)))}
+        )
+        ts, values = [], []
+        for k in picks:
+            i, j = common[k]
+            rho = _marginal(run, spatial, i)
+            if not (np.isfinite(rho).all() and rho.sum() > 0):
+                continue
+            if name == "tokens":
+                tokens = np.asarray(ds["tokens"].isel(time=j).transpose("token", ...).values, float)
+                weights = (
+                    np.asarray(ds["token_weight"].values, float) if "token_weight" in ds else None
+                )
+                inside = np.all(np.isfinite(tokens), axis=1)
+                w = None if weights is None else weights[inside]
+                value = wasserstein_tokens(rho, grid, tokens[inside], w, max_cells=1024).value
+            else:
+                other = _marginal(ds, spatial, j)
+                if not (np.isfinite(other).all() and other.sum() > 0):
+                    continue
+                value = wasserstein(rho, other, grid, max_cells=1024).value
+            ts.append(t_run[i])
+            values.append(value)
+        ax.plot(ts, values, styles[name], marker="o", ms=3, label=f"{labels[name]} - grid")
+    ax.set_yscale("log")
+    ax.set_title("W2 distance to the grid run")
