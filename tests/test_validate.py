@@ -1,15 +1,25 @@
-"""``tpde validate``: the quick suite passes and writes its report; bad input exits with 2."""
+"""``tpde validate``: the quick suite passes and writes its report; bad input exits with 2.
+
+The quick suite takes minutes (slow tier); its default-tier twin runs the suite's own studies
+on smaller cases through the same command, checks and report.
+"""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tpde import studies, validate
 from tpde.cli import main
+from tpde.grid import Grid, gaussian_mixture
+from tpde.variants import Head
 
 
+@pytest.mark.slow
 def test_quick_suite_passes_and_writes_its_report(tmp_path, capsys):
     status = main(["validate", "--suite", "quick", "-o", str(tmp_path / "report")])
     out = capsys.readouterr().out
@@ -18,6 +28,50 @@ def test_quick_suite_passes_and_writes_its_report(tmp_path, capsys):
     assert "FAIL" not in out and "checks passed" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| PASS |" in report and "**FAIL**" not in report
+    for figure in ("covariance.png", "mean_field.png"):
+        assert (tmp_path / "report" / figure).stat().st_size > 10_000
+
+
+def small_suite(suite: str, outdir: Path, log=print) -> validate.Report:
+    """The quick suite's studies on smaller cases: the closed forms, grid vs the Gaussian ODE
+    (softmax c1, 32^2 -> 64^2, to t = 0.25), Gauss-Hermite tokens vs the ODE (softmax, 16^2
+    nodes), grid vs 1000 sampled tokens and the mean-field slope (1-D two bumps, 200 cells);
+    the masked grid vs tokens check is tests/test_masked.py's."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    report = validate.Report([], [], [])
+    validate.closed_forms(report, log)
+    refinement = validate.grid_vs_odes(report, log, ["softmax"], [32, 64], 0.25)["softmax"]
+    times = np.linspace(0.0, 0.25, 6)
+    head = validate.CLOSED_FORM_PARAMS["softmax"]
+    tokens = studies.tokens_vs_ode(
+        "softmax", head, validate.MEAN1, validate.COV1, 0.25, nodes=16, times=times
+    )
+    report.checks.append(validate.Check("Gauss-Hermite tokens vs ODE", tokens["cov_error"], 1e-8))
+    validate.covariance_figure(outdir / "covariance.png", refinement, tokens)
+    line = Grid([-5.0], [5.0], [200])
+    bumps = gaussian_mixture(line, [0.5, 0.5], [[-1.5], [1.2]], [[[0.3]], [[0.5]]])
+    bumps_head = Head(validate.A_BUMPS, validate.V_1D)
+    case = ("1-D two bumps, softmax", "softmax", bumps_head, line, bumps, 1000, 1)
+    validate.grid_vs_tokens(report, log, [case])
+    study = validate.mean_field_study(report, log, line, bumps, bumps_head, [100, 400, 1600], "1-D")
+    validate.mean_field_figure(outdir / "mean_field.png", {"1-D two bumps": study})
+    report.figures += ["covariance.png", "mean_field.png"]
+    validate.write_report(report, outdir / "report.md", suite, 0.0)
+    return report
+
+
+def test_small_suite_passes_and_writes_its_report(tmp_path, capsys, monkeypatch):
+    """Default-tier twin of the quick suite: ``tpde validate`` with :func:`small_suite`."""
+    monkeypatch.setattr(validate, "run_suite", small_suite)
+    status = main(["validate", "--suite", "quick", "-o", str(tmp_path / "report")])
+    out = capsys.readouterr().out
+    print(out)
+    assert status == 0
+    assert "FAIL" not in out and "checks passed" in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| PASS |" in report and "**FAIL**" not in report
+    for check in ("grid vs ODE", "observed order", "tokens vs ODE", "grid vs tokens", "slope"):
+        assert check in report
     for figure in ("covariance.png", "mean_field.png"):
         assert (tmp_path / "report" / figure).stat().st_size > 10_000
 
