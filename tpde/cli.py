@@ -46,7 +46,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--debug", action="store_true", help="print the traceback of a failure (else one line)"
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,  # (a subcommand's default would hide `tpde --debug run`)
+        help="print the traceback of a failure (else one line)",
     )
     parser = _Parser(prog="tpde", description="Transformer PDE on grids.", parents=[common])
     parser.add_argument("--version", action="version", version=f"tpde {_version()}")
@@ -209,6 +212,8 @@ def _kept(output: Path) -> str:
     from tpde import io
 
     staged = Path(io.staged_name(output))
+    if not Path(output).exists() and not staged.is_file():
+        return f"nothing was written to {output}"
     if staged.is_file():
         return (
             f"{output} is unchanged; the new run is in {staged} (--resume continues it and "
@@ -243,7 +248,7 @@ def cmd_run(args) -> int:
     except (ConfigError, io.OutputError) as exc:
         return _fail(str(exc).splitlines()[0])
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP (tpde.run.Interrupted)
-        if args.debug:
+        if getattr(args, "debug", False):
             traceback.print_exc()
         signum = int(getattr(exc, "signum", signal.SIGINT))
         if not started:
@@ -256,20 +261,29 @@ def cmd_run(args) -> int:
         )
         return 128 + signum
     except io.DiskFull as exc:
-        if args.debug:
+        if getattr(args, "debug", False):
             traceback.print_exc()
-        print(
-            f"tpde: {exc}; {_kept(output)}: free space, then continue with: tpde run "
-            f"{args.config} -o {output} --resume",
-            file=sys.stderr,
+        kept = _kept(output)
+        then = (
+            "run it again"
+            if kept.startswith("nothing")
+            else f"continue with: tpde run {args.config} -o {output} --resume"
         )
+        print(f"tpde: {exc}; {kept}: free space, then {then}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - any failure: one line, recorded in the file
-        if args.debug:
+        if getattr(args, "debug", False):
             traceback.print_exc()
+        staged = Path(io.staged_name(output)) if output is not None else None
+        if staged is not None and staged.is_file():
+            kept = f"{output} is unchanged; the failed run is in {staged} (status error)"
+        elif output is not None and Path(output).exists() and started:
+            kept = f"{output} records it (status error)"
+        else:
+            kept = "nothing was written"
         print(
-            f"tpde: error: {error_line(exc)}; {output} records it (status error)"
-            + ("" if args.debug else "; --debug prints the traceback"),
+            f"tpde: error: {error_line(exc)}; {kept}"
+            + ("" if getattr(args, "debug", False) else "; --debug prints the traceback"),
             file=sys.stderr,
         )
         return 1

@@ -953,7 +953,7 @@ class SnapshotWriter:
                 f"positions, got {type(positions).__name__}"
             )
         lock = _OutputLock(path)
-        _check_target(path, overwrite)
+        _check_target(path, True)  # the directory; whether it exists is asked under the lock
         lock.acquire()
         temporary = staged_name(path)
         try:

@@ -228,6 +228,8 @@ def run_config(
         except BaseException as exc:
             reached = solver.t if solver is not None else problem.t_start
             last = writer.last_time
+            if isinstance(exc, io.DiskFull) and last is not None:
+                reached = last  # resumable from there, like an interruption
             outcome = io.Outcome(
                 "error",
                 reached,
