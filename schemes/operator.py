@@ -52,6 +52,16 @@ GAUSS3_NODES = np.array([-0.5 * np.sqrt(0.6), 0.0, 0.5 * np.sqrt(0.6)])  # in ce
 GAUSS3_WEIGHTS = np.array([5.0, 8.0, 5.0]) / 18.0
 FACE_QUADRATURES = ("auto", "midpoint", "gauss")
 FACE_VELOCITIES = ("auto", "exact", "interpolated")
+
+
+def check_face_quadrature(name: object) -> str:
+    """The one check of ``scheme.face_quadrature`` (FluxOperator and Scheme.validate)."""
+    if name not in FACE_QUADRATURES:
+        raise ValueError(
+            f"scheme.face_quadrature: unknown {name!r}; choose one of "
+            f"{', '.join(FACE_QUADRATURES)}"
+        )
+    return str(name)
 #: points of the Lagrange interpolation of face velocities along the transverse axes
 POINT_ORDER = kernels.POINT_ORDER
 
@@ -137,12 +147,7 @@ class FluxOperator:
         self.lead = 0 if slices is None else 1
         self.shape = grid.shape if slices is None else (int(slices),) + grid.shape
         self.reconstruction = get_reconstruction(reconstruction)
-        if face_quadrature not in FACE_QUADRATURES:
-            raise ValueError(
-                f"scheme.face_quadrature: unknown {face_quadrature!r}; choose one "
-                f"of {', '.join(FACE_QUADRATURES)}"
-            )
-        self.face_quadrature = face_quadrature
+        self.face_quadrature = check_face_quadrature(face_quadrature)
         self.positivity = bool(positivity)
         d = grid.ndim
         self.src = [ghost_index_map(n, grid.boundary[a]) for a, n in enumerate(grid.cells)]

@@ -29,11 +29,11 @@ from tpde.grid.threads import ensure_policy
 
 from . import kernels
 from .operator import (
-    FACE_QUADRATURES,
     FACE_VELOCITIES,
     FaceVelocity,
     FluxOperator,
     PositivityError,
+    check_face_quadrature,
 )
 from .reconstruction import get_reconstruction
 from .rk import get_integrator
@@ -107,11 +107,7 @@ class Scheme:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"scheme.{name}: must be a positive number, got {value!r}")
-        if self.face_quadrature not in FACE_QUADRATURES:
-            raise ValueError(
-                f"scheme.face_quadrature: unknown {self.face_quadrature!r}; "
-                f"choose one of {', '.join(FACE_QUADRATURES)}"
-            )
+        check_face_quadrature(self.face_quadrature)
         if self.face_velocity not in FACE_VELOCITIES:
             raise ValueError(
                 f"scheme.face_velocity: unknown {self.face_velocity!r}; "

@@ -587,12 +587,13 @@ SECURITY_KEYS = ("ca_file", "cert", "key", "require_encryption")
 def check_scheduler(address: Any, security: Any = None) -> None:
     """A ConfigError naming ``--scheduler`` unless ``address`` is ``protocol://host:port``;
     with ``security`` (TLS) the protocol must be ``tls``."""
-    if not isinstance(address, str) or _ADDRESS.fullmatch(address.strip()) is None:
+    match = _ADDRESS.fullmatch(address.strip()) if isinstance(address, str) else None
+    if match is None:
         raise ConfigError(
             f"--scheduler: {address!r:.80} is not an address; give protocol://host:port, "
             "e.g. tls://10.0.0.5:8786 (or tcp:// on a private network)"
         )
-    port = int(_ADDRESS.fullmatch(address.strip()).group(3))
+    port = int(match.group(3))
     if not 0 < port < 65536:
         raise ConfigError(f"--scheduler: port {port} is out of range (1 .. 65535)")
     if security is not None and not address.strip().startswith("tls://"):
