@@ -198,10 +198,20 @@ class Result:
     rejected_steps: int = 0
     limited_stages: int = 0
     wall_time: float = 0.0
+    positions: Positions | None = None
 
     @property
     def times(self) -> np.ndarray:
         return np.array([s.time for s in self.snapshots])
+
+    def to_xarray(self, **kwargs: object) -> object:
+        """The run as an ``xarray.Dataset``: the variables and attributes of the file
+        ``tpde run`` writes (``tpde.io.to_dataset``; ``tpde.io.write(result, path)`` writes
+        that file). kwargs: ``order`` ("xyz" or "file"), ``config_text``, ``title``.
+
+        The converter is the entry point ``xarray`` of the group :data:`EXPORTERS`, which
+        the face declares (pyproject.toml): the physics names no module of the face."""
+        return _exporter("xarray")(self, **kwargs)
 
     @property
     def densities(self) -> np.ndarray:
@@ -210,6 +220,22 @@ class Result:
     @property
     def final(self) -> np.ndarray:
         return self.snapshots[-1].density
+
+
+#: the entry-point group of Result's converters (``xarray = "tpde.io:to_dataset"``)
+EXPORTERS = "tpde.exporters"
+
+
+def _exporter(name: str) -> Callable[..., object]:
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=EXPORTERS, name=name))
+    if not found:
+        raise RuntimeError(
+            f"Result.to_{name}: no converter {name!r} in the entry points {EXPORTERS!r}; "
+            "reinstall tpde (pip install -e .)"
+        )
+    return found[0].load()
 
 
 class Solver:
@@ -428,7 +454,7 @@ class Solver:
     def run(self) -> Result:
         start = _time.perf_counter()
         problem = self.problem
-        result = Result(self.grid, [])
+        result = Result(self.grid, [], positions=problem.positions)
         times = problem.times
         if times[0] <= self.t:
             result.snapshots.append(self.snapshot())

@@ -533,8 +533,8 @@ def _from_file(table: dict, grid: Grid) -> np.ndarray:
         raise ConfigError(
             f"initial.file: cannot read {path} as a tpde output: {str(exc).splitlines()[0]}"
         ) from None
-    if source.shape != grid.shape or not np.allclose(
-        [source.centres(a) for a in range(grid.ndim)], [grid.centres(a) for a in range(grid.ndim)]
+    if source.shape != grid.shape or not all(  # (axes of different lengths: one at a time)
+        np.allclose(source.centres(a), grid.centres(a)) for a in range(grid.ndim)
     ):
         raise ConfigError(f"initial.file: {path} is on a different grid; use the same grid keys")
     if "s" in ds.dims:

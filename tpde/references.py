@@ -23,6 +23,7 @@ plot``, ``tpde compare``, ParaView and xarray read the three files alike:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,7 @@ def gaussian_reference(config: Config) -> xr.Dataset:
     d = problem.grid.ndim
     mean0 = np.asarray(initial.get("mean", [0.0] * d), float)
     cov0 = np.asarray(initial.get("covariance", np.eye(d)), float)
+    start = time.perf_counter()
     solution = solve(
         config.variant, mean0, cov0, problem.velocity.spec, problem.t_end, t0=problem.t_start
     )
@@ -123,6 +125,7 @@ def gaussian_reference(config: Config) -> xr.Dataset:
         status=solution.status,
         status_time=float(solution.status_time),
         status_message=solution.message,
+        wall_time=time.perf_counter() - start,
     )
     return ds
 
@@ -131,6 +134,7 @@ def particle_reference(
     config: Config, n: int, seed: int = 0, dt: float | None = None
 ) -> xr.Dataset:
     """n tokens sampled from the initial density, moved by the token system."""
+    from tpde.grid.threads import ensure_policy
     from tpde.validation.particles import (
         TokenSystem,
         sample_sliced_tokens,
@@ -159,6 +163,7 @@ def particle_reference(
             problem.density, problem.grid, positions, n // positions.count, seed
         )
     step = dt or float(np.min(np.diff(problem.times))) / 10
+    start = time.perf_counter()
     solution = simulate(
         TokenSystem(config.variant, problem.velocity.spec, positions=token_s),
         tokens,
@@ -217,6 +222,9 @@ def particle_reference(
         status_message="",
         seed=seed,
         dt=step,
+        steps=int(np.ceil((problem.t_end - problem.t_start) / step - 1e-9)),
+        threads=ensure_policy(),
+        wall_time=time.perf_counter() - start,
     )
     return ds
 

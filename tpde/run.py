@@ -210,6 +210,7 @@ def run_config(
 
         solver = None
         outcome = io.Outcome("error", problem.t_start, "the run did not start")
+        start = _time.perf_counter()
         try:
             solver = Solver(problem, on_snapshot=on_snapshot)
             result = solver.run()
@@ -241,8 +242,19 @@ def run_config(
         finally:
             progress.done()
             with signals.held(deliver=False):
-                writer.close(outcome)
+                writer.close(outcome, provenance=_provenance(solver, start))
     return output
+
+
+def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:
+    """What the file records of this run segment (:data:`tpde.io.COUNTERS` are summed over
+    resumes): wall time, and once the solver exists its steps, rejected steps, threads."""
+    out: dict[str, Any] = {"wall_time": _time.perf_counter() - start}
+    if solver is not None:
+        from tpde.grid.threads import ensure_policy
+
+        out.update(steps=solver.steps, rejected_steps=solver.rejected, threads=ensure_policy())
+    return out
 
 
 def error_line(exc: BaseException) -> str:

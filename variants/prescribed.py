@@ -92,7 +92,22 @@ class FunctionVelocity(VelocityField):
         mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
         shape = tuple(len(c) for c in coords)
         values = self.func(mesh, t)
-        out = np.empty((grid.ndim,) + shape)
-        for a in range(grid.ndim):
-            out[a] = np.broadcast_to(np.asarray(values[a], dtype=float), shape)
+        d = grid.ndim
+        expected = f"{d} arrays broadcastable to {shape} (or one array of shape {(d, *shape)})"
+        try:
+            count = len(values)
+        except TypeError:
+            count = None
+        if count != d:
+            got = type(values).__name__ if count is None else f"{count} component(s)"
+            raise ValueError(f"velocity: func(x, t) must return {expected}, got {got}")
+        out = np.empty((d,) + shape)
+        for a in range(d):
+            try:
+                out[a] = np.broadcast_to(np.asarray(values[a], dtype=float), shape)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"velocity: func(x, t) must return {expected}; component {a} has "
+                    f"shape {np.shape(values[a])}"
+                ) from None
         return out
