@@ -15,8 +15,8 @@ import pytest
 
 from tpde import studies, validate
 from tpde.cli import main
-from tpde.grid import Grid, gaussian_mixture
-from tpde.variants import Head
+from tpde.grid import Grid, gaussian_mixture, uniform_ball
+from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
 
 @pytest.mark.slow
@@ -35,8 +35,9 @@ def test_quick_suite_passes_and_writes_its_report(tmp_path, capsys):
 def small_suite(suite: str, outdir: Path, log=print) -> validate.Report:
     """The quick suite's studies on smaller cases: the closed forms, grid vs the Gaussian ODE
     (softmax c1, 32^2 -> 64^2, to t = 0.25), Gauss-Hermite tokens vs the ODE (softmax, 16^2
-    nodes), grid vs 1000 sampled tokens and the mean-field slope (1-D two bumps, 200 cells);
-    the masked grid vs tokens check is tests/test_masked.py's."""
+    nodes), grid vs sampled tokens for each of the suite's cases (fewer tokens; 1-D on 200
+    cells) and the mean-field slope (1-D two bumps); the masked grid vs tokens check is
+    tests/test_masked.py's (the suite's case)."""
     outdir.mkdir(parents=True, exist_ok=True)
     report = validate.Report([], [], [])
     validate.closed_forms(report, log)
@@ -50,9 +51,22 @@ def small_suite(suite: str, outdir: Path, log=print) -> validate.Report:
     validate.covariance_figure(outdir / "covariance.png", refinement, tokens)
     line = Grid([-5.0], [5.0], [200])
     bumps = gaussian_mixture(line, [0.5, 0.5], [[-1.5], [1.2]], [[[0.3]], [[0.5]]])
-    bumps_head = Head(validate.A_BUMPS, validate.V_1D)
-    case = ("1-D two bumps, softmax", "softmax", bumps_head, line, bumps, 1000, 1)
-    validate.grid_vs_tokens(report, log, [case])
+    A, V = validate.A_BUMPS, validate.V_1D
+    bumps_head = Head(A, V)
+    box = Grid([-5.0, -5.0], [5.0, 5.0], [40, 40])
+    disc = uniform_ball(box, [0.3, -0.2], 2.0)
+    mix = gaussian_mixture(
+        box, [0.5, 0.5], [[-1.5, 0.0], [1.5, 0.5]], [0.4 * np.eye(2), [[0.5, 0.1], [0.1, 0.3]]]
+    )
+    l2_head = L2Head(0.7 * np.eye(2), 0.7 * np.eye(2), -0.5 * np.eye(2))
+    cases = [
+        ("1-D two bumps, softmax", "softmax", bumps_head, line, bumps, 1000, 1),
+        ("1-D two bumps, sigmoid", "sigmoid", SigmoidHead(A, V, bias=-1.0), line, bumps, 1000, 1),
+        ("1-D two bumps, Sinkhorn", "sinkhorn", SinkhornHead(A, V), line, bumps, 250, 1),
+        ("2-D uniform disc, softmax", "softmax", Head(validate.A1, validate.V1), box, disc, 500, 2),
+        ("2-D two bumps, l2 (Q = K)", "l2", l2_head, box, mix, 500, 2),
+    ]
+    validate.grid_vs_tokens(report, log, cases)
     study = validate.mean_field_study(report, log, line, bumps, bumps_head, [100, 400, 1600], "1-D")
     validate.mean_field_figure(outdir / "mean_field.png", {"1-D two bumps": study})
     report.figures += ["covariance.png", "mean_field.png"]
@@ -70,7 +84,7 @@ def test_small_suite_passes_and_writes_its_report(tmp_path, capsys, monkeypatch)
     assert "FAIL" not in out and "checks passed" in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "| PASS |" in report and "**FAIL**" not in report
-    for check in ("grid vs ODE", "observed order", "tokens vs ODE", "grid vs tokens", "slope"):
+    for check in ("grid vs ODE", "observed order", "tokens vs ODE", "slope", "2-D two bumps, l2"):
         assert check in report
     for figure in ("covariance.png", "mean_field.png"):
         assert (tmp_path / "report" / figure).stat().st_size > 10_000
