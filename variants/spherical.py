@@ -64,6 +64,8 @@ from .parameters import Head, ParamSpec, as_param_spec, params_at
 __all__ = [
     "CIRCLE_ENGINES",
     "CircleAttention",
+    "SphereAttention",
+    "average_to_points",
     "circle_head",
     "conformal_parts",
     "is_conformal",
@@ -315,3 +317,208 @@ def interaction_energy(density: np.ndarray, grid: Grid, beta: float) -> float:
     weights = np.where(k == 0, 1.0, 2.0) * ive(k, beta)  # +-k for k > 0
     total = np.sum(weights * np.abs(modes) ** 2) * math.exp(beta)
     return float(total / (2.0 * beta))
+
+
+# ---- the sphere S^2 ---------------------------------------------------------------------------
+def average_to_points(
+    edges: np.ndarray, targets: np.ndarray, width: int = 5, weighted: bool = False
+) -> np.ndarray:
+    """The matrix (targets, cells) taking cell averages on ``edges`` (in ``z``) to point
+    values at ``targets``: per target the ``width`` cells around its own (moved inside at the
+    ends), exact for polynomials of degree ``width - 1``. ``weighted``: for a function
+    ``s p`` with ``s = sqrt(1 - z^2)`` and ``p`` smooth (an odd ``phi``-mode of a smooth
+    density on the sphere), exact when ``p`` is such a polynomial: the moments are taken
+    with the weight ``s`` (by Gauss-Legendre in the polar angle) and the result is
+    multiplied by ``s`` at the target."""
+    edges = np.asarray(edges, float)
+    n = edges.size - 1
+    out = np.zeros((targets.size, n))
+    cell = np.clip(np.searchsorted(edges, targets, side="right") - 1, 0, n - 1)
+    powers = np.arange(width)
+    x, w = np.polynomial.legendre.leggauss(16)
+    theta_edges = np.arccos(np.clip(edges, -1.0, 1.0))
+    for t, (target, c) in enumerate(zip(targets, cell, strict=True)):
+        first = int(np.clip(c - width // 2, 0, n - width))
+        scale = edges[first + 1] - edges[first]
+        if weighted:
+            t1, t0 = theta_edges[first : first + width], theta_edges[first + 1 : first + width + 1]
+            theta = t0[:, None] + 0.5 * (t1 - t0)[:, None] * (x[None, :] + 1.0)
+            weights = 0.5 * (t1 - t0)[:, None] * w[None, :] * np.sin(theta) ** 2  # s dz
+            local = (np.cos(theta) - target) / scale
+            widths = edges[first + 1 : first + width + 1] - edges[first : first + width]
+            moments = np.einsum("cg,pcg->pc", weights, local[None] ** powers[:, None, None])
+            moments /= widths[None, :]
+        else:
+            lo, hi = edges[first : first + width], edges[first + 1 : first + width + 1]
+            a, b = (lo - target) / scale, (hi - target) / scale
+            moments = (
+                b[None, :] ** (powers[:, None] + 1) - a[None, :] ** (powers[:, None] + 1)
+            ) / ((powers[:, None] + 1) * (b - a)[None, :])
+        rhs = (powers == 0).astype(float)  # the point value at the target
+        row = np.linalg.solve(moments, rhs)
+        if weighted:
+            row *= math.sqrt(max(0.0, 1.0 - target * target))
+        out[t, first : first + width] = row
+    return out
+
+
+class SphereAttention(VelocityField):
+    """Softmax attention ``A = beta I``, ``V = I`` on the sphere S^2 on the equal-area
+    ``(z, phi)`` grid of :mod:`tpde.grid.sphere` (docs/theory.md, 'The sphere on the grid').
+
+    The velocity is ``(u_z, u_phi) = ((1 - z^2) d_z log Z, d_phi log Z / (1 - z^2)) / beta``
+    with ``Z(x) = int e^{beta <x, y>} rho(y) dA(y)``. In ``phi`` the kernel is a circular
+    convolution: ``e^{beta <x, y>} = e^{beta z z'} sum_m I_m(beta s s') e^{i m (phi' - phi)}``,
+    so the ``phi``-Fourier coefficients of the density (DFT of the cell averages divided by
+    ``sinc(m h_phi / 2)``) are multiplied by the kernel's, exactly. In ``z`` the integral
+    runs over 4 Gauss-Legendre nodes per cell of the density's fifth-order reconstruction
+    (:func:`average_to_points`, one-sided at the poles). ``normalised=False``: the
+    unnormalised variant (no division by ``Z``).
+    """
+
+    def __init__(self, beta: float, normalised: bool = True, nodes: int = 4):
+        self.beta = float(beta)
+        if not (math.isfinite(self.beta) and 0 < self.beta <= 300):
+            raise ValueError(f"attention.beta: expected a number in (0, 300], got {beta!r}")
+        self.normalised = bool(normalised)
+        self.nodes = int(nodes)
+        self._kernels = Recent(8)
+
+    def _kernel(self, grid: Grid, offset_z: float):
+        """For targets at z-centres + offset_z h_z: (z targets, the kernel (targets, nz, M) of
+        Z and of (1 - z^2) d_z Z, scaled by e^{-beta}), M = nphi // 2 + 1 modes."""
+        key = (grid, offset_z)
+        if key in self._kernels:
+            return self._kernels[key]
+        nz, nphi = grid.cells
+        h = grid.spacing[0]
+        edges = grid.edges(0)
+        targets = edges if offset_z == 0.5 else grid.centres(0) + offset_z * h
+        targets = np.clip(targets, -1.0, 1.0)
+        x, w = np.polynomial.legendre.leggauss(self.nodes)
+        sources = (edges[:-1, None] + 0.5 * h * (x[None, :] + 1.0)).ravel()
+        weights = np.tile(0.5 * h * w, nz)
+        # even phi-modes of a smooth density are smooth in z, odd ones s times smooth
+        even = average_to_points(edges, sources)  # (sources, nz)
+        odd = average_to_points(edges, sources, weighted=True)
+        m = np.arange(nphi // 2 + 1)
+        s_t = np.sqrt(np.maximum(0.0, 1.0 - targets**2))
+        s_s = np.sqrt(np.maximum(0.0, 1.0 - sources**2))
+        beta = self.beta
+        arg = beta * s_t[:, None] * s_s[None, :]  # (targets, sources)
+        scaled = np.exp(beta * (targets[:, None] * sources[None, :] - 1.0) + arg)
+        bessel = ive(m[None, None, :], arg[:, :, None])  # (t, s, M)
+        prime = 0.5 * (
+            ive(np.abs(m - 1)[None, None, :], arg[:, :, None])
+            + ive((m + 1)[None, None, :], arg[:, :, None])
+        )
+        kernel = scaled[:, :, None] * bessel
+        # (1 - z^2) d_z [e^{beta z z'} I_m(beta s s')], with d_z s = -z / s
+        dz = scaled[:, :, None] * (
+            beta * (s_t**2)[:, None, None] * sources[None, :, None] * bessel
+            - beta * (targets * s_t)[:, None, None] * s_s[None, :, None] * prime
+        )
+        parity = (m % 2 == 1)[None, None, :]
+        kernel = np.where(
+            parity,
+            np.einsum("tsm,sc->tcm", kernel, weights[:, None] * odd),
+            np.einsum("tsm,sc->tcm", kernel, weights[:, None] * even),
+        )
+        dz = np.where(
+            parity,
+            np.einsum("tsm,sc->tcm", dz, weights[:, None] * odd),
+            np.einsum("tsm,sc->tcm", dz, weights[:, None] * even),
+        )
+        kernel[:, :, 0], dz[:, :, 0] = self._zonal_exact(
+            grid, targets, kernel[:, :, 0], dz[:, :, 0]
+        )
+        entry = (targets, kernel, dz)
+        self._kernels[key] = entry
+        return entry
+
+    def _zonal_exact(self, grid: Grid, targets: np.ndarray, kernel0: np.ndarray, dz0: np.ndarray):
+        """The zonal mode (m = 0) made exact on Legendre polynomials of degree < L,
+        ``L = min(nz // 2, 24)``: the least-squares Legendre fit ``a = B^+ c`` of the cell
+        averages (``B`` the cell averages of ``P_l``; condition 5..60 for these ``L``) goes
+        through Funk-Hecke, ``int K_0(z, z') P_l(z') dz' = 2 kappa_l P_l(z)``, and only the
+        residual ``c - B a`` through the quadrature. A zonal harmonic of degree < L is then
+        moved by its exact velocity, so the linear operator is diagonal on them (the rates);
+        for other data the residual keeps the quadrature's accuracy."""
+        from scipy.special import eval_legendre
+
+        from tpde.grid.sphere import legendre_averages
+
+        nz = grid.cells[0]
+        degrees = np.arange(min(nz // 2, 24))
+        averages = legendre_averages(grid, degrees.size)  # (nz, L)
+        fit = np.linalg.pinv(averages)  # (L, nz)
+        residual = np.eye(nz) - averages @ fit
+        # kappa_l e^{-beta} on S^2 (sigma-normalised): sqrt(pi / (2 beta)) ive(l + 1/2, beta)
+        kappa = math.sqrt(math.pi / (2.0 * self.beta)) * ive(degrees + 0.5, self.beta)
+        legendre = np.stack([eval_legendre(l, targets) for l in degrees], axis=1)
+        below = np.stack(
+            [eval_legendre(l - 1, targets) if l > 0 else np.zeros_like(targets) for l in degrees],
+            axis=1,
+        )
+        exact = 2.0 * kappa[None, :] * legendre  # int K_0 P_l dz'
+        # (1 - z^2) d/dz P_l = l (P_{l-1} - z P_l)
+        exact_dz = 2.0 * kappa[None, :] * degrees[None, :] * (below - targets[:, None] * legendre)
+        return kernel0 @ residual + exact @ fit, dz0 @ residual + exact_dz @ fit
+
+    def _modes(self, density: np.ndarray, grid: Grid) -> np.ndarray:
+        """c_m(z row) = int rho e^{-i m phi} dphi per z cell, m = 0 .. nphi // 2."""
+        nphi = grid.cells[1]
+        h = grid.spacing[1]
+        m = np.arange(nphi // 2 + 1)
+        phase = np.exp(-1j * m * (grid.lower[1] + 0.5 * h))
+        correction = h * phase / _sinc(0.5 * m * h)
+        if nphi % 2 == 0:
+            correction[-1] = 0.0  # the Nyquist mode
+        return np.fft.rfft(density, axis=1) * correction[None, :]
+
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
+        from tpde.grid.sphere import _check_sphere
+
+        _check_sphere(grid)
+        rho = np.asarray(density, float)
+        modes = self._modes(rho, grid)
+        nphi = grid.cells[1]
+        h_phi = grid.spacing[1]
+        m = np.arange(nphi // 2 + 1)
+        out = []
+        for offset, comp in zip(offsets, components, strict=True):
+            oz, ophi = (float(v) for v in np.asarray(offset, float).reshape(-1))
+            targets, kernel, dz_kernel = self._kernel(grid, oz)
+            phase = np.exp(
+                1j * m * (grid.lower[1] + (0.5 + (-0.5 if ophi == 0.5 else ophi)) * h_phi)
+            )
+            z_hat = np.einsum("tcm,cm->tm", kernel, modes) * phase
+            z = nphi * np.fft.irfft(z_hat, nphi, axis=1)
+            values = []
+            for c in (0, 1) if comp is None else (comp,):
+                if c == 0:
+                    num = nphi * np.fft.irfft(
+                        np.einsum("tcm,cm->tm", dz_kernel, modes) * phase, nphi, axis=1
+                    )
+                else:
+                    s2 = np.maximum(1.0 - targets**2, 1e-300)[:, None]
+                    num = nphi * np.fft.irfft(1j * m * z_hat, nphi, axis=1) / s2
+                if self.normalised:
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        u = np.where(z > 0.0, num / (self.beta * z), 0.0)
+                    bound = np.sqrt(np.maximum(1.0 - targets**2, 0.0))[:, None]
+                    bound = bound if c == 0 else 1.0 / np.maximum(bound, 1e-300)
+                    u = np.clip(u, -bound, bound)
+                else:
+                    u = num * math.exp(self.beta) / self.beta
+                if ophi == 0.5:  # the face lattice: nphi + 1 faces, the last repeats the first
+                    u = np.concatenate([u, u[:, :1]], axis=1)
+                values.append(u)
+            out.append(values[0] if comp is not None else np.stack(values))
+        return out
+
+    def at(self, density, grid: Grid, t: float, offset) -> np.ndarray:
+        return self.components(density, grid, t, [offset], [None])[0]
+
+    def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+        return self.components(density, grid, t, offsets, [None] * len(offsets))
