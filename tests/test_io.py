@@ -429,6 +429,38 @@ def test_existing_file_is_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]
 
 
+def test_staged_overwrite_resumes_and_replaces_on_a_result(tmp_path):
+    """An interrupted --overwrite leaves the old file and its own records beside it;
+    resume continues those and replaces the old file when the run ends with a result."""
+    grid = GRIDS[2]
+    path = tmp_path / "out.nc"
+    write_file(path, GRIDS[1], gaussian_snaps(GRIDS[1], 2))
+    before = path.read_bytes()
+    snaps = gaussian_snaps(grid, 4)
+    writer = SnapshotWriter(path, grid, overwrite=True, config_text="new")
+    with pytest.raises(tio.OutputBusy, match="another tpde process"):
+        SnapshotWriter(path, grid, overwrite=True)  # one writer per output
+    writer.write(snaps[0])
+    writer.write(snaps[1])
+    assert writer.close("interrupted", snaps[1].time, "stopped")
+    assert path.read_bytes() == before
+    seen = {}
+    resumed = SnapshotWriter.resume(path, accept=seen.update)
+    assert seen["file"] == tio.staged_name(path) and seen["config"] == "new"
+    assert seen["outcome"] == tio.Outcome("interrupted", snaps[1].time, "stopped")
+    assert resumed.staged and resumed.snapshots == 2 and path.read_bytes() == before
+    resumed.write(snaps[2])
+    resumed.write(snaps[3])
+    resumed.close("completed", snaps[3].time)
+    assert_records(read(path), grid, snaps)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.nc"]  # no partial, no lock
+    refused = SnapshotWriter.resume  # accept may refuse: nothing changes, the lock is freed
+    with pytest.raises(ValueError, match="no"):
+        refused(path, accept=lambda state: (_ for _ in ()).throw(ValueError("no")))
+    assert read(path).attrs["status"] == "completed"
+    SnapshotWriter.resume(path).close("completed", snaps[3].time)
+
+
 def test_unwritable_targets(tmp_path, monkeypatch):
     grid = GRIDS[1]
     for target, reason in [
