@@ -24,10 +24,21 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from tpde.grid import Grid, Positions, profile
+from tpde.grid import Grid, Positions, moments, profile
 from tpde.grid.threads import ensure_policy
 
 from . import kernels
+from .frame import (
+    FRAMES,
+    HELD_CUT,
+    AffineFrame,
+    FrameRates,
+    affine_fit,
+    embedded_error,
+    face_density,
+    truncation_indicator,
+)
+from .monitor import BOX_ACTIONS, Event, Monitor
 from .operator import (
     FACE_VELOCITIES,
     FaceVelocity,
@@ -39,11 +50,22 @@ from .reconstruction import get_reconstruction
 from .rk import get_integrator
 from .velocity import VelocityField
 
-STATUSES = ("completed", "blowup", "mass_left_domain", "interrupted", "failed")
+STATUSES = (
+    "completed",
+    "blowup",
+    "box_limited",
+    "mass_left_domain",
+    "interrupted",
+    "failed",
+)
 
 
 class SimulationError(RuntimeError):
     """The numerics failed (non-finite values, step size collapse); message names t and step."""
+
+
+class FrameStepRejected(ArithmeticError):
+    """A step whose frame error exceeded the tolerance (redone with a shorter step)."""
 
 
 @dataclass
@@ -69,6 +91,12 @@ class Scheme:
         evaluations in 2-D, 9x in 3-D) and evaluates steady fields exactly (once per run).
         Interpolation needs >= 8 cells per axis; smaller grids evaluate exactly.
     positivity : bool, default True. The positivity-preserving flux limiter.
+    frame : "fixed" (default) | "affine". "affine": the grid is the co-moving frame of
+        :mod:`tpde.schemes.frame` (the problem then carries the initial
+        :class:`~tpde.schemes.frame.AffineFrame` and its density is the frame density).
+    frame_tolerance : float, default 1e-10. Local error allowed per step in the frame
+        (relative to ||L||), estimated by the SSP-RK3 stages' embedded Heun step; the step
+        is shortened (or rejected) to meet it.
     """
 
     reconstruction: str = "weno5z"
@@ -79,6 +107,8 @@ class Scheme:
     face_quadrature: str = "auto"
     face_velocity: str = "auto"
     positivity: bool = True
+    frame: str = "fixed"
+    frame_tolerance: float = 1e-10
 
     def validate(self) -> None:
         """Check every option (types, then values); ValueError naming ``scheme.<option>``.
@@ -108,6 +138,19 @@ class Scheme:
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"scheme.{name}: must be a positive number, got {value!r}")
         check_face_quadrature(self.face_quadrature)
+        if self.frame not in FRAMES:
+            raise ValueError(
+                f"scheme.frame: unknown {self.frame!r}; choose one of {', '.join(FRAMES)}"
+            )
+        if self.frame == "affine" and self.integrator != "ssprk3":
+            raise ValueError(
+                "scheme.frame: the affine frame controls its step with the SSP-RK3 stages; "
+                'set scheme.integrator = "ssprk3"'
+            )
+        if not (math.isfinite(self.frame_tolerance) and 0.0 < self.frame_tolerance < 1.0):
+            raise ValueError(
+                f"scheme.frame_tolerance: must be in (0, 1), got {self.frame_tolerance!r}"
+            )
         if self.face_velocity not in FACE_VELOCITIES:
             raise ValueError(
                 f"scheme.face_velocity: unknown {self.face_velocity!r}; "
@@ -143,6 +186,14 @@ class Problem:
     positions : a :class:`tpde.grid.Positions` for masked (causal) attention, else None.
         The density then has shape ``(positions.count, *grid.shape)``: one slice per
         position, each transported in x only (the position marginal is invariant).
+    frame : the initial :class:`~tpde.schemes.frame.AffineFrame` when ``scheme.frame =
+        "affine"`` (grid and density are then the frame's), else None.
+    box_tolerance : the run stops with ``box_limited`` (or ``blowup``) when the box no
+        longer holds the dynamics: the mass in the outer cells, or the mass-weighted cut of
+        the tilted laws behind the velocity, above this (default 1e-5; :mod:`.monitor`).
+    box_action : "stop" (default) | "warn" (record a ``box_limited`` event and go on).
+    collapse_ratio : record a ``collapse`` event when the covariance's smallest/largest
+        eigenvalue ratio falls below this (default 1e-4).
     """
 
     grid: Grid
@@ -156,6 +207,10 @@ class Problem:
     max_steps: int = 10_000_000
     initial_outflow: float = 0.0
     positions: Positions | None = None
+    frame: AffineFrame | None = None
+    box_tolerance: float = 1e-5
+    box_action: str = "stop"
+    collapse_ratio: float = 1e-4
 
     def __post_init__(self) -> None:
         leading = () if self.positions is None else (self.positions.count,)
@@ -169,7 +224,28 @@ class Problem:
             )
         if not self.max_outflow > 0:
             raise ValueError(f"run.max_outflow: must be > 0, got {self.max_outflow}")
+        if not (math.isfinite(self.box_tolerance) and 0.0 < self.box_tolerance < 1.0):
+            raise ValueError(f"run.box_tolerance: must be in (0, 1), got {self.box_tolerance!r}")
+        if self.box_action not in BOX_ACTIONS:
+            raise ValueError(
+                f"run.box_action: unknown {self.box_action!r}; choose one of "
+                f"{', '.join(BOX_ACTIONS)}"
+            )
+        if not (math.isfinite(self.collapse_ratio) and 0.0 < self.collapse_ratio < 1.0):
+            raise ValueError(f"run.collapse_ratio: must be in (0, 1), got {self.collapse_ratio!r}")
         self.times = snapshot_times(self.t_start, self.t_end, self.snapshots)
+        if (self.frame is not None) != (self.scheme.frame == "affine"):
+            raise ValueError(
+                "scheme.frame: a problem in the affine frame needs scheme.frame = "
+                '"affine" and its initial AffineFrame (Problem.frame), and only then'
+            )
+        if self.frame is not None:
+            if self.positions is not None:
+                raise ValueError("scheme.frame: the affine frame does not support masked attention")
+            if self.frame.mean.size != self.grid.ndim:
+                raise ValueError(
+                    f"frame: a {self.frame.mean.size}-D frame for a {self.grid.ndim}-D grid"
+                )
         if self.grid.size and self.grid.integrate(self.density) <= 0:
             raise ValueError("initial density: zero mass in the box")
 
@@ -183,6 +259,7 @@ class Snapshot:
     max_speed: float
     dt: float
     step: int
+    frame: AffineFrame | None = None
 
 
 @dataclass
@@ -199,6 +276,7 @@ class Result:
     limited_stages: int = 0
     wall_time: float = 0.0
     positions: Positions | None = None
+    events: list[Event] = field(default_factory=list)
 
     @property
     def times(self) -> np.ndarray:
@@ -287,13 +365,30 @@ class Solver:
         )
         self._euler = np.empty(self.operator.shape)
         self._next = np.empty(self.operator.shape)
+        # the co-moving frame (None: fixed box) and the step its accuracy allows
+        self.frame = problem.frame
+        self._frame_dt = math.inf
+        # the largest fraction of the mass whose velocity the box did not hold, since the
+        # last check (variants.truncation; 0 where the field does not measure it)
+        self.truncation = 0.0
+        self.monitor = Monitor(problem.box_tolerance, problem.box_action, problem.collapse_ratio)
+        self.status_message = ""
+        if self.frame is not None and not self.interpolate_faces:
+            raise ValueError(
+                "scheme.frame: the affine frame needs the interpolated face velocity "
+                '(scheme.face_velocity = "auto" or "interpolated", >= 8 cells per axis)'
+            )
 
     # ---- velocity on the faces ---------------------------------------------------------------
     @profile.timed("velocity")
-    def face_velocity(self, density: np.ndarray, t: float) -> FaceVelocity:
+    def face_velocity(
+        self, density: np.ndarray, t: float, frame: AffineFrame | None = None
+    ) -> FaceVelocity:
         """Evaluate the velocity field on every face node the scheme asked for.
 
-        A steady field (``velocity.steady``) is evaluated once and reused.
+        A steady field (``velocity.steady``) is evaluated once and reused. In the affine
+        frame (``frame`` given) the field is the residual ``w`` of :mod:`.frame` and the
+        returned object carries the frame's rates as ``frame_rates``.
         """
         if self._steady_velocity is not None:
             return self._steady_velocity
@@ -301,7 +396,21 @@ class Solver:
         weights = [w for _, w in self.nodes]
         if self.interpolate_faces:  # normal components at the face centres, then along faces
             centres = [np.where(np.arange(d) == a, 0.5, 0.0) for a in range(d)]
-            normal = field.components(density, self.grid, t, centres, list(range(d)))
+            if frame is None:
+                normal = field.components(density, self.grid, t, centres, list(range(d)))
+            else:
+                normal = field.frame_components(
+                    density, self.grid, t, centres, list(range(d)), frame
+                )
+            cut = field.cut
+            if cut is not None:
+                self.truncation = max(
+                    self.truncation,
+                    truncation_indicator([face_density(density, a) for a in range(d)], cut),
+                )
+            if frame is not None:
+                held = None if cut is None else [c <= HELD_CUT for c in cut]
+                normal, rates = affine_fit(density, self.grid, normal, frame, held)
             values = []
             for a in range(d):  # (memory: each face-centre array is dropped once used)
                 values.append(self.operator.transverse_velocity(normal[a], a))
@@ -317,7 +426,9 @@ class Solver:
             velocity = self.operator.face_velocity(values, weights, copy=False)
         except FloatingPointError as exc:
             raise SimulationError(f"{exc} at t = {t:.6g}, step {self.steps}") from None
-        if self.problem.velocity.steady:
+        if frame is not None:
+            velocity.frame_rates = rates  # type: ignore[attr-defined]
+        elif self.problem.velocity.steady:
             self._steady_velocity = velocity
         return velocity
 
@@ -338,48 +449,79 @@ class Solver:
         c = rk.stage_times
         stages = [self.density] + self._stage
         stage_outflow = [0.0] * rk.stages
+        # the frame of each stage (None: fixed box), combined like the densities
+        frames: list[AffineFrame | None] = [self.frame] + [None] * (rk.stages - 1)
         out = self._next
         flat_out = out.reshape(-1)
         for i in range(rk.stages):
             first = True
             new_outflow = 0.0
+            frame_weights: list[float] = []
+            frame_terms: list[AffineFrame] = []
             for k, (alpha, beta) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True)):
                 if alpha == 0.0:
                     continue
                 if beta == 0.0:
                     term = stages[k]
                     new_outflow += alpha * stage_outflow[k]
+                    frame_term = frames[k]
                 else:
                     if k == 0 and velocity0 is not None:
                         vel = velocity0
                         if i == self._last_stage0_use:
                             velocity0 = None  # memory: one FaceVelocity alive at a time
                     else:
-                        vel = self.face_velocity(stages[k], self._stage_time(c[k], dt))
+                        vel = self.face_velocity(stages[k], self._stage_time(c[k], dt), frames[k])
+                    frame_term = frames[k]
+                    if frame_term is not None:
+                        rates: FrameRates = vel.frame_rates  # type: ignore[attr-defined]
+                        frame_term = frame_term.advanced(rates, beta / alpha * dt)
                     left = self.operator.euler_step(stages[k], vel, beta / alpha * dt, self._euler)
                     vel = None
                     term = self._euler
                     new_outflow += alpha * (stage_outflow[k] + left)
+                if frame_term is not None:
+                    frame_weights.append(alpha)
+                    frame_terms.append(frame_term)
                 with profile.phase("rk.combine"):
                     if first:
                         np.multiply(term, alpha, out=out)
                         first = False
                     else:
                         kernels.axpy(flat_out, alpha, term.reshape(-1))
+            frame_out = AffineFrame.combination(frame_weights, frame_terms) if frame_terms else None
             if i + 1 < rk.stages:
                 stages[i + 1][...] = out
                 stage_outflow[i + 1] = new_outflow
+                frames[i + 1] = frame_out
             else:
                 final_outflow = new_outflow
+        if frame_out is not None:
+            # the frame's own accuracy: SSP-RK3 against its embedded Heun step
+            error = embedded_error(frames[0], frames[2], frame_out)
+            tolerance = self.problem.scheme.frame_tolerance
+            factor = 0.9 * (tolerance / error) ** (1.0 / 3.0) if error > 0 else 4.0
+            self._frame_dt = dt * min(4.0, max(0.2, factor))
+            if error > 2.0 * tolerance:
+                raise FrameStepRejected(f"frame error {error:.3e} > {tolerance:.1e}")
         if not kernels.all_finite(flat_out):
             raise SimulationError(
                 f"non-finite density at t = {self.t + dt:.6g}, step {self.steps + 1}"
             )
         self.density, self._next = out, self.density
+        self.frame = frame_out
         self.outflow += final_outflow
         self.t += dt
         self.steps += 1
         self.last_dt = dt
+
+    def _initial_frame_dt(self, velocity: FaceVelocity) -> float:
+        """Before the first frame step: 1e-3 of the frame's time scale 1 / ||G||."""
+        if math.isfinite(self._frame_dt):
+            return math.inf
+        gain = velocity.frame_rates.gain  # type: ignore[attr-defined]
+        rate = float(np.linalg.norm(gain, 2))
+        return 1e-3 / rate if rate > 0 else math.inf
 
     def _stage_time(self, fraction: float, dt: float) -> float:
         """t + c_k dt; a stage at the end of the step (c_k = 1) is taken a hair before it,
@@ -402,6 +544,7 @@ class Solver:
             max_speed=self.last_speed,
             dt=self.last_dt,
             step=self.steps,
+            frame=self.frame,
         )
         for callback in self.callbacks:
             callback(snap)
@@ -415,7 +558,7 @@ class Solver:
                 raise SimulationError(
                     f"run.max_steps = {self.problem.max_steps} reached at t = {self.t:.6g}"
                 )
-            velocity = self.face_velocity(self.density, self.t)
+            velocity = self.face_velocity(self.density, self.t, self.frame)
             self.last_speed = velocity.max_speed()
             bound = self.stable_dt(velocity)
             if scheme.dt is not None:
@@ -429,6 +572,8 @@ class Solver:
                 dt = scheme.cfl * bound
                 if scheme.dt_max is not None:
                     dt = min(dt, scheme.dt_max)
+            if self.frame is not None:
+                dt = min(dt, self._frame_dt, self._initial_frame_dt(velocity))
             remaining = t_target - self.t
             if dt >= remaining * (1 - 1e-12):
                 dt = remaining
@@ -443,13 +588,54 @@ class Solver:
                 except PositivityError:  # redone from scratch (the stage-0 velocity too)
                     self.rejected += 1
                     dt *= 0.5
+                except FrameStepRejected:
+                    self.rejected += 1
+                    dt = self._frame_dt
             else:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
             if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
             if self.outflow > self.problem.max_outflow * self.mass0:
+                self.status_message = (
+                    f"outflow {self.outflow:.3e} exceeds "
+                    f"{self.problem.max_outflow:g} of the initial mass "
+                    f"{self.mass0:.6g} at t = {self.t:.6g}"
+                )
                 return "mass_left_domain"
+            ended = self._watch()
+            if ended is not None:
+                return ended
         return "completed"
+
+    def physical_moments(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Mean and covariance of the measure in physical coordinates (None for masked runs,
+        whose density has position slices)."""
+        if self.problem.positions is not None:
+            return None
+        _, mean, cov = moments(self.density, self.grid)
+        return (mean, cov) if self.frame is None else self.frame.moments(mean, cov)
+
+    def _watch(self) -> str | None:
+        """The monitor's checks after a step (:mod:`.monitor`): a status that ends the run
+        (its message in ``self.status_message``) or None."""
+        found = self.physical_moments()
+        if found is not None:
+            self.monitor.record(self.t, found[1])
+        ended = (
+            self.monitor.check(
+                self.t,
+                self.truncation,
+                self.density if self.problem.positions is None else self.density.sum(axis=0),
+                tuple(a for a, mode in enumerate(self.grid.boundary) if mode != "periodic"),
+            )
+            if self.problem.velocity.attention
+            else None
+        )
+        self.truncation = 0.0
+        if ended is None:
+            return None
+        self.status_message = ended[1]
+        return ended[0]
 
     def run(self) -> Result:
         start = _time.perf_counter()
@@ -475,13 +661,10 @@ class Solver:
                 if status != "completed":
                     result.status = status
                     result.status_time = self.t
-                    result.status_message = (
-                        f"outflow {self.outflow:.3e} exceeds "
-                        f"{problem.max_outflow:g} of the initial mass "
-                        f"{self.mass0:.6g} at t = {self.t:.6g}"
-                    )
+                    result.status_message = self.status_message
                     break
         finally:
+            result.events = list(self.monitor.events)
             result.steps = self.steps
             result.rejected_steps = self.rejected
             result.limited_stages = self.operator.limited_steps

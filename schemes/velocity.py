@@ -37,7 +37,15 @@ class VelocityField:
 
     face_constant: bool = False
     steady: bool = False
+    #: True for attention: the field depends on the whole measure, so the box must hold the
+    #: measure (the solver's truncation checks, :mod:`tpde.schemes.monitor`, apply)
+    attention: bool = False
     spec: Any = None
+    #: after an evaluation of :meth:`components` / :meth:`frame_components`: one array per
+    #: lattice, the estimated relative error of the velocity there from the box cutting what
+    #: it depends on (tilted-mean variants: :mod:`tpde.variants.truncation`); None where the
+    #: field does not measure it
+    cut: list[np.ndarray] | None = None
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
@@ -72,6 +80,24 @@ class VelocityField:
         """
         full = self.at_many(density, grid, t, offsets)
         return [u if comp is None else u[comp] for u, comp in zip(full, components, strict=True)]
+
+    def frame_components(
+        self,
+        density: np.ndarray,
+        grid: Grid,
+        t: float,
+        offsets: Sequence[ArrayLike],
+        components: Sequence[int | None],
+        frame,
+    ) -> list[np.ndarray]:
+        """Like :meth:`components`, in the co-moving frame ``x = m + L xi``
+        (:class:`tpde.schemes.frame.AffineFrame`): ``density`` is the frame density on the
+        ``xi`` grid and the answer is ``u(xi) = L^-1 Gamma(m + L xi)`` on the ``xi``
+        lattices. Fields that cannot be evaluated in a frame raise ``ValueError``."""
+        raise ValueError(
+            f"scheme.frame: {type(self).__name__} has no co-moving frame; "
+            'use scheme.frame = "fixed"'
+        )
 
     def reset(self) -> None:
         """Forget the warm starts (state that only speeds up the next evaluation: Sinkhorn

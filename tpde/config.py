@@ -77,6 +77,8 @@ from tpde.grid import (
     uniform_ball,
     uniform_box,
 )
+from tpde.schemes.frame import AffineFrame, mixture_frame
+from tpde.schemes.monitor import BOX_ACTIONS
 from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
     ATTENTION,
@@ -110,7 +112,16 @@ SECTIONS = {
     },
     "attention": set(),  # ATTENTION_KEYS, below: read from the variants
     "scheme": set(),  # the fields of tpde.schemes.solver.Scheme
-    "run": {"t_end", "snapshots", "output", "max_outflow", "t_start"},
+    "run": {
+        "t_end",
+        "snapshots",
+        "output",
+        "max_outflow",
+        "t_start",
+        "box_tolerance",
+        "box_action",
+        "collapse_ratio",
+    },
 }
 
 # ---- the attention schema, read from the variants ---------------------------------------------
@@ -509,6 +520,38 @@ def _density(kind: str, table: dict, grid: Grid) -> np.ndarray:
         return _from_file(table, grid)
 
 
+def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
+    """For ``scheme.frame = "affine"``: the initial frame (the initial law's exact mean and
+    covariance) and the [initial] table of the law pushed forward to the frame, whose
+    cell averages fill the xi grid (grid.lower / grid.upper are then in frame units)."""
+    kind = table.get("kind", "gaussian")
+    if kind == "gaussian":
+        weights, means, covs = [1.0], [table.get("mean", [0.0] * d)], [table.get("covariance")]
+        if covs[0] is None:
+            covs = [np.eye(d).tolist()]
+    elif kind == "mixture":
+        weights, means, covs = (table.get(k) for k in ("weights", "means", "covariances"))
+        _density("mixture", table, Grid([-1.0] * d, [1.0] * d, [2] * d))  # the key checks
+    else:
+        raise ConfigError(
+            f'scheme.frame: the affine frame starts from initial.kind = "gaussian" or '
+            f'"mixture", not {kind!r}; use scheme.frame = "fixed"'
+        )
+    means = [_vector("initial.mean", m, d) for m in means]
+    covs = [_matrix("initial.covariance", c, (d, d)) for c in covs]
+    for c in covs:
+        _spd("initial.covariance", c)
+    frame, xi_means, xi_covs = mixture_frame(_vector("initial.weights", weights), means, covs)
+    pushed = {k: v for k, v in table.items() if k not in ("mean", "covariance")}
+    pushed.update(
+        kind="mixture",
+        weights=list(map(float, weights)),
+        means=[m.tolist() for m in xi_means],
+        covariances=[c.tolist() for c in xi_covs],
+    )
+    return frame, pushed
+
+
 def _spd(key: str, cov: np.ndarray) -> None:
     scale = float(np.abs(cov).max()) or 1.0  # eigenvalues of the scaled matrix: no overflow
     if (
@@ -850,6 +893,9 @@ def _run_settings(run: dict) -> dict:
         "t_start": _number("run.t_start", run.get("t_start", 0.0)),
         "t_end": _number("run.t_end", run["t_end"]),
         "max_outflow": _number("run.max_outflow", run.get("max_outflow", 1e-3)),
+        "box_tolerance": _number("run.box_tolerance", run.get("box_tolerance", 1e-5)),
+        "box_action": _choice("run.box_action", run.get("box_action", "stop"), BOX_ACTIONS),
+        "collapse_ratio": _number("run.collapse_ratio", run.get("collapse_ratio", 1e-4)),
     }
     snapshots = run.get("snapshots", 41)
     if isinstance(snapshots, list):
@@ -893,7 +939,11 @@ def build(source: str | Path | Mapping) -> Config:
     if positions is not None:
         velocity = CausalAttention(velocity)
     check_resources(grid, positions, scheme, run, raw["attention"])
-    density = build_initial(raw.get("initial", {}), grid, positions)
+    initial = raw.get("initial", {})
+    frame = None
+    if scheme.frame == "affine":
+        frame, initial = framed_initial(initial, grid.ndim)
+    density = build_initial(initial, grid, positions)
     try:
         problem = Problem(
             grid,
@@ -905,6 +955,10 @@ def build(source: str | Path | Mapping) -> Config:
             t_start=run["t_start"],
             max_outflow=run["max_outflow"],
             positions=positions,
+            frame=frame,
+            box_tolerance=run["box_tolerance"],
+            box_action=run["box_action"],
+            collapse_ratio=run["collapse_ratio"],
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

@@ -24,7 +24,8 @@ from tpde.grid.stencils import point_values
 from .engines.cache import Recent
 from .engines.direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
-from .softmax import TiltedMeanField
+from .softmax import TiltedMeanField, with_constant
+from .truncation import cut_lattices
 
 
 def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
@@ -66,6 +67,8 @@ class L2Attention(TiltedMeanField):
             head,
             self._key_weights.get_or_make(key, lambda: key_weight(grid, head.K)),
         )
+        lattices = [grid.lattice(offset) for offset in offsets]
+        self.cut = cut_lattices(weights, grid, lattices, coupling)
         return self.shaped(
             self.head_velocities(
                 weights, grid, offsets, components, coupling, head.C, support_box(weights, grid)
@@ -73,3 +76,33 @@ class L2Attention(TiltedMeanField):
             grid,
             offsets,
         )
+
+    def frame_components(
+        self, density, grid: Grid, t: float, offsets, components, frame
+    ) -> list[np.ndarray]:
+        """In the frame ``x = m + L xi``, ``y = m + L eta``: the key weight is
+        ``exp(-|K (m + L eta)|^2)``, the tilt ``2 L^T K^T Q L (xi + L^-1 m)`` (the terms in xi
+        alone cancel) and ``L^-1 Gamma = L^-1 C m + L^-1 C L m_w`` (docs/theory.md, "The
+        co-moving affine frame")."""
+        head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
+        L, inverse, m = frame.matrix, frame.inverse, frame.mean
+        coupling = 2.0 * L.T @ head.K.T @ (head.scale * head.Q) @ L
+        shift = inverse @ m
+        centres = np.stack(grid.mesh(sparse=False), axis=-1)  # (*cells, d)
+        physical = m + centres @ L.T
+        weight = np.exp(-np.sum((physical @ np.asarray(head.K, float).T) ** 2, axis=-1))
+        weights = reweighted_density(density, grid, head, weight)
+        lattices = [grid.lattice(offset) for offset in offsets]
+        self.cut = cut_lattices(weights, grid, lattices, coupling, shift)
+        velocity = self.head_velocities(
+            weights,
+            grid,
+            offsets,
+            components,
+            coupling,
+            inverse @ head.C @ L,
+            support_box(weights, grid),
+            None,
+            shift,
+        )
+        return self.shaped(with_constant(velocity, components, inverse @ head.C @ m), grid, offsets)

@@ -47,6 +47,8 @@ class CausalAttention(VelocityField):
         ``(d, S, *lattice_shape)`` (one component: ``(S, *lattice_shape)``).
     """
 
+    attention = True
+
     def __init__(self, base: VelocityField):
         from .sinkhorn import SinkhornAttention
 

@@ -67,6 +67,8 @@ class SigmoidAttention(VelocityField):
     engine : "auto" | "direct" (the only engine; module docstring).
     """
 
+    attention = True
+
     def __init__(self, params: ParamSpec, engine: str = "auto"):
         if engine not in ENGINES:
             raise ValueError(

@@ -36,7 +36,8 @@ from tpde.grid.stencils import point_values
 
 from .engines.direct import support_box
 from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
-from .softmax import TiltedMeanField
+from .softmax import TiltedMeanField, with_constant
+from .truncation import cut_lattices
 
 
 class SinkhornError(RuntimeError):
@@ -178,6 +179,23 @@ class SinkhornAttention(TiltedMeanField):
 
     def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
+        return self._velocities(density, grid, t, offsets, components, head)
+
+    def frame_components(
+        self, density, grid: Grid, t: float, offsets, components, frame
+    ) -> list[np.ndarray]:
+        """In the frame ``x = m + L xi``, ``y = m + L eta``: ``<A x, y> = <L^T A L xi, eta>``
+        plus terms in xi or eta alone, which the potentials absorb, so the plan in the frame
+        is Sinkhorn's for ``L^T A L``, and ``L^-1 Gamma = L^-1 C m + L^-1 C L E[eta | xi]``."""
+        head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
+        L, inverse, m = frame.matrix, frame.inverse, frame.mean
+        framed = SinkhornHead(L.T @ head.A @ L, inverse @ head.C @ L, eps=head.eps)
+        velocity = self._velocities(density, grid, t, offsets, components, framed, shaped=False)
+        return self.shaped(with_constant(velocity, components, inverse @ head.C @ m), grid, offsets)
+
+    def _velocities(
+        self, density, grid: Grid, t: float, offsets, components, head, shaped: bool = True
+    ) -> list[np.ndarray]:
         weights = quadrature_weights(density, grid)
         _, g = self.potentials(weights, grid, head, t)
         g = g.reshape(grid.shape)
@@ -185,16 +203,9 @@ class SinkhornAttention(TiltedMeanField):
         tilted = np.where(
             mass, weights * np.exp(np.minimum(g - g[mass].max(), 0.0) / head.eps), 0.0
         )
-        return self.shaped(
-            self.head_velocities(
-                tilted,
-                grid,
-                offsets,
-                components,
-                head.A / head.eps,
-                head.C,
-                support_box(weights, grid),
-            ),
-            grid,
-            offsets,
+        lattices = [grid.lattice(offset) for offset in offsets]
+        self.cut = cut_lattices(tilted, grid, lattices, head.A / head.eps)
+        velocity = self.head_velocities(
+            tilted, grid, offsets, components, head.A / head.eps, head.C, support_box(weights, grid)
         )
+        return self.shaped(velocity, grid, offsets) if shaped else velocity

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tpde.grid import Grid
+from tpde.grid import Grid, moments, raw_moment
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
@@ -52,6 +52,7 @@ from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
+from .truncation import cut_lattices
 
 #: the warm start's mark of a grid and matrix whose tables the sheared passes could not
 #: resolve under the node cap (interpolated pointwise from then on): EnginePolicy.warm
@@ -63,6 +64,17 @@ def _heads(params) -> list[Head]:
     if not heads or not all(isinstance(h, Head) for h in heads):
         raise ValueError("attention.heads: expected a Head or a non-empty list of Head")
     return heads
+
+
+def with_constant(
+    values: list[np.ndarray], components: Sequence[int | None], constant: np.ndarray
+) -> list[np.ndarray]:
+    """Add the vector ``constant`` (d,) to per-lattice velocities: (P,) arrays hold component
+    ``components[i]``, (P, d) arrays all of them."""
+    return [
+        v + (constant if comp is None else constant[comp])
+        for v, comp in zip(values, components, strict=True)
+    ]
 
 
 class TiltedMeanField(VelocityField):
@@ -79,6 +91,8 @@ class TiltedMeanField(VelocityField):
     the engine and table of every request and owns the warm starts that :meth:`reset`
     forgets.
     """
+
+    attention = True
 
     engines: tuple[str, ...] = ("auto", "direct", "separable")
 
@@ -147,6 +161,7 @@ class TiltedMeanField(VelocityField):
         C: np.ndarray,
         box: tuple[np.ndarray, np.ndarray],
         spacing: Sequence[float] | None = None,
+        shift: np.ndarray | None = None,
     ) -> list[np.ndarray]:
         """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (docs/theory.md,
         'Clip of tilted means'):
@@ -158,8 +173,11 @@ class TiltedMeanField(VelocityField):
         lattice: the tables tabulate the velocity components themselves, so a lattice that
         needs one component interpolates one field, clipped to the range ``C box`` allows;
         the dense sums evaluate it at the lattice points.
+        ``shift`` (d,): the tilts are ``matrix (x + shift)`` (the co-moving frame's offset).
         """
         lattices = [grid.lattice(offset) for offset in offsets]
+        if shift is not None:
+            lattices = [[x + s for x, s in zip(coords, shift, strict=True)] for coords in lattices]
         sums = self.sums(weights, grid, lattices, matrix, sheared=True)
         table = sums.velocity_table(np.asarray(C, float), box, spacing)
         return [
@@ -200,7 +218,8 @@ class SoftmaxAttention(TiltedMeanField):
             first = self.spec.params[0] if hasattr(self.spec, "params") else self.spec
             _heads(first)
 
-    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
+    def heads_at(self, t: float, grid: Grid) -> list[Head]:
+        """The heads in force at time t, checked against the grid's dimension."""
         heads = _heads(params_at(self.spec, t))
         for i, head in enumerate(heads):
             if head.dim != grid.ndim:
@@ -208,8 +227,60 @@ class SoftmaxAttention(TiltedMeanField):
                     f"attention.heads[{i}].A: expected {grid.ndim} x {grid.ndim} "
                     f"for a {grid.ndim}-D grid, got {head.dim} x {head.dim}"
                 )
+        return heads
+
+    def frame_components(
+        self, density, grid: Grid, t: float, offsets, components, frame
+    ) -> list[np.ndarray]:
+        """In the frame ``x = m + L xi``: head h tilts the frame density by
+        ``L^T A_h L (xi + L^-1 m)`` and ``L^-1 Gamma = sum_h L^-1 C_h m + L^-1 C_h L m_rho``
+        (docs/theory.md, "The co-moving affine frame")."""
+        if self.engine == "fft":
+            raise ValueError(
+                'scheme.frame: the affine frame needs attention.engine = "auto", '
+                '"direct" or "separable" (the FFT engine holds one fixed A)'
+            )
+        L, inverse = frame.matrix, frame.inverse
+        shift = inverse @ frame.mean
         box = support_box(density, grid)
+        lattices = [grid.lattice(offset) for offset in offsets]
         total = None
+        self.cut = None
+        for head in self.heads_at(t, grid):
+            matrix = L.T @ head.A @ L
+            velocity = self.head_velocities(
+                density,
+                grid,
+                offsets,
+                components,
+                matrix,
+                inverse @ head.C @ L,
+                box,
+                grid.spacing,
+                shift,
+            )
+            velocity = with_constant(velocity, components, inverse @ head.C @ frame.mean)
+            total = (
+                velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
+            )
+            self._cut(density, grid, lattices, matrix, shift)
+        return self.shaped(total, grid, offsets)
+
+    def _cut(self, weights, grid: Grid, lattices, matrix, shift=None) -> None:
+        """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head)."""
+        cut = cut_lattices(weights, grid, lattices, matrix, shift)
+        self.cut = (
+            cut
+            if self.cut is None
+            else [np.maximum(a, b) for a, b in zip(self.cut, cut, strict=True)]
+        )
+
+    def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
+        heads = self.heads_at(t, grid)
+        box = support_box(density, grid)
+        lattices = [grid.lattice(offset) for offset in offsets]
+        total = None
+        self.cut = None
         for head in heads:
             if self.engine == "fft":
                 velocity = self._fft_velocities(density, grid, offsets, components, head, box)
@@ -220,6 +291,7 @@ class SoftmaxAttention(TiltedMeanField):
             total = (
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
+            self._cut(density, grid, lattices, head.A)
         return self.shaped(total, grid, offsets)
 
     def _fft_velocities(self, density, grid, offsets, components, head, box):
@@ -282,6 +354,8 @@ class LinearAttention(VelocityField):
     M2 comes from the cell averages without the h^2/12 bias (tpde.grid moments).
     """
 
+    attention = True
+
     def __init__(self, params: ParamSpec):
         self.spec = as_param_spec(params)
 
@@ -289,25 +363,50 @@ class LinearAttention(VelocityField):
         return self.at_many(density, grid, t, [offset])[0]
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
-        from tpde.grid import raw_moment
-
         heads = _heads(params_at(self.spec, t))
-        d = grid.ndim
-        second = np.empty((d, d))
+        matrix = sum(head.C @ second_moment(density, grid) @ head.A for head in heads)
+        return affine_lattices(grid, offsets, np.zeros(grid.ndim), matrix)
+
+    def frame_components(
+        self, density, grid: Grid, t: float, offsets, components, frame
+    ) -> list[np.ndarray]:
+        """In the frame ``x = m + L xi``: ``M2 = L M2_rho L^T + L xi_bar m^T + m xi_bar^T L^T
+        + m m^T`` and ``L^-1 Gamma(m + L xi) = L^-1 B m + L^-1 B L xi``, ``B = sum_h C_h M2 A_h``:
+        affine in xi for any density, so the frame carries all of the dynamics."""
+        heads = _heads(params_at(self.spec, t))
+        L, inverse, m = frame.matrix, frame.inverse, frame.mean
+        _, xi_mean, _ = moments(density, grid)
+        outer = np.outer(L @ xi_mean, m)
+        second = L @ second_moment(density, grid) @ L.T + outer + outer.T + np.outer(m, m)
+        gain = sum(head.C @ second @ head.A for head in heads)
+        full = affine_lattices(grid, offsets, inverse @ gain @ m, inverse @ gain @ L)
+        return [u if comp is None else u[comp] for u, comp in zip(full, components, strict=True)]
+
+
+def second_moment(density: np.ndarray, grid: Grid) -> np.ndarray:
+    """M2 = int y y^T d mu (d, d), from the cell averages without the h^2/12 bias."""
+    d = grid.ndim
+    second = np.empty((d, d))
+    for a in range(d):
+        for b in range(a, d):
+            powers = [0] * d
+            powers[a] += 1
+            powers[b] += 1
+            second[a, b] = second[b, a] = raw_moment(density, grid, powers)
+    return second
+
+
+def affine_lattices(grid: Grid, offsets, constant: np.ndarray, matrix: np.ndarray) -> list:
+    """The field ``constant + matrix x`` on each lattice, (d, *lattice_shape)."""
+    d = grid.ndim
+    out = []
+    for offset in offsets:
+        coords = grid.lattice(offset)
+        mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
+        field = np.zeros((d,) + tuple(len(x) for x in coords))
         for a in range(d):
-            for b in range(a, d):
-                powers = [0] * d
-                powers[a] += 1
-                powers[b] += 1
-                second[a, b] = second[b, a] = raw_moment(density, grid, powers)
-        matrix = sum(head.C @ second @ head.A for head in heads)
-        out = []
-        for offset in offsets:
-            coords = grid.lattice(offset)
-            mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
-            field = np.zeros((d,) + tuple(len(x) for x in coords))
-            for a in range(d):
-                for b in range(d):
-                    field[a] = field[a] + matrix[a, b] * mesh[b]
-            out.append(field)
-        return out
+            field[a] += constant[a]
+            for b in range(d):
+                field[a] = field[a] + matrix[a, b] * mesh[b]
+        out.append(field)
+    return out

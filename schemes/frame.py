@@ -1,0 +1,217 @@
+"""The co-moving affine frame: the grid follows the measure's mean and covariance.
+
+Physical coordinates are ``x = m(t) + L(t) xi``; the solver transports the push-forward
+``rho`` of the measure to ``xi`` (a probability density on a fixed ``xi`` grid, ``mu(x) =
+rho(xi) / |det L|``). With ``m' = b`` and ``L' = B L`` the continuity equation in ``xi`` reads
+
+    d/dt rho + div_xi(rho w) = 0,   w(xi) = L^-1 (Gamma(m + L xi) - b - B L xi).
+
+The frame's rates are the affine least-squares fit of the field the variant returns in frame
+coordinates, ``u(xi) = L^-1 Gamma(m + L xi)``, weighted by ``rho``:
+
+    u(xi) ~ a + G (xi - xi_bar),   G = Cov_rho(u, xi) Cov_rho(xi)^-1,
+    m' = L (a - G xi_bar),   L' = L G   (i.e. B = L G L^-1),   w = u - a - G (xi - xi_bar).
+
+``w`` is the fit's residual: it vanishes identically when ``Gamma`` is affine on the current
+measure (Gaussian data under softmax, l2, Sinkhorn, multi-head; linear attention for any data),
+and then the density in the frame is stationary and only ``(m, L)`` move. The fit is taken per
+axis from the normal components at the face centres, weighted by the face density (the mean of
+the two neighbouring cells): row ``a`` of ``G`` uses the faces normal to ``a``. The quadrature
+is second order, but an affine ``u`` is fitted exactly by any quadrature (the same sums form the
+moments and the covariances), so ``w = 0`` holds to round-off; for non-affine ``u`` the fit only
+decides how closely the frame follows the moments, never the solution it describes
+(docs/theory.md, "The co-moving affine frame").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpde.grid import Grid
+
+FRAMES = ("fixed", "affine")
+#: in the frame, a face whose velocity the box cuts by more than this (relative,
+#: VelocityField.cut) keeps the frame's affine fit (residual 0) and takes no part in it
+HELD_CUT = 1e-12
+
+
+@dataclass(frozen=True)
+class AffineFrame:
+    """``x = mean + matrix @ xi``: mean (d,), matrix (d, d) invertible."""
+
+    mean: np.ndarray
+    matrix: np.ndarray
+
+    def __post_init__(self) -> None:
+        mean = np.array(self.mean, dtype=float).reshape(-1)
+        matrix = np.array(self.matrix, dtype=float)
+        if matrix.shape != (mean.size, mean.size):
+            raise ValueError(
+                f"frame.matrix: expected {mean.size} x {mean.size}, got {matrix.shape}"
+            )
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(matrix))):
+            raise ValueError("frame: mean and matrix must be finite")
+        if abs(np.linalg.det(matrix)) <= 0.0:
+            raise ValueError("frame.matrix: must be invertible")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "matrix", matrix)
+
+    @property
+    def inverse(self) -> np.ndarray:
+        return np.linalg.inv(self.matrix)
+
+    @property
+    def jacobian(self) -> float:
+        """|det L|: the physical density is the frame density divided by it."""
+        return float(abs(np.linalg.det(self.matrix)))
+
+    def physical(self, xi: np.ndarray) -> np.ndarray:
+        """x = m + L xi for points xi (..., d)."""
+        return self.mean + np.asarray(xi) @ self.matrix.T
+
+    def moments(self, xi_mean: np.ndarray, xi_cov: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Physical mean and covariance from the frame density's: (m + L xi_bar, L C L^T)."""
+        L = self.matrix
+        return self.mean + L @ xi_mean, L @ xi_cov @ L.T
+
+    def advanced(self, rates: FrameRates, dt: float) -> AffineFrame:
+        """The forward-Euler step ``(m + dt m', L + dt L')``."""
+        return AffineFrame(self.mean + dt * rates.mean, self.matrix + dt * rates.matrix)
+
+    @staticmethod
+    def combination(weights: list[float], frames: list[AffineFrame]) -> AffineFrame:
+        """sum_k weights[k] frames[k] (the Runge-Kutta stage combinations)."""
+        mean = sum(w * f.mean for w, f in zip(weights, frames, strict=True))
+        matrix = sum(w * f.matrix for w, f in zip(weights, frames, strict=True))
+        return AffineFrame(np.asarray(mean), np.asarray(matrix))
+
+    @staticmethod
+    def following(mean: np.ndarray, covariance: np.ndarray) -> AffineFrame:
+        """The frame of a measure with this mean and covariance: L = covariance^(1/2)
+        (symmetric square root, so xi's axes are not rotated at the start)."""
+        cov = np.asarray(covariance, float)
+        values, vectors = np.linalg.eigh(0.5 * (cov + cov.T))
+        if not np.all(values > 0):
+            raise ValueError("frame: the initial covariance must be positive definite")
+        return AffineFrame(np.asarray(mean, float), (vectors * np.sqrt(values)) @ vectors.T)
+
+
+def mixture_frame(
+    weights: Sequence[float], means: Sequence[np.ndarray], covariances: Sequence[np.ndarray]
+) -> tuple[AffineFrame, list[np.ndarray], list[np.ndarray]]:
+    """The frame that follows a Gaussian mixture (its exact mean and covariance, with
+    :meth:`AffineFrame.following`) and the components' means and covariances in it,
+    ``L^-1 (mu_k - m)`` and ``L^-1 C_k L^-T``: the mixture's push-forward to xi."""
+    w = np.asarray(weights, float) / float(np.sum(weights))
+    mus = [np.asarray(m, float) for m in means]
+    covs = [np.asarray(c, float) for c in covariances]
+    mean = sum(wk * mk for wk, mk in zip(w, mus, strict=True))
+    second = sum(wk * (ck + np.outer(mk, mk)) for wk, mk, ck in zip(w, mus, covs, strict=True))
+    frame = AffineFrame.following(np.asarray(mean), np.asarray(second) - np.outer(mean, mean))
+    inverse = frame.inverse
+    return (
+        frame,
+        [inverse @ (mk - frame.mean) for mk in mus],
+        [inverse @ ck @ inverse.T for ck in covs],
+    )
+
+
+@dataclass(frozen=True)
+class FrameRates:
+    """d/dt of the frame: mean (d,), matrix (d, d); ``gain`` is G = L^-1 L' (d, d)."""
+
+    mean: np.ndarray
+    matrix: np.ndarray
+    gain: np.ndarray
+
+
+def face_density(density: np.ndarray, axis: int) -> np.ndarray:
+    """The density on the faces normal to ``axis``: mean of the two neighbouring cells (a cell
+    outside the box counts as empty), shape cells with ``cells[axis] + 1`` along ``axis``."""
+    pad = [(0, 0)] * density.ndim
+    pad[axis] = (1, 1)
+    padded = np.pad(density, pad)
+    lower = np.take(padded, np.arange(density.shape[axis] + 1), axis=axis)
+    upper = np.take(padded, np.arange(1, density.shape[axis] + 2), axis=axis)
+    return 0.5 * (lower + upper)
+
+
+def truncation_indicator(face_weights: Sequence[np.ndarray], cut: Sequence[np.ndarray]) -> float:
+    """The largest, over axes, mean of the velocity's cut (VelocityField.cut) weighted by the
+    face densities: the truncation indicator of one evaluation."""
+    worst = 0.0
+    for weight, estimate in zip(face_weights, cut, strict=True):
+        total = float(weight.sum())
+        if total > 0:
+            worst = max(worst, float(np.sum(weight * estimate)) / total)
+    return worst
+
+
+def affine_fit(
+    density: np.ndarray,
+    grid: Grid,
+    normal: list[np.ndarray],
+    frame: AffineFrame,
+    held: list[np.ndarray] | None = None,
+) -> tuple[list[np.ndarray], FrameRates]:
+    """Fit ``u_a ~ a_a + G_a . (xi - xi_bar^a)`` on the faces normal to each axis and return
+    the residuals ``w_a`` (same shapes as ``normal``) and the frame's rates.
+
+    density : frame density, grid.shape. normal[a] : u_a at the face centres of axis a
+    (grid.lattice with offset 1/2 along a). Row a of the fit is weighted by
+    :func:`face_density` on those faces (module docstring). held[a] (optional, boolean like
+    normal[a]): faces whose velocity the box holds; the others take no part in the fit and
+    keep the fit's value (residual 0), so a tilted law cut by the box never moves the frame.
+    """
+    d = grid.ndim
+    drift = np.empty(d)
+    gain = np.empty((d, d))
+    residuals = []
+    for a in range(d):
+        offset = np.where(np.arange(d) == a, 0.5, 0.0)
+        coords = grid.lattice(offset)
+        weight = face_density(density, a)
+        if held is not None:
+            weight = np.where(held[a], weight, 0.0)
+        total = weight.sum()
+        if not total > 0:
+            raise FloatingPointError("frame: no mass left to fit the frame to")
+        mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
+        centre = np.array([float(np.sum(weight * mesh[b])) / total for b in range(d)])
+        cov = np.empty((d, d))
+        cross = np.empty(d)
+        u = normal[a]
+        u_bar = float(np.sum(weight * u)) / total
+        for b in range(d):
+            db = mesh[b] - centre[b]
+            cross[b] = float(np.sum(weight * (u - u_bar) * db)) / total
+            for c in range(b, d):
+                cov[b, c] = cov[c, b] = float(np.sum(weight * db * (mesh[c] - centre[c]))) / total
+        row = np.linalg.solve(cov, cross)
+        gain[a] = row
+        drift[a] = u_bar - row @ centre
+        fitted = drift[a] + sum(row[b] * mesh[b] for b in range(d))
+        residual = u - fitted
+        if held is not None:
+            residual = np.where(held[a], residual, 0.0)
+        residuals.append(residual)
+    L = frame.matrix
+    return residuals, FrameRates(L @ drift, L @ gain, gain)
+
+
+def embedded_error(start: AffineFrame, second: AffineFrame, end: AffineFrame) -> float:
+    """Local error estimate of one SSP-RK3 (Shu-Osher) step of the frame: the distance between
+    its result and the embedded second-order (Heun) result ``2 u^(2) - u^(0)``, relative to the
+    frame's size ``||L||`` (mean and matrix alike)."""
+    scale = float(np.linalg.norm(start.matrix, 2))
+    heun_mean = 2.0 * second.mean - start.mean
+    heun_matrix = 2.0 * second.matrix - start.matrix
+    err = max(
+        float(np.abs(end.mean - heun_mean).max()),
+        float(np.abs(end.matrix - heun_matrix).max()),
+    )
+    return err / scale if scale > 0 else math.inf

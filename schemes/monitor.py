@@ -1,0 +1,158 @@
+"""What the solver watches after every step: whether the box still holds the dynamics, whether
+the covariance is blowing up, and when it collapses to a lower rank.
+
+* **Truncation** (status ``box_limited``). Two measures, the larger counts: the mass fraction
+  in the outer ``EDGE_CELLS`` cells of every face (the density reaching the box), and the
+  velocity's cut (:attr:`tpde.schemes.velocity.VelocityField.cut`, the mass-weighted estimate
+  of how much the box cuts the tilted laws behind the velocity; the largest over the step's
+  stages). Above ``box_tolerance`` the run stops (``box_action = "stop"``) or records a
+  ``box_limited`` event once and goes on (``"warn"``).
+* **Blow-up** (status ``blowup``). The inverse covariance ``P = Sigma^-1`` of the last steps is
+  extrapolated linearly in time (exact for Gaussian softmax data with V = vI, where
+  ``P(t) = P(0) - v t (A + A^T)``); the predicted blow-up time is where ``P`` first becomes
+  singular. A run that stops on truncation while the covariance has grown and a blow-up is
+  predicted ends as ``blowup``, with the prediction in its message.
+* **Collapse** (an event, the run goes on). When the ratio of the smallest to the largest
+  covariance eigenvalue first falls below ``collapse_ratio``, the time and the rank (the
+  eigenvalues above that fraction of the largest) are recorded; then again at each lower rank.
+
+docs/theory.md, "The co-moving affine frame" and docs/user-guide.md, "How a run ends".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: cells along each face whose mass counts as reaching the box
+EDGE_CELLS = 2
+BOX_ACTIONS = ("stop", "warn")
+
+
+@dataclass
+class Event:
+    """Something that happened during a run: ``kind`` ("collapse", "box_limited"), its time
+    and a one-line message."""
+
+    kind: str
+    time: float
+    message: str
+
+
+def edge_mass(
+    density: np.ndarray, axes: tuple[int, ...] | None = None, cells: int = EDGE_CELLS
+) -> float:
+    """Fraction of the total mass in the outer ``cells`` cells of the faces normal to
+    ``axes`` (default: every axis; a periodic axis has no faces)."""
+    total = float(density.sum())
+    if not total > 0:
+        return 0.0
+    inner = density
+    for axis in range(density.ndim) if axes is None else axes:
+        n = density.shape[axis]
+        if n <= 2 * cells:
+            return 1.0
+        inner = np.take(inner, np.arange(cells, n - cells), axis=axis)
+    return max(0.0, (total - float(inner.sum())) / total)
+
+
+def predicted_blowup(times: list[float], covariances: list[np.ndarray]) -> float:
+    """The time where the linear extrapolation of ``Sigma^-1`` through the last two
+    covariances becomes singular (inf when it never does, or the data cannot tell)."""
+    if len(times) < 2 or times[-1] <= times[-2]:
+        return math.inf
+    try:
+        p0 = np.linalg.inv(covariances[-2])
+        p1 = np.linalg.inv(covariances[-1])
+    except np.linalg.LinAlgError:
+        return math.inf
+    slope = (p1 - p0) / (times[-1] - times[-2])
+    # P(t1 + s) = p1 + s slope is singular where s = -1 / mu, mu an eigenvalue of p1^-1 slope
+    try:
+        mu = np.linalg.eigvals(np.linalg.solve(p1, slope))
+    except np.linalg.LinAlgError:
+        return math.inf
+    real = mu.real[(np.abs(mu.imag) <= 1e-9 * np.abs(mu).max(initial=1.0)) & (mu.real < 0)]
+    if real.size == 0:
+        return math.inf
+    return float(times[-1] + (-1.0 / real).min())
+
+
+@dataclass
+class Monitor:
+    """Checks after every step (module docstring). ``check`` returns a status ending the run
+    (``box_limited``, ``blowup``) with its message, or None."""
+
+    box_tolerance: float = 1e-5
+    box_action: str = "stop"
+    collapse_ratio: float = 1e-4
+    events: list[Event] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    covariances: list[np.ndarray] = field(default_factory=list)
+    largest0: float = math.nan
+    rank: int | None = None
+    warned: bool = False
+
+    def record(self, t: float, covariance: np.ndarray) -> None:
+        """Keep the physical covariance at time t (the last three) and record collapses."""
+        cov = 0.5 * (covariance + covariance.T)
+        if not np.all(np.isfinite(cov)):
+            return
+        self.times = (self.times + [t])[-3:]
+        self.covariances = (self.covariances + [cov])[-3:]
+        values = np.linalg.eigvalsh(cov)
+        largest = float(values[-1])
+        if math.isnan(self.largest0):
+            self.largest0 = largest
+        if not largest > 0:
+            return
+        rank = int(np.sum(values > self.collapse_ratio * largest))
+        if self.rank is None:
+            self.rank = rank
+        elif rank < self.rank:
+            self.rank = rank
+            self.events.append(
+                Event(
+                    "collapse",
+                    t,
+                    f"covariance collapsed to rank {rank} at t = {t:.6g} (eigenvalues "
+                    f"{', '.join(f'{v:.3g}' for v in values)})",
+                )
+            )
+
+    def check(
+        self, t: float, truncation: float, density: np.ndarray, axes: tuple[int, ...]
+    ) -> tuple[str, str] | None:
+        """The status that ends the run at time t, with its message, or None. density:
+        grid.shape; axes: those whose faces bound the box (not periodic)."""
+        edge = edge_mass(density, axes)
+        worst = max(truncation, edge)
+        if not worst > self.box_tolerance:
+            return None
+        what = (
+            f"mass {edge:.2e} in the outer {EDGE_CELLS} cells"
+            if edge >= truncation
+            else f"tilted laws cut by the box (indicator {truncation:.2e})"
+        )
+        message = (
+            f"the box no longer holds the dynamics at t = {t:.6g}: {what} > "
+            f"run.box_tolerance = {self.box_tolerance:g}"
+        )
+        if self.box_action == "warn":
+            if not self.warned:
+                self.warned = True
+                self.events.append(Event("box_limited", t, message))
+            return None
+        t_star = predicted_blowup(self.times, self.covariances)
+        grown = self.covariances and float(np.linalg.eigvalsh(self.covariances[-1])[-1]) > (
+            2.0 * self.largest0
+        )
+        if math.isfinite(t_star) and grown:
+            return "blowup", (
+                f"covariance blowing up: predicted blow-up at t* = {t_star:.9g} "
+                f"(inverse covariance extrapolated linearly); stopped at t = {t:.6g} "
+                f"= {t / t_star:.3f} t* because {what}"
+            )
+        return "box_limited", message
