@@ -506,7 +506,7 @@ def cmd_compare(args) -> int:
 
     try:
         run = _open(args.run)
-        found: dict[str, object] = {}
+        found: dict = {}  # kind -> Dataset
         for path in args.references:
             ds = _open(path)
             kind = _kind(ds)

@@ -989,7 +989,9 @@ def resolve_paths(raw: dict, folder: str | Path | None) -> dict:
     base = Path(folder) if folder is not None else Path.cwd()
     for section, key in PATH_KEYS:
         table = raw.get(section)
-        value = table.get(key) if isinstance(table, dict) else None
+        if not isinstance(table, dict):
+            continue
+        value = table.get(key)
         if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
             table[key] = os.path.abspath(base / value)
     return raw

@@ -727,7 +727,8 @@ def to_netcdf(ds: xr.Dataset, path: str | os.PathLike) -> None:
     is (callers stage and rename)."""
     stored = reordered(renamed(ds), file_order).copy()
     encoding: dict[str, dict[str, Any]] = {}
-    for name, var in stored.variables.items():
+    for key, var in stored.variables.items():
+        name = str(key)
         var.encoding = {}  # what a read left (chunks, coordinates of another layout)
         kind = var.dtype.kind
         if name in stored.coords or name.endswith("_bounds") or kind not in "fc":
@@ -1375,7 +1376,7 @@ def reordered(ds: xr.Dataset, order: Callable[[Sequence[str]], tuple[str, ...]])
     ``[x, y, z]``; :func:`file_order`: the stored CF order); chunk sizes follow."""
     out = ds.copy(deep=False)
     for name, var in ds.variables.items():
-        dims = order(var.dims)
+        dims = order([str(dim) for dim in var.dims])
         if dims == var.dims:
             continue
         moved = var.transpose(*dims)
@@ -1403,7 +1404,7 @@ def grid_from_dataset(ds: xr.Dataset) -> Grid:
     shape = None
     if "density" in ds.variables:
         sizes = ds["density"].sizes
-        shape = tuple(sizes[name] for name in xyz_order(ds["density"].dims))
+        shape = tuple(sizes[name] for name in xyz_order([str(d) for d in ds["density"].dims]))
     return _grid_from_attributes(dict(ds.attrs), "dataset", shape)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -237,7 +237,9 @@ def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarra
 
 
 # ---- drawing helpers ------------------------------------------------------------------------
-def _figure(width: float, height: float, layout: str = "constrained") -> Figure:
+def _figure(
+    width: float, height: float, layout: Literal["constrained", "compressed"] = "constrained"
+) -> Figure:
     """A new figure on its own Agg canvas (no pyplot, no global backend switch).
     ``layout="compressed"`` for grids of equal-aspect images (constrained layout leaves
     them floating: titles ran into the suptitle and x labels off the bottom)."""
@@ -451,10 +453,11 @@ def density_figure(
                     label="reference Gaussian" if k == 0 else None,
                 )
         ax.set_xlim(edges[0][0], edges[0][-1])
-        norm = _norm(_vmax(snaps), log, vmin, vmax)
+        top = _vmax(snaps)
+        norm = _norm(top, log, vmin, vmax)
         if log:
             ax.set_yscale("log")
-        ax.set_ylim(norm.vmin, 1.05 * norm.vmax if vmax is None else norm.vmax)
+        ax.set_ylim(norm.vmin, 1.05 * top if vmax is None else vmax)
         ax.set_xlabel(_label(ds, "x"))
         ax.set_ylabel("density")
         ax.legend(fontsize="small")
@@ -748,7 +751,7 @@ def slices_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = 
     return fig
 
 
-def _layout(d: int) -> str:
+def _layout(d: int) -> Literal["constrained", "compressed"]:
     return "constrained" if d == 1 else "compressed"
 
 
@@ -913,9 +916,11 @@ def plot_all(
         spatial = _spatial_dims(ds)
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
-        options = {"times": times, "log": log, "vmin": vmin, "vmax": vmax}
         jobs = [
-            ("density.png", lambda: density_figure(ds, reference=reference, **options)),
+            (
+                "density.png",
+                lambda: density_figure(ds, times, reference, log=log, vmin=vmin, vmax=vmax),
+            ),
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
         ]
@@ -1047,7 +1052,7 @@ def compare_figure(
         ode_ref = {"time": ode_moments[0], "mean": ode_moments[1], "cov": ode_moments[2]}
 
     fig = _figure(13.0, 9.0 if d > 1 else 8.0)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.15])
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.15])  # type: ignore[misc]
     edges = [_edges(run, a) for a in spatial]
     pictures: dict[str, np.ndarray | None] = {}
     for name, ds in present.items():
@@ -1071,7 +1076,7 @@ def compare_figure(
             ax.plot(x, picture, styles[name], drawstyle=kind, lw=1.3, label=labels[name])
         if log:
             ax.set_yscale("log")
-        ax.set_ylim(scale.vmin, 1.05 * scale.vmax if vmax is None else scale.vmax)
+        ax.set_ylim(scale.vmin, 1.05 * _vmax(drawn) if vmax is None else vmax)
         ax.set_xlim(edges[0][0], edges[0][-1])
         ax.set_xlabel(_label(run, "x"))
         ax.set_ylabel("density")
@@ -1169,7 +1174,7 @@ def compare_figure(
     ax_diff.set_yscale("log")
     ax_diff.set_title("differences to the grid run")
     _distances(ax_w, run, sets, spatial, grid, curves, labels, styles, distances)
-    energies = [n for n in run.data_vars if str(n).startswith("energy_")]
+    energies = [str(n) for n in run.data_vars if str(n).startswith("energy_")]
     for k, name in enumerate(energies):
         ax_energy.plot(
             t_run,

@@ -182,6 +182,7 @@ def particle_reference(
     if positions is None:
         density = np.stack([_histogram(x, w, grid) for x in solution.tokens])
     else:  # one histogram per position slice: the tokens whose position is s_k
+        assert token_s is not None  # (sampled per slice above)
         slice_of = np.argmin(np.abs(np.subtract.outer(token_s, positions.s)), axis=1)
         density = np.stack(
             [

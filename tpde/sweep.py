@@ -4,7 +4,8 @@ A sweep file names a base run configuration and lists values for any of its keys
 combination (the cartesian product, in table order) is one run, one task on a
 ``dask.distributed`` cluster (a local one on every core by default, or an existing scheduler),
 written to ``<output>/runs/<run_id>.nc``. The outcome of every run goes into
-``<output>/summary.nc`` (an ``xarray`` dataset along ``run``) and ``<output>/phase.png``.
+``<output>/summary.nc`` (the parameter grid, one dimension per key: :func:`summary_grid`;
+:func:`read_summary` gives the table along ``run``) and ``<output>/phase.png``.
 
 ```toml
 base = "softmax.toml"               # a run config, relative to this file (or an inline [base])
@@ -1014,9 +1015,9 @@ def read_summary(path: str | Path):
     out = out.transpose("run", ...)
     for name in ("rank", "skipped"):
         out[name] = out[name].astype(np.int64 if name == "rank" else np.int8)
-    for name in list(out.variables):
-        if out[name].dtype.kind == "O":  # NetCDF text reads as objects
-            out[name] = out[name].astype(str)
+    for key in list(out.variables):
+        if out[key].dtype.kind == "O":  # NetCDF text reads as objects
+            out[key] = out[key].astype(str)
     out.attrs = {k: v for k, v in grid.attrs.items() if k not in ("parameter_names",)}
     return out
 
