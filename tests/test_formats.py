@@ -445,7 +445,13 @@ def test_reference_curves_stop_where_the_reference_does(files):
 def test_plot_options_and_no_overlapping_text(files):
     from matplotlib.colors import LogNorm
 
-    from tpde.plots import density_figure, moments_figure, plot_all, projection_figure
+    from tpde.plots import (
+        density_figure,
+        energies_figure,
+        moments_figure,
+        plot_all,
+        projection_figure,
+    )
     from tpde.sweep import plot_phase
 
     grid = Grid([-5.5, -5.5], [5.5, 5.5], [40, 40])
@@ -477,6 +483,14 @@ def test_plot_options_and_no_overlapping_text(files):
         lambda: moments_figure(files["particles"]),
     ):
         assert text_problems(make()) == []
+    energetic = Path(files["masked"]).parent / "energies.nc"  # energies are drawn too
+    grid = GRIDS["run2"]
+    writer = io.SnapshotWriter(energetic, grid, energies=lambda rho, t: {"toy": 1.0 - t})
+    for snap in _snapshots(grid):
+        writer.write(snap)
+    writer.close("completed", TIMES[-1])
+    assert text_problems(energies_figure(energetic)) == []
+    written = plot_all(energetic, energetic.parent / "energies_figures")
+    assert "energies.png" in [p.name for p in written]
     phase = plot_phase(read_summary(files["summary"]), Path(files["summary"]).with_suffix(".png"))
     assert phase.is_file()
-    assert plot_all(files["masked"], Path(files["masked"]).parent / "masked_figures")

@@ -44,6 +44,7 @@ __all__ = [
     "animate",
     "compare_figure",
     "density_figure",
+    "energies_figure",
     "mass_figure",
     "moments_figure",
     "plot_all",
@@ -650,6 +651,29 @@ def _eigenvalues(cov: np.ndarray) -> np.ndarray:
     return out
 
 
+def energies_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
+    """The run's energy records (``energy_<name>``, docs/theory.md, 'Energies and Lyapunov
+    functions') against time, one panel each, titled with what the theory predicts (the
+    record's ``monotone`` attribute: increasing, decreasing or none)."""
+    ds = _as_dataset(ds)
+    names = [str(n) for n in ds.data_vars if str(n).startswith("energy_")]
+    if not names:
+        raise ValueError(f"plot: {_source(ds)} has no energy records (energy_<name>)")
+    t = _times(ds)
+    fig = _figure(4.4 * len(names) + 0.6, 3.8)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names, strict=True):
+        attrs = ds[name].attrs
+        ax.plot(t, np.asarray(ds[name].values, float), "-", color="C0")
+        monotone = _plain(attrs.get("monotone", "none"), 20)
+        ax.set_title(f"{name[len('energy_') :]} ({monotone})", fontsize="medium")
+        ax.set_xlabel("t")
+        ax.set_ylabel(_plain(attrs.get("long_name", name), 40), fontsize="small")
+        ax.grid(True, alpha=0.3)
+    _suptitle(fig, ds, "energies")
+    return fig
+
+
 def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     """Mass, cumulative outflow and their sum against time.
 
@@ -895,7 +919,8 @@ def plot_all(
     figure. Works on every file with a density: runs, ``tpde gaussian`` and ``tpde
     particles`` outputs.
 
-    Files: ``density.png``, ``moments.png``, ``mass.png``, in 3-D also ``projections.png``
+    Files: ``density.png``, ``moments.png``, ``mass.png``, with energy records
+    ``energies.png`` (:func:`energies_figure`), in 3-D also ``projections.png``
     (at the last snapshot), with position slices (a ``density`` with dimension ``s``) also
     ``slices.png`` (:func:`slices_figure`) and ``position_marginal.png``
     (:func:`position_marginal_figure`), and with ``animate_density`` the animation
@@ -924,6 +949,9 @@ def plot_all(
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
         ]
+        if any(str(name).startswith("energy_") for name in ds.data_vars):
+            jobs.append(("energies.png", lambda: energies_figure(ds)))
+        jobs += []
         if len(spatial) == 3:
             jobs.append(("projections.png", lambda: projection_figure(ds, reference=reference)))
         if _sliced(ds):
