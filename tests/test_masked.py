@@ -185,11 +185,12 @@ def test_masked_inputs_are_checked():
         CausalAttention(ATTENTION["sinkhorn"](random_params("sinkhorn", 1)))
 
 
-def test_grid_and_masked_tokens_agree_in_the_conditional_distance():
+def check_grid_and_masked_tokens(ns: tuple[int, ...], farther: float):
     """Position-dependent 1-D data (three slices and the sink), softmax A = 0.6, V = -1:
-    tokens sampled per slice, moved by the masked token system; at t = 1 the conditional
-    W2 to the masked grid run is below the sampling distance at t = 0 and falls like
-    n^{-1/2}; tokens moved without the mask are several times farther."""
+    tokens sampled per slice (each of ``ns`` per slice), moved by the masked token system; at
+    t = 1 the conditional W2 to the masked grid run is below the sampling distance at t = 0
+    and (two ns, 4x apart) falls like n^{-1/2}; tokens moved without the mask are ``farther``
+    times farther."""
     from tpde.studies import masked_grid_vs_tokens
     from tpde.validation.metrics import conditional_wasserstein_tokens
     from tpde.validation.particles import TokenSystem, sample_sliced_tokens, simulate
@@ -205,7 +206,7 @@ def test_grid_and_masked_tokens_agree_in_the_conditional_distance():
     head = Head([[0.6]], [[-1.0]])
     runs = {
         n: masked_grid_vs_tokens("softmax", head, grid, positions, density, n, 1.0, 0.02, seed=1)
-        for n in (250, 1000)
+        for n in ns
     }
     for n, r in runs.items():
         print(
@@ -213,16 +214,31 @@ def test_grid_and_masked_tokens_agree_in_the_conditional_distance():
             f"at t = 1 {r['distance_end']:.3e}"
         )
         assert r["distance_end"] <= r["distance_start"]
-    assert runs[1000]["distance_end"] < 0.7 * runs[250]["distance_end"]  # ~ n^{-1/2}: 0.5
-    tokens, token_s, weights = sample_sliced_tokens(density, grid, positions, 1000, 1)
+    many = ns[-1]
+    if len(ns) == 2:
+        assert runs[many]["distance_end"] < 0.7 * runs[ns[0]]["distance_end"]  # n^{-1/2}: 0.5
+    tokens, token_s, weights = sample_sliced_tokens(density, grid, positions, many, 1)
     unmasked = simulate(
         TokenSystem("softmax", head), tokens, 1.0, 0.02, weights=weights, method="ssprk3"
     ).tokens[-1]
     gap = conditional_wasserstein_tokens(
-        runs[1000]["final"], grid, unmasked, token_s, positions.s, token_weights=weights, p=2
+        runs[many]["final"], grid, unmasked, token_s, positions.s, token_weights=weights, p=2
     )
     print(f"unmasked tokens vs the masked grid: {gap:.3e}")
-    assert gap > 2.5 * runs[1000]["distance_end"]
+    assert gap > farther * runs[many]["distance_end"]
+
+
+@pytest.mark.slow
+def test_grid_and_masked_tokens_agree_in_the_conditional_distance():
+    check_grid_and_masked_tokens((250, 1000), 2.5)
+
+
+def test_grid_and_masked_tokens_agree_in_the_conditional_distance_small():
+    """Default-tier twin of the slow test above: 400 tokens per slice, without the n^{-1/2}
+    rate (at a few hundred tokens the distance at t = 1 of one seed does not fall steadily:
+    0.077, 0.074, 0.078, 0.061 at 100, 150, 300, 400 measured); the unmasked tokens are 2.0
+    times farther at this n (sampling distance 0.061 against 0.121), 1.5 asked."""
+    check_grid_and_masked_tokens((400,), 1.5)
 
 
 def test_masked_config_runs_end_to_end(tmp_path):
