@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 
@@ -101,7 +102,7 @@ class AffineFrame:
 
 
 def mixture_frame(
-    weights: Sequence[float], means: Sequence[np.ndarray], covariances: Sequence[np.ndarray]
+    weights: ArrayLike, means: Sequence[np.ndarray], covariances: Sequence[np.ndarray]
 ) -> tuple[AffineFrame, list[np.ndarray], list[np.ndarray]]:
     """The frame that follows a Gaussian mixture (its exact mean and covariance, with
     :meth:`AffineFrame.following`) and the components' means and covariances in it,

@@ -412,9 +412,9 @@ class Solver:
                 held = None if cut is None else [c <= HELD_CUT for c in cut]
                 normal, rates = affine_fit(density, self.grid, normal, frame, held)
             values = []
+            normal.reverse()
             for a in range(d):  # (memory: each face-centre array is dropped once used)
-                values.append(self.operator.transverse_velocity(normal[a], a))
-                normal[a] = None
+                values.append(self.operator.transverse_velocity(normal.pop(), a))
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
             axes = [a for a, (node_offsets, _) in enumerate(self.nodes) for _ in node_offsets]
@@ -477,7 +477,7 @@ class Solver:
                         rates: FrameRates = vel.frame_rates  # type: ignore[attr-defined]
                         frame_term = frame_term.advanced(rates, beta / alpha * dt)
                     left = self.operator.euler_step(stages[k], vel, beta / alpha * dt, self._euler)
-                    vel = None
+                    del vel  # memory: one FaceVelocity alive at a time
                     term = self._euler
                     new_outflow += alpha * (stage_outflow[k] + left)
                 if frame_term is not None:
@@ -498,7 +498,9 @@ class Solver:
                 final_outflow = new_outflow
         if frame_out is not None:
             # the frame's own accuracy: SSP-RK3 against its embedded Heun step
-            error = embedded_error(frames[0], frames[2], frame_out)
+            start, heun = frames[0], frames[2]
+            assert start is not None and heun is not None  # (every stage has a frame then)
+            error = embedded_error(start, heun, frame_out)
             tolerance = self.problem.scheme.frame_tolerance
             factor = 0.9 * (tolerance / error) ** (1.0 / 3.0) if error > 0 else 4.0
             self._frame_dt = dt * min(4.0, max(0.2, factor))

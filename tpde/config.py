@@ -525,23 +525,24 @@ def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
     covariance) and the [initial] table of the law pushed forward to the frame, whose
     cell averages fill the xi grid (grid.lower / grid.upper are then in frame units)."""
     kind = table.get("kind", "gaussian")
+    raw: list[Any]  # weights, means and covariances as written (checked below)
     if kind == "gaussian":
-        weights, means, covs = [1.0], [table.get("mean", [0.0] * d)], [table.get("covariance")]
-        if covs[0] is None:
-            covs = [np.eye(d).tolist()]
+        cov = table.get("covariance")
+        raw = [[1.0], [table.get("mean", [0.0] * d)], [np.eye(d).tolist() if cov is None else cov]]
     elif kind == "mixture":
-        weights, means, covs = (table.get(k) for k in ("weights", "means", "covariances"))
+        raw = [table.get(k) for k in ("weights", "means", "covariances")]
         _density("mixture", table, Grid([-1.0] * d, [1.0] * d, [2] * d))  # the key checks
     else:
         raise ConfigError(
             f'scheme.frame: the affine frame starts from initial.kind = "gaussian" or '
             f'"mixture", not {kind!r}; use scheme.frame = "fixed"'
         )
-    means = [_vector("initial.mean", m, d) for m in means]
-    covs = [_matrix("initial.covariance", c, (d, d)) for c in covs]
+    weights = _vector("initial.weights", raw[0])
+    means = [_vector("initial.mean", m, d) for m in raw[1]]
+    covs = [_matrix("initial.covariance", c, (d, d)) for c in raw[2]]
     for c in covs:
         _spd("initial.covariance", c)
-    frame, xi_means, xi_covs = mixture_frame(_vector("initial.weights", weights), means, covs)
+    frame, xi_means, xi_covs = mixture_frame(weights, means, covs)
     pushed = {k: v for k, v in table.items() if k not in ("mean", "covariance")}
     pushed.update(
         kind="mixture",

@@ -244,7 +244,7 @@ class SoftmaxAttention(TiltedMeanField):
         shift = inverse @ frame.mean
         box = support_box(density, grid)
         lattices = [grid.lattice(offset) for offset in offsets]
-        total = None
+        total: list[np.ndarray] | None = None
         self.cut = None
         for head in self.heads_at(t, grid):
             matrix = L.T @ head.A @ L
@@ -264,6 +264,7 @@ class SoftmaxAttention(TiltedMeanField):
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
             self._cut(density, grid, lattices, matrix, shift)
+        assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)
 
     def _cut(self, weights, grid: Grid, lattices, matrix, shift=None) -> None:
@@ -279,7 +280,7 @@ class SoftmaxAttention(TiltedMeanField):
         heads = self.heads_at(t, grid)
         box = support_box(density, grid)
         lattices = [grid.lattice(offset) for offset in offsets]
-        total = None
+        total: list[np.ndarray] | None = None
         self.cut = None
         for head in heads:
             if self.engine == "fft":
@@ -292,6 +293,7 @@ class SoftmaxAttention(TiltedMeanField):
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
             self._cut(density, grid, lattices, head.A)
+        assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)
 
     def _fft_velocities(self, density, grid, offsets, components, head, box):
