@@ -71,9 +71,7 @@ class Grid:
         n = _as_tuple(cells, ndim, "cells", kind=lambda v: int(v))
         if isinstance(boundary, str):
             boundary = (boundary,) * ndim
-        if not (
-            isinstance(boundary, Sequence) and all(isinstance(b, str) for b in boundary)
-        ):
+        if not (isinstance(boundary, Sequence) and all(isinstance(b, str) for b in boundary)):
             raise ValueError(
                 f"grid.boundary: expected a mode name or one per axis "
                 f"({', '.join(BOUNDARY_MODES)}), got {boundary!r:.60}"
