@@ -4,6 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
+# make test runs the default tier in PYTEST_WORKERS processes (pytest-xdist; 0: in one), one
+# numba thread each: on cores shared with other jobs, numba's threads wait for each other at
+# every parallel loop (the tier took 28 minutes on a busy 2-core machine with two threads)
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-slow validate bench paper lint clean
 
@@ -26,7 +30,9 @@ demo: $(STAMP)
 
 test: $(TSTAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -s
+	$(VENV)/bin/ruff format --check .
+	$(PY) tools/typecheck.py
+	TPDE_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 test-slow: $(TSTAMP)
 	$(PY) -m pytest -q -m slow -s
@@ -43,6 +49,8 @@ bench: $(STAMP)
 
 lint: $(TSTAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) tools/typecheck.py
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -58,10 +58,11 @@ def check_face_quadrature(name: object) -> str:
     """The one check of ``scheme.face_quadrature`` (FluxOperator and Scheme.validate)."""
     if name not in FACE_QUADRATURES:
         raise ValueError(
-            f"scheme.face_quadrature: unknown {name!r}; choose one of "
-            f"{', '.join(FACE_QUADRATURES)}"
+            f"scheme.face_quadrature: unknown {name!r}; choose one of {', '.join(FACE_QUADRATURES)}"
         )
     return str(name)
+
+
 #: points of the Lagrange interpolation of face velocities along the transverse axes
 POINT_ORDER = kernels.POINT_ORDER
 

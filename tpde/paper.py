@@ -66,7 +66,7 @@ def _multihead_e3():
     """H = 2, k = 1, W = I, only head 1 active (docs/theory.md, 'Closed forms'): A_1 = -q^T q (scale
     1/sqrt(k) = 1), C_1 = e_1 e_1^T."""
     q = Q_E2
-    return [Head(-q.T @ q, [[1.0, 0.0]], [[1.0], [0.0]])]
+    return [Head(-q.T @ q, np.array([[1.0, 0.0]]), np.array([[1.0], [0.0]]))]
 
 
 @dataclass(frozen=True)
