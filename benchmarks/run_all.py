@@ -114,6 +114,8 @@ ROW_COLUMNS = (
     "fft_floor_s",
     "step_over_fft_floor",
     "iterations_per_stage",
+    "over_quiet_1thread",
+    "ratios",
     "positions",
     "slices",
     "per_slice_s",

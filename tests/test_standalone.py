@@ -175,7 +175,7 @@ IMPORT_PROBE = textwrap.dedent(
         return {(i["internal_api"], i["filepath"]): i["num_threads"] for i in threadpool_info()}
 
     variables = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                 "NUMBA_NUM_THREADS")
+                 "NUMBA_NUM_THREADS", "OMP_WAIT_POLICY")
     env_before = {v: os.environ.get(v) for v in variables}
     before = threads()
     import tpde.grid

@@ -1,15 +1,20 @@
 """The ``tpde`` command line (console script).
 
     tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet] [--profile]
-    tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite]
-    tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite]
+             [--threads N]
+    tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite] [--threads N]
+    tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite] [--threads N]
     tpde info FILE.nc                       # a run, gaussian, particles or sweep summary file
     tpde plot FILE.nc [-o DIR] [--animate] [--times T ...] [--log] [--vmin V] [--vmax V]
               [--title TEXT]
     tpde compare RUN.nc [PARTICLES.nc] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
     tpde --version
-    tpde validate [--suite quick|full] [-o DIR]
-    tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [-o DIR] [--quiet]
+    tpde validate [--suite quick|full] [-o DIR] [--threads N]
+    tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [--threads N] [-o DIR] [--quiet]
+
+``--threads N``: the threads of the compiled loops (default: the cores that other processes
+leave free, at least one; a sweep splits the cores between its workers; docs/user-guide.md,
+'Threads'); it overrides ``TPDE_NUM_THREADS``.
 
 Exit codes (docs/user-guide.md, 'The command line'): 0 success (a detected blow-up or mass
 leaving the box is a result, stored in the file's ``status``), 2 bad input (one line on stderr
@@ -78,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time the phases (velocity tables, interpolation, fluxes, limiter, I/O) and "
         "print their table to stderr after the run",
     )
+    _threads_option(run)
     for name, what in (
         ("gaussian", "the Gaussian mean/covariance ODEs of a configuration"),
         ("particles", "the token system of a configuration"),
@@ -95,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "particles":
             ref.add_argument("--tokens", type=int, required=True, help="number of tokens n")
             ref.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+        _threads_option(ref)
     info = sub.add_parser(
         "info", help="summarise a tpde NetCDF file (run, gaussian, particles, sweep summary)"
     )
@@ -145,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="report directory (report.md and figures; default ./validation-report)",
     )
+    _threads_option(validate)
     sweep = sub.add_parser("sweep", help="run a parameter grid of configurations on dask")
     sweep.add_argument(
         "sweep", type=Path, help="sweep TOML (see docs/user-guide.md, Parameter sweeps)"
@@ -160,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="worker processes of the local cluster (default: every core)",
+    )
+    _threads_option(
+        sweep,
+        "threads of each run (default: the cores split between the local cluster's workers; "
+        "one on a --scheduler's workers unless they set TPDE_NUM_THREADS)",
     )
     sweep.add_argument(
         "-o",
@@ -182,6 +195,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
+
+
+def _threads(text: str) -> int:
+    from tpde.grid.threads import parse_threads
+
+    try:
+        return parse_threads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def _threads_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    parser.add_argument(
+        "--threads",
+        type=_threads,
+        default=None,
+        metavar="N",
+        help=help
+        or "threads of the compiled loops (default: the cores other processes leave free, "
+        "at least one; overrides TPDE_NUM_THREADS)",
+    )
 
 
 def _fail(message: str) -> int:
@@ -591,6 +625,7 @@ def cmd_sweep(args) -> int:
             output=args.output,
             force=args.force,
             security=args.security,
+            threads=args.threads,
         )
     except ConfigError as exc:
         return _fail(str(exc))
@@ -637,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     if not debug:
         warnings.showwarning = _one_line_warning
     try:
+        if getattr(args, "threads", None) is not None and args.command != "sweep":
+            from tpde.grid.threads import set_num_threads
+
+            set_num_threads(args.threads)  # (a sweep passes it to its runs)
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # `tpde info out.nc | head`
         sys.stderr.close()

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from tpde.grid.threads import THREADS_VARIABLE
+from tpde.grid.threads import THREADS_VARIABLE, parse_threads
 
 from . import io
 from .config import (
@@ -486,15 +486,18 @@ def run_one(task: Mapping) -> dict:
     """One sweep task (runs on a dask worker): build the config, run it to ``task["path"]``
     and classify the result. Never raises: a failure is a record with outcome ``failed``.
 
-    ``task``: ``run_id``, ``raw`` (the run config mapping), ``path``, ``tolerance``.
-    Without ``TPDE_NUM_THREADS`` in the worker's environment the run uses one thread (the
-    cluster runs one task per core).
+    ``task``: ``run_id``, ``raw`` (the run config mapping), ``path``, ``tolerance``, and
+    optionally ``threads`` (``--threads``). Without them and without ``TPDE_NUM_THREADS`` in
+    the worker's environment (a local cluster sets it: its share of the cores) the run uses
+    one thread.
     """
     start = _time.perf_counter()
     rid, path = str(task["run_id"]), Path(task["path"])
     started = False
     try:
-        if not os.environ.get(THREADS_VARIABLE, "").strip():
+        if task.get("threads"):
+            os.environ[THREADS_VARIABLE] = str(int(task["threads"]))
+        elif not os.environ.get(THREADS_VARIABLE, "").strip():
             os.environ[THREADS_VARIABLE] = "1"
         from tpde.grid.threads import set_num_threads
 
@@ -639,8 +642,26 @@ def load_security(path: str | Path):
     )
 
 
+def worker_threads(cores: int, workers: int, threads: int | None = None) -> int:
+    """Threads of each run on a local cluster of ``workers`` processes on ``cores`` cores:
+    ``threads`` if given, else ``TPDE_NUM_THREADS`` if set, else the cores split between the
+    workers (at least one each), so the runs never ask for more threads than there are cores
+    (docs/user-guide.md, 'Threads')."""
+    if threads is not None:
+        return int(threads)
+    if os.environ.get(THREADS_VARIABLE, "").strip():
+        return parse_threads(os.environ[THREADS_VARIABLE], THREADS_VARIABLE)
+    return max(1, cores // max(1, workers))
+
+
 @contextlib.contextmanager
-def _client(scheduler: Any, workers: int | None, tasks: int, security: Any = None) -> Iterator[Any]:
+def _client(
+    scheduler: Any,
+    workers: int | None,
+    tasks: int,
+    security: Any = None,
+    threads: int | None = None,
+) -> Iterator[Any]:
     from dask.distributed import Client, LocalCluster
 
     if isinstance(scheduler, Client):
@@ -659,7 +680,7 @@ def _client(scheduler: Any, workers: int | None, tasks: int, security: Any = Non
                 processes=True,
                 dashboard_address=None,
                 silence_logs=logging.ERROR,
-                env={THREADS_VARIABLE: os.environ.get(THREADS_VARIABLE) or "1"},
+                env={THREADS_VARIABLE: str(worker_threads(CPU_COUNT, n, threads))},
             ) as cluster,
             Client(cluster) as client,
         ):
@@ -675,6 +696,7 @@ def run_sweep(
     on_result: Callable[[dict], None] | None = None,
     force: bool = False,
     security: Any = None,
+    threads: int | None = None,
 ):
     """Run every point of a sweep and return the summary (``xarray.Dataset``, also written
     to ``<output>/summary.nc``, with the figure ``<output>/phase.png``).
@@ -684,13 +706,21 @@ def run_sweep(
     (TLS; the address must then be ``tls://``). dask unpickles what its peers send, so
     connect only to a scheduler you run yourself (docs/user-guide.md, 'Parameter sweeps').
 
-    scheduler: None for a local cluster (``workers`` processes, default every core, one
-    thread each), a ``dask.distributed`` scheduler address (``tcp://host:8786``) or a
-    ``Client``. Runs whose NetCDF already holds a terminal status for the same config are
-    skipped (counted in ``attrs["skipped"]``). on_result: called in this process with each
-    run's record as it arrives (skipped runs first). Per-run failures, including tasks lost
-    with their workers more often than the scheduler allows, are recorded as ``failed``.
+    scheduler: None for a local cluster (``workers`` processes, default every core, the
+    cores split between them: :func:`worker_threads`), a ``dask.distributed`` scheduler
+    address (``tcp://host:8786``) or a ``Client``. Runs whose NetCDF already holds a
+    terminal status for the same config are skipped (counted in ``attrs["skipped"]``).
+    on_result: called in this process with each run's record as it arrives (skipped runs
+    first). Per-run failures, including tasks lost with their workers more often than the
+    scheduler allows, are recorded as ``failed``.
+    threads: the threads of every run (``tpde sweep --threads``; default above, and one per
+    run on a scheduler's workers unless they set ``TPDE_NUM_THREADS``).
     """
+    if threads is not None:
+        try:
+            threads = parse_threads(threads, "threads")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if isinstance(security, str | Path):
         security = load_security(security)
     if scheduler is not None and not _is_client(scheduler):
@@ -729,8 +759,10 @@ def run_sweep(
     display.update()
     try:
         if pending:
-            with _client(scheduler, workers, len(pending), security) as client:
-                _gather(client, pending, runs_dir, spec.tolerance, records, display, on_result)
+            with _client(scheduler, workers, len(pending), security, threads) as client:
+                _gather(
+                    client, pending, runs_dir, spec.tolerance, records, display, on_result, threads
+                )
     finally:
         display.close()
     summary = summary_dataset(spec, records)
@@ -756,6 +788,7 @@ def _gather(
     records: dict,
     display: SweepProgress,
     on_result,
+    threads: int | None = None,
 ) -> None:
     from dask.distributed import as_completed
 
@@ -766,6 +799,7 @@ def _gather(
             "raw": run.raw,
             "tolerance": tolerance,
             "path": str((runs_dir / f"{run.run_id}.nc").resolve()),
+            "threads": threads,
         }
         future = client.submit(run_one, task, key=f"tpde-sweep-{run.run_id}", retries=1)
         futures[future] = run

@@ -30,6 +30,7 @@ import numpy as np
 
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
+from tpde.grid.threads import ensure_policy
 from tpde.schemes.velocity import VelocityField
 
 from .engines.direct import density_sources
@@ -82,6 +83,7 @@ class SigmoidAttention(VelocityField):
         return self.at_many(density, grid, t, [offset])[0]
 
     def at_many(self, density, grid: Grid, t: float, offsets) -> list[np.ndarray]:
+        ensure_policy()  # (its parallel loop may be the first of the process)
         head = head_at(self.spec, t, SigmoidHead, "sigmoid", grid.ndim)
         values = np.maximum(point_values(density, grid), 0.0)
         lattices, points = self.lattice_points(grid, offsets)

@@ -3,7 +3,7 @@
 solver: figures in OUT.
 
     .venv/bin/python examples/paper/run_paper.py [-o out/paper] [--cells 64] [--count 6]
-                                                 [--no-grid] [--only E2 E5]
+                                                 [--no-grid] [--only E2 E5] [--threads N]
 
 For each experiment E1-E6 and each of its variants: ``--count`` initial covariances of the authors'
 trace-1 grid, evolved by the Gaussian ODE and (unless --no-grid) by the grid solver at --cells^2,
@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from tpde import set_num_threads
 from tpde.paper import (
     EXPERIMENTS,
     rank_counts,
@@ -39,7 +40,15 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=6)
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--only", nargs="*", default=list(EXPERIMENTS))
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of the compiled loops (default: tpde's, docs/user-guide.md, 'Threads')",
+    )
     args = parser.parse_args()
+    if args.threads is not None:
+        set_num_threads(args.threads)
     args.output.mkdir(parents=True, exist_ok=True)
     rows = [
         "| experiment | variant | Sigma_0 | grid to t | ODE blow-up | max gap of Sigma/tr |",

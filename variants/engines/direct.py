@@ -21,6 +21,7 @@ import numba as nb
 import numpy as np
 
 from tpde.grid import Grid, profile
+from tpde.grid.threads import ensure_policy
 
 DIRECT_BLOCK = 256
 
@@ -177,6 +178,7 @@ def grad_log_box_factor(c: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
     The exact cell-average correction of the exponential kernel (tpde.variants.softmax):
     d/dc_a log S = (h_a/2) coth(c_a h_a/2) - 1/c_a, by its series for |c_a h_a| < 2e-3.
     """
+    ensure_policy()  # (its parallel loop may be the first of the process)
     c = np.ascontiguousarray(c, dtype=float)
     out = np.empty_like(c)
     _grad_log_box_factor(c, np.asarray(spacing, float), out)
