@@ -38,6 +38,18 @@ FRAMES = ("fixed", "affine")
 #: in the frame, a face whose velocity the box cuts by more than this (relative,
 #: VelocityField.cut) keeps the frame's affine fit (residual 0) and takes no part in it
 HELD_CUT = 1e-12
+#: in the frame the residual is zero on faces whose density is below this fraction of the
+#: largest: there WENO's smoothness indicators fall under WENO_EPS, its weights lose their
+#: relative accuracy, and even a residual of 1e-12 gives the far tails relative errors of
+#: O(1) within a few steps, which large tilts amplify by e^(c.y) into O(1) velocity errors
+#: (measured). Those tails move with the frame's affine fit instead
+TRANSPORT_FLOOR = 1e-20
+#: tilted laws count as held only inside the box of the cells above this fraction of the
+#: largest density (tpde.variants.truncation)
+ACTIVE_FLOOR = 1e-40
+#: the fit skips the faces that are not held only while those held carry this share of the
+#: face mass (else it uses every face)
+HELD_FIT_MASS = 0.5
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,16 @@ def truncation_indicator(face_weights: Sequence[np.ndarray], cut: Sequence[np.nd
     return worst
 
 
+def unheld_share(face_weights: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> float:
+    """The largest, over axes, share of the face weights on faces that are not held."""
+    worst = 0.0
+    for weight, mask in zip(face_weights, held, strict=True):
+        total = float(weight.sum())
+        if total > 0:
+            worst = max(worst, float(weight[~mask].sum()) / total)
+    return worst
+
+
 def affine_fit(
     density: np.ndarray,
     grid: Grid,
@@ -176,8 +198,14 @@ def affine_fit(
         offset = np.where(np.arange(d) == a, 0.5, 0.0)
         coords = grid.lattice(offset)
         weight = face_density(density, a)
-        if held is not None:
-            weight = np.where(held[a], weight, 0.0)
+        keep = held is not None and held[a].any()
+        if keep:
+            kept = np.where(held[a], weight, 0.0)
+            # a fit needs the bulk of the mass: with less held, the box is the problem and
+            # the truncation indicator (not the fit) has to say so
+            keep = kept.sum() >= HELD_FIT_MASS * weight.sum()
+            if keep:
+                weight = kept
         total = weight.sum()
         if not total > 0:
             raise FloatingPointError("frame: no mass left to fit the frame to")
@@ -197,8 +225,9 @@ def affine_fit(
         drift[a] = u_bar - row @ centre
         fitted = drift[a] + sum(row[b] * mesh[b] for b in range(d))
         residual = u - fitted
-        if held is not None:
+        if keep and held is not None:
             residual = np.where(held[a], residual, 0.0)
+        residual[face_density(density, a) < TRANSPORT_FLOOR * density.max()] = 0.0
         residuals.append(residual)
     L = frame.matrix
     return residuals, FrameRates(L @ drift, L @ gain, gain)

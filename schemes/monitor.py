@@ -94,6 +94,8 @@ class Monitor:
     largest0: float = math.nan
     rank: int | None = None
     warned: bool = False
+    #: the largest truncation measure seen (indicator or edge mass)
+    largest: float = 0.0
 
     def record(self, t: float, covariance: np.ndarray) -> None:
         """Keep the physical covariance at time t (the last three) and record collapses."""
@@ -129,6 +131,7 @@ class Monitor:
         grid.shape; axes: those whose faces bound the box (not periodic)."""
         edge = edge_mass(density, axes)
         worst = max(truncation, edge)
+        self.largest = max(self.largest, worst)
         if not worst > self.box_tolerance:
             return None
         what = (

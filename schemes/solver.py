@@ -37,6 +37,7 @@ from .frame import (
     embedded_error,
     face_density,
     truncation_indicator,
+    unheld_share,
 )
 from .monitor import BOX_ACTIONS, Event, Monitor
 from .operator import (
@@ -277,6 +278,8 @@ class Result:
     wall_time: float = 0.0
     positions: Positions | None = None
     events: list[Event] = field(default_factory=list)
+    #: the largest truncation measure the monitor saw (schemes.monitor; 0 if not measured)
+    truncation: float = 0.0
 
     @property
     def times(self) -> np.ndarray:
@@ -403,13 +406,17 @@ class Solver:
                     density, self.grid, t, centres, list(range(d)), frame
                 )
             cut = field.cut
+            held = None
             if cut is not None:
-                self.truncation = max(
-                    self.truncation,
-                    truncation_indicator([face_density(density, a) for a in range(d)], cut),
-                )
+                faces = [face_density(density, a) for a in range(d)]
+                measure = truncation_indicator(faces, cut)
+                if frame is not None:
+                    # the frame keeps faces it does not hold on its affine fit: their mass
+                    # is what that extrapolation moves, and counts as truncated
+                    held = [c <= HELD_CUT for c in cut]
+                    measure = max(measure, unheld_share(faces, held))
+                self.truncation = max(self.truncation, measure)
             if frame is not None:
-                held = None if cut is None else [c <= HELD_CUT for c in cut]
                 normal, rates = affine_fit(density, self.grid, normal, frame, held)
             values = []
             normal.reverse()
@@ -667,6 +674,7 @@ class Solver:
                     break
         finally:
             result.events = list(self.monitor.events)
+            result.truncation = self.monitor.largest
             result.steps = self.steps
             result.rejected_steps = self.rejected
             result.limited_stages = self.operator.limited_steps

@@ -20,6 +20,16 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from tpde.grid import Grid, moments
+from tpde.schemes.frame import ACTIVE_FLOOR
+
+from .engines.direct import support_box
+
+
+def active_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """The box (lower, upper edges) of the cells whose weight is at least
+    :data:`tpde.schemes.frame.ACTIVE_FLOOR` of the largest: the part of the weights whose
+    relative accuracy the scheme keeps."""
+    return support_box(np.where(weights >= ACTIVE_FLOOR * weights.max(), weights, 0.0), grid)
 
 
 def cut_lattices(
@@ -31,11 +41,13 @@ def cut_lattices(
 ) -> list[np.ndarray]:
     """The cut (module docstring) at every point of each lattice (arrays shaped like the
     tensor lattices ``lattices[i]``, per-axis coordinates) for the tilted laws of ``weights``
-    (grid.shape, >= 0) at ``c = matrix (x + shift)``; 1 where the weights have no mass."""
+    (grid.shape, >= 0) at ``c = matrix (x + shift)``, measured from the faces of
+    :func:`active_box`; 1 where the weights have no mass."""
     mass, mean, cov = moments(np.maximum(weights, 0.0), grid)
-    d = grid.ndim
     if not mass > 0:
         return [np.ones(tuple(len(x) for x in coords)) for coords in lattices]
+    lower, upper = active_box(weights, grid)
+    d = grid.ndim
     sd = np.sqrt(np.maximum(np.diag(cov), 1e-300))
     gain = cov @ np.asarray(matrix, float)  # centre = mean + gain (x + shift)
     offset = mean + (gain @ shift if shift is not None else 0.0)
@@ -49,7 +61,7 @@ def cut_lattices(
                 view = [1] * d
                 view[b] = shape[b]
                 centre = centre + gain[a, b] * np.asarray(coords[b]).reshape(view)
-            inside = np.minimum(centre - grid.lower[a], grid.upper[a] - centre) / sd[a]
+            inside = np.minimum(centre - lower[a], upper[a] - centre) / sd[a]
             np.minimum(depth, inside, out=depth)
         # phi(k) / Phi(k), in logs so that deep points give 0 and outside points no overflow
         log_phi = -0.5 * depth**2 - 0.5 * np.log(2.0 * np.pi)

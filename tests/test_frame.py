@@ -1,0 +1,230 @@
+"""The co-moving affine frame (tpde.schemes.frame) and the truncation monitor
+(tpde.schemes.monitor) against the Gaussian ODEs and their closed forms.
+
+docs/theory.md, 'The co-moving affine frame'. References: the softmax closed form
+Sigma(t)^-1 = Sigma0^-1 - v t (A + A^T) for V = vI and its blow-up time t*, and the Gaussian
+mean/covariance ODEs of every variant (tpde.validation.gaussian.solve). Each frame run prints its
+errors beside a fixed-box run of the same cell count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tpde.grid import Grid, gaussian, moments
+from tpde.schemes.frame import AffineFrame, affine_fit, mixture_frame
+from tpde.schemes.monitor import predicted_blowup
+from tpde.schemes.solver import Problem, Scheme, Solver
+from tpde.studies import fitted_box
+from tpde.validation import solve
+from tpde.validation.gaussian import softmax_blowup_time, softmax_scalar_v_covariance
+from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
+
+#: collapse onto a line with a decaying mean: V = -I, A + A^T = diag(2, 0) (rank one, PSD)
+#: plus a skew part
+COLLAPSE_A = np.array([[1.0, 0.7], [-0.7, 0.0]])
+MEAN0 = np.array([0.5, -0.3])
+COV0 = np.array([[1.0, 0.3], [0.3, 0.8]])
+
+
+def frame_run(field, cells, t_end, times, radius=16.0, tolerance=1e-8, mean0=MEAN0, cov0=COV0):
+    """A frame run from N(mean0, cov0) on the xi box +-radius: the physical mean and
+    covariance at each snapshot, and the result."""
+    grid = Grid([-radius] * 2, [radius] * 2, [cells, cells])
+    problem = Problem(
+        grid,
+        gaussian(grid, np.zeros(2), np.eye(2)),
+        field,
+        t_end,
+        scheme=Scheme(frame="affine", frame_tolerance=tolerance),
+        snapshots=list(times),
+        frame=AffineFrame.following(mean0, cov0),
+    )
+    result = Solver(problem).run()
+    out = []
+    for snap in result.snapshots:
+        _, xi_mean, xi_cov = moments(snap.density, grid)
+        out.append(snap.frame.moments(xi_mean, xi_cov))
+    return out, result
+
+
+def fixed_run(field, cells, t_end, times, solution, sigmas=7.0):
+    grid = Grid(*fitted_box(solution, t_end, sigmas), [cells, cells])
+    result = Solver(
+        Problem(
+            grid,
+            gaussian(grid, MEAN0, COV0),
+            field,
+            t_end,
+            snapshots=list(times),
+            box_action="warn",
+        )
+    ).run()
+    return [moments(s.density, grid)[1:] for s in result.snapshots], result
+
+
+def show(title: str, header: list[str], rows: list[tuple]) -> None:
+    print(f"\n{title}")
+    print(" ".join(f"{h:>12}" for h in header))
+    for row in rows:
+        print(" ".join(f"{v:12.4e}" for v in row))
+
+
+def relative(cov, exact) -> float:
+    return float(np.linalg.norm(cov - exact, 2) / np.linalg.norm(exact, 2))
+
+
+def test_affine_fit_is_exact_for_affine_fields():
+    grid = Grid([-5.0, -5.0], [5.0, 5.0], [24, 24])
+    density = gaussian(grid, [0.3, -0.2], [[1.0, 0.2], [0.2, 0.7]])
+    frame = AffineFrame([1.0, 2.0], [[2.0, 0.5], [0.0, 1.5]])
+    drift, gain = np.array([0.4, -0.7]), np.array([[0.3, -1.1], [0.6, 0.2]])
+    normal = []
+    for a in range(2):
+        coords = grid.lattice(np.where(np.arange(2) == a, 0.5, 0.0))
+        mesh = np.meshgrid(*coords, indexing="ij")
+        normal.append(drift[a] + gain[a, 0] * mesh[0] + gain[a, 1] * mesh[1])
+    residual, rates = affine_fit(density, grid, normal, frame)
+    assert max(np.abs(r).max() for r in residual) < 1e-13
+    np.testing.assert_allclose(rates.gain, gain, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(rates.matrix, frame.matrix @ gain, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(rates.mean, frame.matrix @ drift, rtol=0, atol=1e-13)
+
+
+def test_mixture_frame_whitens_the_mixture():
+    weights = [0.3, 0.7]
+    means = [np.array([1.0, -1.0]), np.array([-0.5, 0.8])]
+    covs = [np.diag([0.5, 0.2]), np.array([[0.3, 0.1], [0.1, 0.4]])]
+    frame, xi_means, xi_covs = mixture_frame(weights, means, covs)
+    xi_mean = sum(w * m for w, m in zip(weights, xi_means, strict=True))
+    xi_second = sum(
+        w * (c + np.outer(m, m)) for w, m, c in zip(weights, xi_means, xi_covs, strict=True)
+    )
+    np.testing.assert_allclose(xi_mean, 0.0, atol=1e-14)
+    np.testing.assert_allclose(xi_second, np.eye(2), atol=1e-14)
+    np.testing.assert_allclose(frame.matrix, frame.matrix.T, atol=1e-15)  # no rotation at start
+
+
+def test_frame_follows_a_collapse_onto_a_line():
+    """Softmax, V = -I, A + A^T of rank one: Sigma^-1(t) = Sigma0^-1 + t (A + A^T), 1e-7 at
+    every snapshot on 48^2 to t = 20 (the slow suite goes to t = 1000 on 64^2)."""
+    times = [0.0, 0.5, 2.0, 5.0, 10.0, 20.0]
+    field = ATTENTION["softmax"](Head(COLLAPSE_A, -np.eye(2)))
+    framed, result = frame_run(field, 48, times[-1], times)
+    assert result.status == "completed", result.status_message
+    solution = solve("softmax", MEAN0, COV0, Head(COLLAPSE_A, -np.eye(2)), times[-1])
+    fixed, fixed_result = fixed_run(
+        ATTENTION["softmax"](Head(COLLAPSE_A, -np.eye(2))), 48, times[-1], times, solution
+    )
+    rows = []
+    for t, (_, cov), (_, cov_fixed) in zip(times, framed, fixed, strict=True):
+        exact = softmax_scalar_v_covariance(COV0, COLLAPSE_A, -1.0, t)
+        values = np.linalg.eigvalsh(exact)
+        rows.append((t, values[0] / values[1], relative(cov, exact), relative(cov_fixed, exact)))
+    show(
+        "softmax collapse onto a line, 48^2: covariance error vs the closed form",
+        ["t", "eig ratio", "frame", "fixed box"],
+        rows,
+    )
+    print(
+        f"frame: {result.steps} steps; fixed box: {fixed_result.steps} steps, "
+        + "; ".join(e.message for e in fixed_result.events)
+    )
+    assert all(row[2] <= 1e-7 for row in rows)
+
+
+@pytest.mark.parametrize(
+    "variant, params, cells, radius",
+    [
+        (
+            "multihead",
+            [Head(COLLAPSE_A, -0.5 * np.eye(2)), Head(COLLAPSE_A.T, -0.5 * np.eye(2))],
+            48,
+            16.0,
+        ),
+        ("linear", Head(-0.3 * np.eye(2) + 0.2 * np.array([[0, 1], [-1, 0]]), np.eye(2)), 16, 8.0),
+        ("l2", L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.8, -0.3], [0.5, 0.6]], -np.eye(2)), 64, 8.0),
+        pytest.param(
+            "sinkhorn",
+            SinkhornHead(COLLAPSE_A, -np.eye(2), eps=1.0),
+            28,
+            7.0,
+            marks=pytest.mark.slow,  # cold Sinkhorn iterations at every stage: ~20 s
+        ),
+    ],
+)
+def test_frame_runs_follow_the_gaussian_odes(variant, params, cells, radius):
+    """Every Gaussian-preserving variant in the frame against its mean/covariance ODE."""
+    times = [0.0, 0.5, 1.0, 2.0]
+    framed, result = frame_run(ATTENTION[variant](params), cells, times[-1], times, radius)
+    assert result.status == "completed", result.status_message
+    solution = solve(variant, MEAN0, COV0, params, times[-1])
+    rows = []
+    for t, (mean, cov) in zip(times, framed, strict=True):
+        exact_mean, exact_cov = solution.at(t)
+        rows.append((t, relative(cov, exact_cov), float(np.abs(mean - exact_mean).max())))
+    show(f"{variant} in the frame, {cells}^2", ["t", "cov error", "mean error"], rows)
+    assert all(row[1] <= 1e-7 and row[2] <= 1e-7 for row in rows)
+
+
+def test_blowup_is_reported_with_its_time():
+    """Softmax with V = I and A + A^T positive definite blows up at t* (closed form): the frame
+    run stops with status blowup before its covariance error reaches 1e-3, and predicts t*."""
+    A = np.array([[0.6, 0.2], [0.0, 0.4]])
+    t_star = softmax_blowup_time(COV0, A, 1.0)
+    times = list(np.linspace(0.0, 1.2 * t_star, 13))
+    field = ATTENTION["softmax"](Head(A, np.eye(2)))
+    framed, result = frame_run(field, 48, times[-1], times)
+    assert result.status == "blowup", (result.status, result.status_message)
+    assert result.status_time < t_star
+    errors = [
+        relative(cov, softmax_scalar_v_covariance(COV0, A, 1.0, s.time))
+        for (_, cov), s in zip(framed, result.snapshots, strict=True)
+    ]
+    predicted = float(result.status_message.split("t* = ")[1].split()[0])
+    print(
+        f"blow-up: t* = {t_star:.9g}, predicted {predicted:.9g}, stopped at "
+        f"{result.status_time / t_star:.4f} t*, largest covariance error {max(errors):.2e}"
+    )
+    assert max(errors) <= 1e-3
+    assert abs(predicted - t_star) <= 1e-3 * t_star
+
+
+def test_predicted_blowup_is_exact_for_a_linear_inverse_covariance():
+    A, cov0 = np.array([[0.6, 0.2], [0.0, 0.4]]), COV0
+    times = [0.1, 0.2]
+    covs = [softmax_scalar_v_covariance(cov0, A, 1.0, t) for t in times]
+    assert abs(predicted_blowup(times, covs) - softmax_blowup_time(cov0, A, 1.0)) < 1e-12
+
+
+def test_unstable_mean_stops_with_box_limited():
+    """Softmax, V = I (the mean grows like e^t) with a collapsing covariance: the tilt
+    L^T A m carries the tilted laws out of any box; the run stops with box_limited, its
+    covariance still within 1e-7 of the ODE up to there."""
+    A = -np.array([[1.0, 0.0], [0.0, 0.0]]) + np.array([[0.0, 0.5], [-0.5, 0.0]])
+    mean0 = np.array([1.0, 1.0])
+    times = list(np.linspace(0.0, 20.0, 41))
+    framed, result = frame_run(
+        ATTENTION["softmax"](Head(A, np.eye(2))), 48, times[-1], times, mean0=mean0
+    )
+    assert result.status == "box_limited", (result.status, result.status_message)
+    solution = solve("softmax", mean0, COV0, Head(A, np.eye(2)), result.status_time)
+    worst = max(
+        relative(cov, solution.at(s.time)[1])
+        for (_, cov), s in zip(framed, result.snapshots, strict=True)
+    )
+    print(f"unstable mean: box_limited at t = {result.status_time:.4g}, cov error {worst:.2e}")
+    assert worst <= 1e-7
+
+
+def test_frame_is_checked_against_the_problem():
+    grid = Grid([-6.0, -6.0], [6.0, 6.0], [16, 16])
+    density = gaussian(grid, [0.0, 0.0], np.eye(2))
+    field = ATTENTION["softmax"](Head(COLLAPSE_A, -np.eye(2)))
+    with pytest.raises(ValueError, match="scheme.frame"):
+        Problem(grid, density, field, 1.0, scheme=Scheme(frame="affine"))
+    with pytest.raises(ValueError, match="scheme.frame"):
+        Scheme(frame="affine", integrator="ssprk2").validate()
+    with pytest.raises(ValueError, match="scheme.frame"):
+        Scheme(frame="moving").validate()
