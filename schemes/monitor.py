@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: cells along each face whose mass counts as reaching the box
-EDGE_CELLS = 2
+EDGE_CELLS = 1
 BOX_ACTIONS = ("stop", "warn")
 
 
@@ -85,7 +85,7 @@ class Monitor:
     """Checks after every step (module docstring). ``check`` returns a status ending the run
     (``box_limited``, ``blowup``) with its message, or None."""
 
-    box_tolerance: float = 1e-5
+    box_tolerance: float = 1e-4
     box_action: str = "stop"
     collapse_ratio: float = 1e-4
     events: list[Event] = field(default_factory=list)

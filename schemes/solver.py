@@ -191,7 +191,7 @@ class Problem:
         "affine"`` (grid and density are then the frame's), else None.
     box_tolerance : the run stops with ``box_limited`` (or ``blowup``) when the box no
         longer holds the dynamics: the mass in the outer cells, or the mass-weighted cut of
-        the tilted laws behind the velocity, above this (default 1e-5; :mod:`.monitor`).
+        the tilted laws behind the velocity, above this (default 1e-4; :mod:`.monitor`).
     box_action : "stop" (default) | "warn" (record a ``box_limited`` event and go on).
     collapse_ratio : record a ``collapse`` event when the covariance's smallest/largest
         eigenvalue ratio falls below this (default 1e-4).
@@ -209,7 +209,7 @@ class Problem:
     initial_outflow: float = 0.0
     positions: Positions | None = None
     frame: AffineFrame | None = None
-    box_tolerance: float = 1e-5
+    box_tolerance: float = 1e-4
     box_action: str = "stop"
     collapse_ratio: float = 1e-4
 

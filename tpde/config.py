@@ -894,7 +894,7 @@ def _run_settings(run: dict) -> dict:
         "t_start": _number("run.t_start", run.get("t_start", 0.0)),
         "t_end": _number("run.t_end", run["t_end"]),
         "max_outflow": _number("run.max_outflow", run.get("max_outflow", 1e-3)),
-        "box_tolerance": _number("run.box_tolerance", run.get("box_tolerance", 1e-5)),
+        "box_tolerance": _number("run.box_tolerance", run.get("box_tolerance", 1e-4)),
         "box_action": _choice("run.box_action", run.get("box_action", "stop"), BOX_ACTIONS),
         "collapse_ratio": _number("run.collapse_ratio", run.get("collapse_ratio", 1e-4)),
     }

@@ -22,9 +22,10 @@ y = "attention.A[0][1]"
 ```
 
 Outcomes (:func:`classify`): ``converged`` (with the rank of the limit), ``blowup`` (with
-its time), ``mass_left`` (with the time the outflow passed ``run.max_outflow``) or
-``failed`` (with the message). A failed run is recorded, never fatal. A rerun skips the runs
-whose file holds a terminal status (completed, blowup, mass_left_domain) for the same
+its time), ``mass_left`` (with the time the outflow passed ``run.max_outflow``),
+``box_limited`` (with the time the box stopped holding the dynamics) or ``failed`` (with
+the message). A failed run is recorded, never fatal. A rerun skips the runs whose file
+holds a terminal status (completed, blowup, mass_left_domain, box_limited) for the same
 configuration and redoes the others; the run id hashes the whole resolved configuration, so
 editing the base config reruns everything it touches.
 """
@@ -83,7 +84,7 @@ __all__ = [
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
 TERMINAL = io.RESULTS  # statuses a rerun skips: results of the dynamics
-OUTCOMES = ("converged", "blowup", "mass_left", "failed")
+OUTCOMES = ("converged", "blowup", "mass_left", "box_limited", "failed")
 DEFAULT_TOLERANCE = 0.05
 #: the most runs a sweep may hold without --force (force=True): a bigger grid is usually a
 #: mistake (one more parameter list than meant) and takes minutes to even enumerate
@@ -387,6 +388,8 @@ def classify(
       non-finite value (the solver's SimulationError) -> ``blowup`` at the time the message
       names (else the last finite snapshot).
     - ``mass_left_domain`` -> ``mass_left`` at ``status_time``.
+    - ``box_limited`` -> ``box_limited`` at ``status_time`` (the box stopped holding the
+      dynamics: tpde.schemes.monitor).
     - anything else -> ``failed`` with the message.
     """
     time = np.asarray(time, dtype=float)
@@ -440,6 +443,8 @@ def classify(
         out.update(outcome="blowup", event_time=float(t))
     elif status == "mass_left_domain":
         out.update(outcome="mass_left", event_time=float(status_time))
+    elif status == "box_limited":
+        out.update(outcome="box_limited", event_time=float(status_time))
     elif status == "error" and BLOWUP_MESSAGE.search(message or ""):
         at = _AT_TIME.search(message)
         out.update(outcome="blowup", event_time=float(at.group(1)) if at else last_time)
@@ -897,7 +902,7 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
             **counts,
         },
     )
-    ds["outcome"].attrs["long_name"] = "converged | blowup | mass_left | failed"
+    ds["outcome"].attrs["long_name"] = "converged | blowup | mass_left | box_limited | failed"
     ds["rank"].attrs["long_name"] = (
         f"eigenvalues of Sigma/tr(Sigma) above {spec.tolerance:g}"
         " at the last snapshot (0: collapse to a point)"
@@ -922,7 +927,7 @@ _PER_RUN = (
 )
 _LONG_NAMES = {
     "run_id": "run identifier (its file: runs/<run_id>.nc)",
-    "outcome": "converged | blowup | mass_left | failed",
+    "outcome": "converged | blowup | mass_left | box_limited | failed",
     "outcome_code": "outcome of the run",
     "event_time": "time of the blow-up or of the mass leaving the box",
     "trace_initial": "trace of the covariance at the first snapshot",
@@ -1070,7 +1075,12 @@ def _now() -> str:
 
 # ---- the phase diagram ----------------------------------------------------------------------
 _RANK_COLOURS = ("black", "tab:blue", "tab:green", "tab:purple", "tab:cyan")
-_STYLES = {"blowup": ("X", "tab:red"), "mass_left": ("^", "tab:orange"), "failed": ("s", "0.55")}
+_STYLES = {
+    "blowup": ("X", "tab:red"),
+    "mass_left": ("^", "tab:orange"),
+    "box_limited": ("v", "tab:purple"),
+    "failed": ("s", "0.55"),
+}
 
 
 def _category(outcome: str, rank: int) -> tuple[str, str, str]:
@@ -1160,7 +1170,7 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
         elif others:
             ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)
         ax.grid(alpha=0.3)
-    rank = ["converged", "blowup", "mass left", "failed"]
+    rank = [o.replace("_", " ") for o in OUTCOMES]
     order = sorted(dict.fromkeys(cats), key=lambda c: (rank.index(c[0].split(",")[0]), c[0]))
     counts = {c[0]: sum(k[0] == c[0] for k in cats) for c in order}
     handles = [
