@@ -200,6 +200,7 @@ def affine_fit(
         weight = face_density(density, a)
         keep = held is not None and held[a].any()
         if keep:
+            assert held is not None  # (keep says so)
             kept = np.where(held[a], weight, 0.0)
             # a fit needs the bulk of the mass: with less held, the box is the problem and
             # the truncation indicator (not the fit) has to say so
