@@ -32,7 +32,6 @@ from .frame import (
     FRAMES,
     HELD_CUT,
     AffineFrame,
-    FrameRates,
     affine_fit,
     embedded_error,
     face_density,
@@ -434,7 +433,7 @@ class Solver:
         except FloatingPointError as exc:
             raise SimulationError(f"{exc} at t = {t:.6g}, step {self.steps}") from None
         if frame is not None:
-            velocity.frame_rates = rates  # type: ignore[attr-defined]
+            velocity.frame_rates = rates
         elif self.problem.velocity.steady:
             self._steady_velocity = velocity
         return velocity
@@ -481,8 +480,8 @@ class Solver:
                         vel = self.face_velocity(stages[k], self._stage_time(c[k], dt), frames[k])
                     frame_term = frames[k]
                     if frame_term is not None:
-                        rates: FrameRates = vel.frame_rates  # type: ignore[attr-defined]
-                        frame_term = frame_term.advanced(rates, beta / alpha * dt)
+                        assert vel.frame_rates is not None  # (evaluated in this frame)
+                        frame_term = frame_term.advanced(vel.frame_rates, beta / alpha * dt)
                     left = self.operator.euler_step(stages[k], vel, beta / alpha * dt, self._euler)
                     del vel  # memory: one FaceVelocity alive at a time
                     term = self._euler
@@ -528,7 +527,8 @@ class Solver:
         """Before the first frame step: 1e-3 of the frame's time scale 1 / ||G||."""
         if math.isfinite(self._frame_dt):
             return math.inf
-        gain = velocity.frame_rates.gain  # type: ignore[attr-defined]
+        assert velocity.frame_rates is not None  # (called in frame runs only)
+        gain = velocity.frame_rates.gain
         rate = float(np.linalg.norm(gain, 2))
         return 1e-3 / rate if rate > 0 else math.inf
 
@@ -543,8 +543,10 @@ class Solver:
 
     # ---- the run ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        # warm starts never cross a snapshot: a run resumed from one repeats this run
+        # warm starts never cross a snapshot: a run resumed from one repeats this run (the
+        # frame's step controller too: it restarts from its first-step rule)
         self.problem.velocity.reset()
+        self._frame_dt = math.inf
         snap = Snapshot(
             time=self.t,
             density=self.density.copy(),

@@ -228,3 +228,52 @@ def test_frame_is_checked_against_the_problem():
         Scheme(frame="affine", integrator="ssprk2").validate()
     with pytest.raises(ValueError, match="scheme.frame"):
         Scheme(frame="moving").validate()
+
+
+def test_a_resumed_frame_run_repeats_the_run():
+    """Resuming from a snapshot (its density and frame) repeats the uninterrupted run bit for
+    bit: warm starts and the frame's step controller restart at every snapshot."""
+    field = ATTENTION["softmax"](Head(COLLAPSE_A, -np.eye(2)))
+    grid = Grid([-16.0] * 2, [16.0] * 2, [24, 24])
+    density = gaussian(grid, np.zeros(2), np.eye(2))
+    frame = AffineFrame.following(MEAN0, COV0)
+
+    def run(density, frame, t_start, t_end, times):
+        scheme = Scheme(frame="affine", frame_tolerance=1e-8)
+        problem = Problem(grid, density, field, t_end, scheme, times, t_start=t_start, frame=frame)
+        return Solver(problem).run().snapshots[-1]
+
+    whole = run(density, frame, 0.0, 1.0, [0.0, 0.5, 1.0])
+    half = run(density, frame, 0.0, 0.5, [0.0, 0.5])
+    resumed = run(half.density, half.frame, 0.5, 1.0, [0.5, 1.0])
+    assert np.array_equal(resumed.density, whole.density)
+    assert np.array_equal(resumed.frame.matrix, whole.frame.matrix)
+    assert np.array_equal(resumed.frame.mean, whole.frame.mean)
+
+
+def test_frame_files_carry_the_frame_and_physical_moments(tmp_path):
+    """tpde run in the frame writes frame_mean, frame_matrix, frame_jacobian and the cells'
+    physical positions (CF auxiliary coordinates); mean and covariance stay physical."""
+    import xarray as xr
+
+    from tpde.run import simulate
+
+    raw = {
+        "grid": {"lower": [-16.0, -16.0], "upper": [16.0, 16.0], "cells": [48, 48]},
+        "initial": {"kind": "gaussian", "mean": MEAN0.tolist(), "covariance": COV0.tolist()},
+        "attention": {"variant": "softmax", "A": COLLAPSE_A.tolist(), "V": (-np.eye(2)).tolist()},
+        "scheme": {"frame": "affine", "frame_tolerance": 1e-8},
+        "run": {"t_end": 1.0, "snapshots": 3},
+    }
+    simulate(raw, output=tmp_path / "frame.nc")
+    with xr.open_dataset(tmp_path / "frame.nc") as ds:
+        assert {"physical_x", "physical_y"} <= set(ds["density"].coords)  # CF "coordinates"
+        L = ds["frame_matrix"].values[-1]
+        assert abs(float(ds["frame_jacobian"][-1]) - abs(np.linalg.det(L))) < 1e-14
+        assert ds.attrs["status"] == "completed"
+        xi = np.array([float(ds["x"][3]), float(ds["y"][5])])
+        position = ds["frame_mean"].values[-1] + L @ xi
+        got = [float(ds["physical_x"][-1, 5, 3]), float(ds["physical_y"][-1, 5, 3])]
+        np.testing.assert_allclose(got, position, rtol=0, atol=1e-13)
+        exact = softmax_scalar_v_covariance(COV0, COLLAPSE_A, -1.0, 1.0)
+        assert relative(ds["covariance"].values[-1], exact) < 1e-7

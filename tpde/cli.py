@@ -405,6 +405,8 @@ def _open(path: Path):
 
 
 def cmd_info(args) -> int:
+    import numpy as np
+
     from tpde.io import Outcome, grid_from_dataset, staged_name
 
     if args.file.is_file() and _summary_file(args.file):
@@ -444,6 +446,20 @@ def cmd_info(args) -> int:
     energies = [str(n)[len("energy_") :] for n in ds.data_vars if str(n).startswith("energy_")]
     if energies:
         print(f"  energies: {', '.join(energies)}")
+    if "frame_matrix" in ds and times.size:
+        L = np.asarray(ds["frame_matrix"][-1].values, dtype=float)
+        print(
+            "  co-moving affine frame: x = m + L xi; at the last snapshot |det L| = "
+            f"{abs(float(np.linalg.det(L))):.6g}, eigenvalues of the covariance "
+            + ", ".join(f"{v:.4g}" for v in np.linalg.eigvalsh(ds["covariance"][-1].values))
+        )
+    if "largest_truncation" in ds.attrs:
+        print(
+            "  largest truncation measure (box_tolerance compares with it): "
+            + " ".join(str(ds.attrs["largest_truncation"]).split())[:40]
+        )
+    for line in str(ds.attrs.get("events", "")).splitlines()[:50]:  # untrusted text
+        print(f"  event: {' '.join(line.split())[:300]}")
     print("  " + _provenance(ds.attrs))
     print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
     return 0

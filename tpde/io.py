@@ -162,7 +162,12 @@ _LONG_NAMES = {
     "slice_mass": "mass of each position slice",
     "slice_mean": "mean of each position slice (normalised by its mass)",
     "slice_covariance": "covariance of each position slice (normalised by its mass)",
+    "frame_mean": "co-moving frame: origin m of x = m + L xi",
+    "frame_matrix": "co-moving frame: matrix L of x = m + L xi",
+    "frame_jacobian": "co-moving frame: |det L| (physical density = density / frame_jacobian)",
 }
+#: the physical coordinate of every cell centre in the co-moving frame, per axis
+PHYSICAL = "physical_"
 
 
 #: ``(density, t) -> {name: float or tpde.energies.Energy}``, evaluated at every snapshot
@@ -863,6 +868,9 @@ def _energy_names(attrs: dict) -> tuple[str, ...] | None:
 
 #: provenance attributes that count a run's work: a resumed run adds its own
 COUNTERS = ("steps", "rejected_steps", "wall_time")
+#: run records kept as text (``events``: "kind t message" per line, tpde.schemes.monitor) or
+#: as the largest over resumed segments (``largest_truncation``)
+RUN_RECORDS = ("events", "largest_truncation")
 
 
 def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -870,8 +878,13 @@ def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any
     :data:`COUNTERS` added to what ``nc`` holds, numbers as numpy scalars."""
     out: dict[str, Any] = {}
     for name, value in values.items():
+        before = nc.getncattr(name) if name in nc.ncattrs() else None
+        if name == "events":  # one line per event, over every segment of a resumed run
+            value = "\n".join(str(v) for v in (before, value) if v)
+        elif name == "largest_truncation" and before is not None:
+            value = max(float(before), float(value))
         if name in COUNTERS:
-            before = nc.getncattr(name) if name in nc.ncattrs() else 0
+            before = before if before is not None else 0
             try:
                 value = float(np.asarray(before).reshape(-1)[0]) + float(value)
             except (TypeError, ValueError, IndexError):
@@ -1155,6 +1168,9 @@ class SnapshotWriter:
             return False
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
+        frame = getattr(snapshot, "frame", None)
+        if frame is not None:  # mean and covariance stay physical
+            mean, cov = frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
         i = self._count
         what = f"snapshot {i + 1} (t = {t:.6g})"
@@ -1184,6 +1200,9 @@ class SnapshotWriter:
             nc["covariance"][i, :, :] = cov
             if sliced:
                 self._write_slices(nc, i, density)
+            frame = getattr(snapshot, "frame", None)
+            if frame is not None:
+                self._write_frame(nc, i, frame)
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
@@ -1195,6 +1214,43 @@ class SnapshotWriter:
             nc["time"][i] = t
 
     __call__ = write
+
+    def _write_frame(self, nc: netCDF4.Dataset, i: int, frame: Any) -> None:
+        """Record i of the co-moving frame (docs/theory.md, 'The co-moving affine frame'):
+        frame_mean (dim), frame_matrix (dim, dim2), frame_jacobian, and the physical position
+        ``physical_<axis>`` of every cell centre, a CF auxiliary coordinate of ``density``
+        (the variables are defined with the first record that has a frame)."""
+        grid, d = self.grid, self.grid.ndim
+        names = [PHYSICAL + a for a in grid.axis_names]
+        if "frame_mean" not in nc.variables:
+            _record_variable(nc, "frame_mean", ("dim",), (_TIME_CHUNK, d))
+            _record_variable(nc, "frame_matrix", ("dim", "dim2"), (_TIME_CHUNK, d, d))
+            _record_variable(nc, "frame_jacobian", (), (_TIME_CHUNK,))
+            for a, name in enumerate(names):
+                var = nc.createVariable(
+                    name,
+                    "f8",
+                    ("time", *self._stored),
+                    fill_value=np.nan,
+                    chunksizes=(1, *(grid.cells[grid.axis_names.index(n)] for n in self._stored)),
+                    zlib=True,
+                    complevel=4,
+                )
+                var.setncatts(
+                    {
+                        "long_name": f"physical coordinate {grid.axis_names[a]} of the cell "
+                        "centres (x = m + L xi)",
+                        "units": "1",
+                    }
+                )
+            nc["density"].setncattr("coordinates", " ".join(names))
+        nc["frame_mean"][i, :] = frame.mean
+        nc["frame_matrix"][i, :, :] = frame.matrix
+        nc["frame_jacobian"][i] = frame.jacobian
+        centres = frame.physical(np.stack(grid.mesh(sparse=False), axis=-1))
+        tpde_dims = _density_dims(grid, None)
+        for a, name in enumerate(names):
+            nc[name][i, ...] = _transposed(centres[..., a], tpde_dims, self._stored)
 
     def _write_slices(self, nc: netCDF4.Dataset, i: int, density: np.ndarray) -> None:
         """Record i of slice_mass (S,), slice_mean (S, d), slice_covariance (S, d, d)."""
@@ -1421,7 +1477,8 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
     slices), ``time`` (float, last snapshot), ``density`` (last density, ``grid.shape`` or
     ``positions.shape(grid)``), ``outflow`` (float, cumulative), ``mass`` (float),
     ``snapshots`` (int, complete records), ``times`` (all snapshot times, (snapshots,)),
-    ``config`` (str), ``status`` and ``status_message`` (str).
+    ``config`` (str), ``status`` and ``status_message`` (str), ``frame`` ((mean, matrix) of
+    the last snapshot's co-moving frame, or None).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -1452,6 +1509,16 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             "status": str(attrs.get("status", "")),
             "status_message": str(attrs.get("status_message", "")),
             "outcome": Outcome.from_attributes(attrs),
+            # the co-moving frame of the last snapshot (None for a fixed box): a resumed run
+            # continues it exactly
+            "frame": (
+                (
+                    np.array(nc["frame_mean"][last], dtype=np.float64),
+                    np.array(nc["frame_matrix"][last], dtype=np.float64),
+                )
+                if "frame_mean" in nc.variables
+                else None
+            ),
         }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpde.grid import profile
+from tpde.schemes.frame import AffineFrame
 from tpde.schemes.solver import Snapshot, Solver
 
 from . import io
@@ -164,7 +165,9 @@ def run_config(
     """
     output = Path(output)
     problem = config.problem
-    energies = run_energies(config)  # the same energies on new and resumed runs
+    # the same energies on new and resumed runs; none in the co-moving frame, whose density
+    # lives in frame coordinates (the energies' kernels are written for physical ones)
+    energies = None if problem.frame is not None else run_energies(config)
     skip_first = False
     signals = _Signals()
     with signals:
@@ -183,6 +186,9 @@ def run_config(
                 t_start=state["time"],
                 snapshots=[state["time"]] + state["remaining"],
                 initial_outflow=state["outflow"],
+                frame=(
+                    problem.frame if state.get("frame") is None else AffineFrame(*state["frame"])
+                ),
             )
             skip_first = True
         else:
@@ -254,6 +260,9 @@ def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:
         from tpde.grid.threads import ensure_policy
 
         out.update(steps=solver.steps, rejected_steps=solver.rejected, threads=ensure_policy())
+        monitor = solver.monitor  # what the box and the covariance did (schemes.monitor)
+        out["largest_truncation"] = monitor.largest
+        out["events"] = "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in monitor.events)
     return out
 
 
