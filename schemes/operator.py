@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +48,9 @@ from tpde.grid.stencils import average_to_point_weights, ghost_index_map
 
 from . import kernels
 from .reconstruction import get_reconstruction
+
+if TYPE_CHECKING:
+    from .frame import FrameRates
 
 GAUSS3_NODES = np.array([-0.5 * np.sqrt(0.6), 0.0, 0.5 * np.sqrt(0.6)])  # in cell widths
 GAUSS3_WEIGHTS = np.array([5.0, 8.0, 5.0]) / 18.0
@@ -113,12 +117,14 @@ class FaceVelocity:
     """Normal velocity on the faces of every axis.
 
     ``values[a]``: (q, *face_shape(a)) at the q quadrature nodes of the faces normal to a;
-    ``positive[a]`` / ``negative[a]``: (face_shape(a)) quadrature means of u^+ >= 0 / u^- <= 0.
+    ``positive[a]`` / ``negative[a]``: (face_shape(a)) quadrature means of u^+ >= 0 / u^- <= 0;
+    ``frame_rates``: in the co-moving frame, the frame's rates fitted with these velocities.
     """
 
     values: list[np.ndarray]
     positive: list[np.ndarray]
     negative: list[np.ndarray]
+    frame_rates: FrameRates | None = None
 
     def max_speed(self) -> float:
         return float(
