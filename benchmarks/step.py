@@ -6,7 +6,8 @@
 One SSP-RK3 step with WENO5-Z fluxes, the positivity limiter and the attention velocity
 recomputed at every stage (the default scheme, face velocities interpolated along the faces),
 2-D n^2 on [-7, 7]^2, Gaussian density; the c1 test matrices of docs/theory.md (softmax,
-Sinkhorn eps = 1) and the l2 head of benchmarks/velocity.py. Each case is timed at 1 and 2
+Sinkhorn eps = 1) and the l2 head of benchmarks/velocity.py (``sinkhorn_over_softmax_*``:
+the Sinkhorn step over the softmax step, per thread count). Each case is timed at 1 and 2
 threads in the same run (median over ``--steps`` steps after two warm-up steps), split into
 the velocity (kernel sums, all stages) and the rest (fluxes, limiter, stage combinations). The
 steps run in rounds of BLOCK, each followed by BLOCK evaluations of the FFT floor at the same
@@ -183,7 +184,7 @@ def main() -> int:
     for threads in (1, 2):
         used = tpde.set_num_threads(threads)
         for case in args.cases.split(","):
-            steps = args.steps if case != "sinkhorn" else 5
+            steps = args.steps
             row = time_steps(case, args.n, steps, used, args.profile)
             row["threads"] = used
             row["loadavg"] = loadavg()
@@ -201,7 +202,23 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    emit("step", start, n=args.n, scheme="WENO5-Z, SSP-RK3, positivity limiter", rows=rows)
+    ratios = {  # the Sinkhorn step over the softmax step of the same run (issue 20: <= 3)
+        f"sinkhorn_over_softmax_{threads}thread": sinkhorn["step_s"] / softmax["step_s"]
+        for threads in (1, 2)
+        for softmax in rows
+        for sinkhorn in rows
+        if softmax["case"] == "softmax"
+        and sinkhorn["case"] == "sinkhorn"
+        and softmax["threads"] == sinkhorn["threads"] == threads
+    }
+    emit(
+        "step",
+        start,
+        n=args.n,
+        scheme="WENO5-Z, SSP-RK3, positivity limiter",
+        **ratios,
+        rows=rows,
+    )
     return 0
 
 
