@@ -25,7 +25,7 @@ from .engines.cache import Recent
 from .engines.direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField, with_constant
-from .truncation import cut_lattices
+from .truncation import cut_lattices, gaussian_like
 
 
 def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
@@ -68,7 +68,8 @@ class L2Attention(TiltedMeanField):
             self._key_weights.get_or_make(key, lambda: key_weight(grid, head.K)),
         )
         lattices = [grid.lattice(offset) for offset in offsets]
-        self.cut = cut_lattices(weights, grid, lattices, coupling)
+        gaussian = gaussian_like(weights, grid)  # else the surrogate does not apply
+        self.cut = cut_lattices(weights, grid, lattices, coupling) if gaussian else None
         return self.shaped(
             self.head_velocities(
                 weights, grid, offsets, components, coupling, head.C, support_box(weights, grid)

@@ -44,6 +44,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tpde.grid import Grid, moments, raw_moment
+from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
@@ -52,7 +53,7 @@ from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .truncation import cut_lattices
+from .truncation import cut_lattices, gaussian_like, held_window
 
 #: the warm start's mark of a grid and matrix whose tables the sheared passes could not
 #: resolve under the node cap (interpolated pointwise from then on): EnginePolicy.warm
@@ -162,6 +163,7 @@ class TiltedMeanField(VelocityField):
         box: tuple[np.ndarray, np.ndarray],
         spacing: Sequence[float] | None = None,
         shift: np.ndarray | None = None,
+        lattices: list | None = None,
     ) -> list[np.ndarray]:
         """One head's velocity ``C clip(m_w(matrix x) - grad log S, box)`` (docs/theory.md,
         'Clip of tilted means'):
@@ -175,7 +177,8 @@ class TiltedMeanField(VelocityField):
         the dense sums evaluate it at the lattice points.
         ``shift`` (d,): the tilts are ``matrix (x + shift)`` (the co-moving frame's offset).
         """
-        lattices = [grid.lattice(offset) for offset in offsets]
+        if lattices is None:
+            lattices = [grid.lattice(offset) for offset in offsets]
         if shift is not None:
             lattices = [[x + s for x, s in zip(coords, shift, strict=True)] for coords in lattices]
         sums = self.sums(weights, grid, lattices, matrix, sheared=True)
@@ -242,30 +245,50 @@ class SoftmaxAttention(TiltedMeanField):
             )
         L, inverse = frame.matrix, frame.inverse
         shift = inverse @ frame.mean
-        box = support_box(density, grid)
+        heads = self.heads_at(t, grid)
+        matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
-        total: list[np.ndarray] | None = None
         self.cut = None
-        for head in self.heads_at(t, grid):
-            matrix = L.T @ head.A @ L
+        for matrix in matrices:
+            self._cut(density, grid, lattices, matrix, shift)
+        assert self.cut is not None  # (heads_at: at least one head)
+        # evaluated only on the window of each lattice where some point is held, from the
+        # density the scheme trusts: everything else keeps the frame's affine fit
+        # (schemes.frame), so the tables need not span the tilts of the far tails
+        windows = [held_window(cut <= HELD_CUT) for cut in self.cut]
+        weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
+        box = support_box(weights, grid)
+        d = grid.ndim
+        out = []
+        for coords, comp in zip(lattices, components, strict=True):
+            shape = tuple(len(x) for x in coords)
+            out.append(np.zeros(shape if comp is not None else (d, *shape)))
+        busy = [i for i, window in enumerate(windows) if window is not None]
+        if not busy:
+            return out
+        sub = [[x[w] for x, w in zip(lattices[i], windows[i], strict=True)] for i in busy]
+        wanted = [components[i] for i in busy]
+        for head, matrix in zip(heads, matrices, strict=True):
             velocity = self.head_velocities(
-                density,
+                weights,
                 grid,
-                offsets,
-                components,
+                None,
+                wanted,
                 matrix,
                 inverse @ head.C @ L,
                 box,
                 grid.spacing,
                 shift,
+                lattices=sub,
             )
-            velocity = with_constant(velocity, components, inverse @ head.C @ frame.mean)
-            total = (
-                velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
-            )
-            self._cut(density, grid, lattices, matrix, shift)
-        assert total is not None  # (heads_at: at least one head)
-        return self.shaped(total, grid, offsets)
+            velocity = with_constant(velocity, wanted, inverse @ head.C @ frame.mean)
+            for i, coords, values in zip(busy, sub, velocity, strict=True):
+                shape = tuple(len(x) for x in coords)
+                if values.ndim == 1:
+                    out[i][windows[i]] += values.reshape(shape)
+                else:
+                    out[i][(slice(None), *windows[i])] += values.T.reshape((d, *shape))
+        return out
 
     def _cut(self, weights, grid: Grid, lattices, matrix, shift=None) -> None:
         """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head)."""
@@ -292,7 +315,8 @@ class SoftmaxAttention(TiltedMeanField):
             total = (
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
-            self._cut(density, grid, lattices, head.A)
+            if gaussian_like(density, grid):  # else the surrogate does not apply
+                self._cut(density, grid, lattices, head.A)
         assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)
 

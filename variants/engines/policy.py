@@ -51,6 +51,14 @@ from .separable import MAX_NODES, SeparableSums, resolved_sums, table_nodes, wan
 DIRECT_MAX_CELLS = 1024
 
 
+def warm_key(grid: Grid, matrix: np.ndarray, fields: str) -> tuple:
+    """The warm start's key: the grid, the fields and the matrix to one decimal, so that a
+    matrix that drifts (the co-moving frame's L^T A L, changed at every stage) keeps its
+    warm start while different matrices (heads, layers) keep theirs. A warm start is only
+    a first guess: resolved_sums accepts a table by its error estimate alone."""
+    return (grid.shape, np.round(matrix, 1).tobytes(), fields)
+
+
 class Choice(Enum):
     """What serves a request (:class:`EnginePolicy`, module docstring)."""
 
@@ -97,7 +105,7 @@ class EnginePolicy:
             return Choice.DIRECT
         if not passes or self.nodes is not None:
             return Choice.TABLE_FIXED
-        capped = self.warm.get((grid.shape, matrix.tobytes(), fields)) is Choice.TABLE_POINTWISE
+        capped = self.warm.get(warm_key(grid, matrix, fields)) is Choice.TABLE_POINTWISE
         if fields in ("means", "log") and grid.ndim in (2, 3) and not capped:
             return Choice.TABLE_ADAPTIVE
         if np.all(wanted_nodes(bounds, extent, matrix) <= MAX_NODES[grid.ndim]):
@@ -120,7 +128,7 @@ class EnginePolicy:
         bounds, extent = tilt_bounds(lattices, matrix), high - low
         choice = self.choose(grid, fields, passes, matrix, bounds, extent)
         if choice is Choice.TABLE_ADAPTIVE:
-            key = (grid.shape, matrix.tobytes(), fields)
+            key = warm_key(grid, matrix, fields)
             # tolerance: of the means' size (the support radius); of log M absolutely
             scale = float(np.abs([low, high]).max()) if fields == "means" else 1.0
             step = self.warm.pop(key, None)
