@@ -277,6 +277,15 @@ def test_frame_files_carry_the_frame_and_physical_moments(tmp_path):
         np.testing.assert_allclose(got, position, rtol=0, atol=1e-13)
         exact = softmax_scalar_v_covariance(COV0, COLLAPSE_A, -1.0, 1.0)
         assert relative(ds["covariance"].values[-1], exact) < 1e-7
+        # tpde plot draws it in physical space: the view centred on the physical mean
+        from tpde.plots import density_figure
+
+        fig = density_figure(ds)
+        ax = fig.axes[-2]  # the last snapshot (the colour bar is last)
+        assert ax.get_xlabel() == "x (physical)"
+        centre = 0.5 * np.add(ax.get_xlim(), [0.0, 0.0]).sum()
+        assert abs(centre - float(ds["mean_position"][-1, 0])) < 1e-12
+        assert density_figure(ds, frame_space=True).axes[0].get_xlabel() != "x (physical)"
 
 
 @pytest.mark.slow

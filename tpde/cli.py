@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("--animate", action="store_true", help="also write an animation")
     _figure_options(plot, "--times")
+    plot.add_argument(
+        "--frame-space",
+        action="store_true",
+        help="a co-moving-frame run: draw the frame's grid instead of physical space",
+    )
     compare = sub.add_parser(
         "compare",
         help="one configuration's grid run, tokens and Gaussian ODE side by side",
@@ -543,6 +548,7 @@ def cmd_plot(args) -> int:
             vmin=args.vmin,
             vmax=args.vmax,
             title=args.title,
+            frame_space=args.frame_space,
         )
     except ValueError as exc:  # a bad option (vmin >= vmax, ...) or an unusable file
         return _fail(str(exc).splitlines()[0])

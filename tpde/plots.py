@@ -337,6 +337,40 @@ def _image(
     return mesh
 
 
+def _physical_density(ds, picks, snaps, edges, scale, ref) -> Figure:
+    """2-D snapshots of a co-moving-frame run in physical space: each cell is the
+    quadrilateral ``m + L [xi edges]``; the view holds the mean +- 4 standard deviations of
+    every drawn snapshot (the cells beyond carry no visible mass)."""
+    times = _times(ds)
+    means = np.asarray(ds["mean_position"].values, float)
+    covs = np.asarray(ds["covariance"].values, float)
+    xi = np.stack(np.meshgrid(edges[0], edges[1], indexing="ij"), axis=-1)
+    ncol = len(picks)
+    fig = _figure(3.6 * ncol + 1.0, 3.8, "compressed")
+    axes = fig.subplots(1, ncol, squeeze=False)[0]
+    mesh = None
+    for k, (ax, i, rho) in enumerate(zip(axes, picks, snaps, strict=True)):
+        corner = np.asarray(ds["frame_mean"].values[i], float)
+        matrix = np.asarray(ds["frame_matrix"].values[i], float)
+        x = corner + xi @ matrix.T
+        mesh = ax.pcolormesh(x[..., 0], x[..., 1], rho, cmap=_cmap(), norm=scale, shading="flat")
+        spread = 4.0 * np.sqrt(np.maximum(np.diag(covs[i]), 0.0))
+        ax.set_xlim(means[i][0] - spread[0], means[i][0] + spread[0])
+        ax.set_ylim(means[i][1] - spread[1], means[i][1] + spread[1])
+        ax.set_xlabel("x (physical)")
+        ax.set_ylabel("y (physical)" if k == 0 else "")
+        ax.set_title(f"t = {times[i]:.4g}")
+        gaussian = None if ref is None else _interp(ref, times[i])
+        if gaussian is not None:
+            _draw_ellipses(ax, *gaussian, label=k == 0)
+    if ref is not None:
+        axes[0].legend(fontsize="x-small", loc="upper right")
+    assert mesh is not None
+    fig.colorbar(mesh, ax=list(axes), label="density (physical)", shrink=0.9)
+    _suptitle(fig, ds, "density (co-moving frame, drawn in physical space)")
+    return fig
+
+
 def _cmap():
     """The colour map, with no density (0, or below a log scale) drawn as its lowest colour."""
     import matplotlib
@@ -393,6 +427,7 @@ def density_figure(
     vmin: float | None = None,
     vmax: float | None = None,
     title: str | None = None,
+    frame_space: bool = False,
 ) -> Figure:
     """Density snapshots.
 
@@ -411,6 +446,9 @@ def density_figure(
     log, vmin, vmax : the colour scale (1-D: the density axis): logarithmic, and its limits
         (default 0, or vmax / 1e6 on a log scale, .. the largest value drawn).
     title : replaces the file's ``title`` in the figure title.
+    frame_space : a run in the co-moving frame (2-D) is drawn in physical space, the
+        density over the cells' physical quadrilaterals (``density / frame_jacobian``);
+        True draws the frame's own grid instead.
 
     Returns
     -------
@@ -465,7 +503,13 @@ def density_figure(
         _suptitle(fig, ds, "density")
         return fig
 
+    framed = d == 2 and "frame_matrix" in ds and not frame_space
+    if framed:  # the co-moving frame: the physical density, drawn where it is
+        jacobian = np.asarray(ds["frame_jacobian"].values, float)
+        snaps = [rho / jacobian[i] for i, rho in zip(picks, snaps, strict=True)]
     scale = _norm(_vmax(snaps), log, vmin, vmax)
+    if framed:
+        return _physical_density(ds, picks, snaps, edges, scale, ref)
     if d == 2:
         ncol = len(picks)
         fig = _figure(3.6 * ncol + 1.0, 3.8, "compressed")
@@ -911,6 +955,7 @@ def plot_all(
     vmin: float | None = None,
     vmax: float | None = None,
     title: str | None = None,
+    frame_space: bool = False,
 ) -> list[Path]:
     """Write the standard figures of a run into ``outdir`` (created if needed).
 
@@ -944,7 +989,9 @@ def plot_all(
         jobs = [
             (
                 "density.png",
-                lambda: density_figure(ds, times, reference, log=log, vmin=vmin, vmax=vmax),
+                lambda: density_figure(
+                    ds, times, reference, log=log, vmin=vmin, vmax=vmax, frame_space=frame_space
+                ),
             ),
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
