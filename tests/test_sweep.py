@@ -285,3 +285,16 @@ def test_worker_killed_mid_sweep_is_survived(tmp_path, cluster):
         assert killed["pid"] not in client.run(os.getpid).values()
     finally:
         client.close()
+
+
+def test_one_parameter_sweep_writes_its_grid_and_passes_threads(tmp_path, monkeypatch):
+    """A sweep over one key (no MultiIndex to unstack) writes its summary grid; --threads
+    reaches every run over TPDE_NUM_THREADS (the file's provenance)."""
+    monkeypatch.setenv("TPDE_NUM_THREADS", "2")
+    path = write_sweep(tmp_path, {"attention.scale": [1.0, 0.5]})
+    assert main(["sweep", str(path), "--workers", "1", "--threads", "1", "--quiet"]) == 0
+    ds = read_summary(tmp_path / "out" / "summary.nc")
+    assert ds.sizes["run"] == 2 and sorted(ds["attention.scale"].values) == [0.5, 1.0]
+    for run in (tmp_path / "out" / "runs").glob("*.nc"):
+        with xr.open_dataset(run) as one:
+            assert int(one.attrs["threads"]) == 1

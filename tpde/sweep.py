@@ -983,7 +983,10 @@ def summary_grid(summary):
         codes = np.array([texts.index(str(v)) for v in values], dtype=np.int32)
         flat[key] = ("run", codes)
         labels[key] = np.array(texts, dtype=str)
-    grid = flat.set_index(run=order).unstack("run")
+    if len(order) > 1:
+        grid = flat.set_index(run=order).unstack("run")
+    else:  # one key: set_index makes no MultiIndex to unstack
+        grid = flat.drop_vars("run", errors="ignore").swap_dims(run=order[0]).sortby(order[0])
     grid = grid.rename({key: names[key] for key in keys})
     for key in keys:
         name = names[key]
