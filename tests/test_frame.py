@@ -150,7 +150,7 @@ def test_frame_follows_a_collapse_onto_a_line():
             SinkhornHead(COLLAPSE_A, -np.eye(2), eps=1.0),
             28,
             7.0,
-            marks=pytest.mark.slow,  # cold Sinkhorn iterations at every stage: ~20 s
+            marks=pytest.mark.slow,  # Sinkhorn iterations at every stage: ~20 s loaded
         ),
     ],
 )

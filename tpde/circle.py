@@ -38,7 +38,7 @@ from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
-from .config import Config, ConfigError, _run_settings, build_scheme, dumps
+from .config import Config, ConfigError, _run_settings, build_scheme, dumps, make_problem
 
 __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise"]
 
@@ -231,20 +231,7 @@ def build_circle(raw: dict) -> Config:
         velocity = CausalAttention(field)
         velocity.attention = False  # no box to hold the measure: the circle is periodic
         density = positions.product(density, grid)
-    try:
-        problem = Problem(
-            grid,
-            density,
-            velocity,
-            run["t_end"],
-            scheme=scheme,
-            snapshots=run["snapshots"],
-            t_start=run["t_start"],
-            max_outflow=run["max_outflow"],
-            positions=positions,
-        )
-    except ValueError as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from None
+    problem = make_problem(grid, density, velocity, scheme, run, positions)
     stored = {section: dict(table) for section, table in raw.items()}
     stored["grid"].setdefault("copies", 1)
     stored["attention"].setdefault("normalised", True)
@@ -305,7 +292,7 @@ def clusters_from_noise(
     ``T = (log(1 / amplitude) + extra) / lambda_max``, and count the clusters there (local
     maxima above ``threshold`` times the uniform density). Returns the count, the fastest
     mode ``k_max``, the clusters' angles and masses, and the solver's Result."""
-    from tpde.schemes.solver import Problem, Scheme, Solver
+    from tpde.schemes.solver import Scheme, Solver
     from tpde.validation.sphere_rates import fastest_mode, linear_rate
     from tpde.variants.spherical import circle_head
 

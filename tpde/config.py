@@ -945,8 +945,23 @@ def build(source: str | Path | Mapping) -> Config:
     if scheme.frame == "affine":
         frame, initial = framed_initial(initial, grid.ndim)
     density = build_initial(initial, grid, positions)
+    problem = make_problem(grid, density, velocity, scheme, run, positions, frame)
+    return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)
+
+
+def make_problem(
+    grid: Any,
+    density: np.ndarray,
+    velocity: Any,
+    scheme: Scheme,
+    run: dict,
+    positions: Positions | None = None,
+    frame: AffineFrame | None = None,
+) -> Problem:
+    """The Problem of a run's settings (:func:`_run_settings`); Problem's own checks end
+    in a one-line ConfigError."""
     try:
-        problem = Problem(
+        return Problem(
             grid,
             density,
             velocity,
@@ -963,7 +978,6 @@ def build(source: str | Path | Mapping) -> Config:
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-    return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)
 
 
 #: the keys that hold paths: a relative one is relative to the config file's folder
