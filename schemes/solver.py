@@ -384,13 +384,19 @@ class Solver:
     # ---- velocity on the faces ---------------------------------------------------------------
     @profile.timed("velocity")
     def face_velocity(
-        self, density: np.ndarray, t: float, frame: AffineFrame | None = None
+        self,
+        density: np.ndarray,
+        t: float,
+        frame: AffineFrame | None = None,
+        measure: bool = True,
     ) -> FaceVelocity:
         """Evaluate the velocity field on every face node the scheme asked for.
 
         A steady field (``velocity.steady``) is evaluated once and reused. In the affine
         frame (``frame`` given) the field is the residual ``w`` of :mod:`.frame` and the
-        returned object carries the frame's rates as ``frame_rates``.
+        returned object carries the frame's rates as ``frame_rates``. ``measure``: whether
+        a fixed-box evaluation measures the velocity's cut (the stage-0 evaluation of each
+        step does; the frame always measures it, its fit needs it).
         """
         if self._steady_velocity is not None:
             return self._steady_velocity
@@ -399,6 +405,7 @@ class Solver:
         if self.interpolate_faces:  # normal components at the face centres, then along faces
             centres = [np.where(np.arange(d) == a, 0.5, 0.0) for a in range(d)]
             if frame is None:
+                field.measure_cut = measure
                 normal = field.components(density, self.grid, t, centres, list(range(d)))
             else:
                 normal = field.frame_components(
@@ -408,13 +415,13 @@ class Solver:
             held = None
             if cut is not None:
                 faces = [face_density(density, a) for a in range(d)]
-                measure = truncation_indicator(faces, cut)
+                found = truncation_indicator(faces, cut)
                 if frame is not None:
                     # the frame keeps faces it does not hold on its affine fit: their mass
                     # is what that extrapolation moves, and counts as truncated
                     held = [c <= HELD_CUT for c in cut]
-                    measure = max(measure, unheld_share(faces, held))
-                self.truncation = max(self.truncation, measure)
+                    found = max(found, unheld_share(faces, held))
+                self.truncation = max(self.truncation, found)
             if frame is not None:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held)
             values = []
@@ -477,7 +484,9 @@ class Solver:
                         if i == self._last_stage0_use:
                             velocity0 = None  # memory: one FaceVelocity alive at a time
                     else:
-                        vel = self.face_velocity(stages[k], self._stage_time(c[k], dt), frames[k])
+                        vel = self.face_velocity(
+                            stages[k], self._stage_time(c[k], dt), frames[k], measure=k == 0
+                        )
                     frame_term = frames[k]
                     if frame_term is not None:
                         assert vel.frame_rates is not None  # (evaluated in this frame)

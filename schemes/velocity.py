@@ -46,6 +46,9 @@ class VelocityField:
     #: it depends on (tilted-mean variants: :mod:`tpde.variants.truncation`); None where the
     #: field does not measure it
     cut: list[np.ndarray] | None = None
+    #: set by the solver before an evaluation in a fixed box: whether to measure ``cut``
+    #: (once per step is enough for the truncation indicator; the frame needs it always)
+    measure_cut: bool = True
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""

@@ -68,7 +68,8 @@ class L2Attention(TiltedMeanField):
             self._key_weights.get_or_make(key, lambda: key_weight(grid, head.K)),
         )
         lattices = [grid.lattice(offset) for offset in offsets]
-        gaussian = gaussian_like(weights, grid)  # else the surrogate does not apply
+        # (the surrogate applies only to Gaussian-like weights)
+        gaussian = self.measure_cut and gaussian_like(weights, grid)
         self.cut = cut_lattices(weights, grid, lattices, coupling) if gaussian else None
         return self.shaped(
             self.head_velocities(

@@ -315,7 +315,7 @@ class SoftmaxAttention(TiltedMeanField):
             total = (
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
-            if gaussian_like(density, grid):  # else the surrogate does not apply
+            if self.measure_cut and gaussian_like(density, grid):  # else no surrogate
                 self._cut(density, grid, lattices, head.A)
         assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)

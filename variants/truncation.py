@@ -81,9 +81,14 @@ def cut_lattices(
             centre = np.clip(centre, mass_low[a], mass_high[a])
             inside = np.minimum(centre - lower[a], upper[a] - centre) / sd[a]
             np.minimum(depth, inside, out=depth)
-        # phi(k) / Phi(k), in logs so that deep points give 0 and outside points no overflow
-        log_phi = -0.5 * depth**2 - 0.5 * np.log(2.0 * np.pi)
-        out.append(np.exp(np.minimum(log_phi - log_ndtr(depth), 50.0)))
+        # phi(k) / Phi(k), in logs so that outside points do not overflow; below 1e-30
+        # (depth > 11.6) it is 0 for every use here, and most points are that deep
+        cut = np.zeros(shape)
+        shallow = depth < 11.6
+        k = depth[shallow]
+        log_phi = -0.5 * k**2 - 0.5 * np.log(2.0 * np.pi)
+        cut[shallow] = np.exp(np.minimum(log_phi - log_ndtr(k), 50.0))
+        out.append(cut)
     return out
 
 
