@@ -95,7 +95,8 @@ class L2Attention(TiltedMeanField):
         weight = np.exp(-np.sum((physical @ np.asarray(head.K, float).T) ** 2, axis=-1))
         weights = reweighted_density(density, grid, head, weight)
         lattices = [grid.lattice(offset) for offset in offsets]
-        self.cut = cut_lattices(weights, grid, lattices, coupling, shift)
+        gaussian = gaussian_like(weights, grid)  # else the surrogate does not apply
+        self.cut = cut_lattices(weights, grid, lattices, coupling, shift) if gaussian else None
         velocity = self.head_velocities(
             weights,
             grid,

@@ -249,13 +249,17 @@ class SoftmaxAttention(TiltedMeanField):
         matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
         self.cut = None
-        for matrix in matrices:
-            self._cut(density, grid, lattices, matrix, shift)
-        assert self.cut is not None  # (heads_at: at least one head)
+        if gaussian_like(density, grid):  # else the surrogate does not describe the tilts
+            for matrix in matrices:
+                self._cut(density, grid, lattices, matrix, shift)
         # evaluated only on the window of each lattice where some point is held, from the
         # density the scheme trusts: everything else keeps the frame's affine fit
         # (schemes.frame), so the tables need not span the tilts of the far tails
-        windows = [held_window(cut <= HELD_CUT) for cut in self.cut]
+        windows = (
+            [tuple(slice(None) for _ in coords) for coords in lattices]
+            if self.cut is None
+            else [held_window(cut <= HELD_CUT) for cut in self.cut]
+        )
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
         d = grid.ndim
