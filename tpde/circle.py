@@ -31,14 +31,22 @@ from typing import Any
 
 import numpy as np
 
-from tpde.grid import SINK_MASS, Positions
 from tpde.grid import circle as geo
 from tpde.schemes.solver import Problem
 from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
-from .config import Config, ConfigError, _run_settings, build_scheme, dumps, make_problem
+from .config import (
+    Config,
+    ConfigError,
+    _number,
+    _run_settings,
+    build_positions,
+    build_scheme,
+    dumps,
+    make_problem,
+)
 
 __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise"]
 
@@ -50,16 +58,6 @@ KEYS = {
     "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine", "masked"},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
-
-
-def _number(key: str, value: Any, positive: bool = False, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{key}: expected a finite number, got {value!r:.60}")
-    if integer and int(value) != value:
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if positive and not value > 0:
-        raise ConfigError(f"{key}: expected a number > 0, got {value!r}")
-    return float(value)
 
 
 def _numbers(key: str, value: Any, count: int | None = None) -> list[float]:
@@ -190,24 +188,6 @@ def _attention(table: Mapping) -> CircleAttention:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
-def _positions(grid_table: Mapping, attention_table: Mapping) -> Positions | None:
-    """The position slices of masked attention on the circle (None unless masked)."""
-    masked = attention_table.get("masked", False)
-    if not isinstance(masked, bool):
-        raise ConfigError(f"attention.masked: expected true or false, got {masked!r}")
-    if not masked:
-        for key in ("positions", "sink_mass"):
-            if key in grid_table:
-                raise ConfigError(f"grid.{key}: only for masked attention (attention.masked)")
-        return None
-    slices = _number("grid.positions", grid_table.get("positions", 16), True, True)
-    sink = _number("grid.sink_mass", grid_table.get("sink_mass", SINK_MASS), True)
-    try:
-        return Positions(int(slices), sink)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def build_circle(raw: dict) -> Config:
     """The :class:`Config` of a circle configuration (raw TOML tables, paths resolved)."""
     geometry = raw.get("grid", {}).get("geometry")
@@ -225,7 +205,7 @@ def build_circle(raw: dict) -> Config:
     scheme = build_scheme(raw.get("scheme", {}))
     run = _run_settings(raw["run"])
     density = _initial(raw.get("initial", {}), grid)
-    positions = _positions(raw["grid"], raw["attention"])
+    positions = build_positions(raw["grid"], raw["attention"])
     velocity: CircleAttention | CausalAttention = field
     if positions is not None:
         velocity = CausalAttention(field)
