@@ -166,12 +166,7 @@ def truncation_indicator(face_weights: Sequence[np.ndarray], cut: Sequence[np.nd
 
 def unheld_share(face_weights: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> float:
     """The largest, over axes, share of the face weights on faces that are not held."""
-    worst = 0.0
-    for weight, mask in zip(face_weights, held, strict=True):
-        total = float(weight.sum())
-        if total > 0:
-            worst = max(worst, float(weight[~mask].sum()) / total)
-    return worst
+    return truncation_indicator(face_weights, [~mask for mask in held])
 
 
 def affine_fit(
@@ -180,6 +175,7 @@ def affine_fit(
     normal: list[np.ndarray],
     frame: AffineFrame,
     held: list[np.ndarray] | None = None,
+    faces: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], FrameRates]:
     """Fit ``u_a ~ a_a + G_a . (xi - xi_bar^a)`` on the faces normal to each axis and return
     the residuals ``w_a`` (same shapes as ``normal``) and the frame's rates.
@@ -189,6 +185,7 @@ def affine_fit(
     :func:`face_density` on those faces (module docstring). held[a] (optional, boolean like
     normal[a]): faces whose velocity the box holds; the others take no part in the fit and
     keep the fit's value (residual 0), so a tilted law cut by the box never moves the frame.
+    faces: the :func:`face_density` of every axis, where the caller has them already.
     """
     d = grid.ndim
     drift = np.empty(d)
@@ -197,16 +194,17 @@ def affine_fit(
     for a in range(d):
         offset = np.where(np.arange(d) == a, 0.5, 0.0)
         coords = grid.lattice(offset)
-        weight = face_density(density, a)
-        keep = held is not None and held[a].any()
-        if keep:
-            assert held is not None  # (keep says so)
-            kept = np.where(held[a], weight, 0.0)
+        on_faces = face_density(density, a) if faces is None else faces[a]
+        weight = on_faces
+        mask = None if held is None else held[a]
+        if mask is not None:
+            kept = np.where(mask, on_faces, 0.0)
             # a fit needs the bulk of the mass: with less held, the box is the problem and
             # the truncation indicator (not the fit) has to say so
-            keep = kept.sum() >= HELD_FIT_MASS * weight.sum()
-            if keep:
+            if kept.sum() >= HELD_FIT_MASS * on_faces.sum():
                 weight = kept
+            else:
+                mask = None
         total = weight.sum()
         if not total > 0:
             raise FloatingPointError("frame: no mass left to fit the frame to")
@@ -226,9 +224,9 @@ def affine_fit(
         drift[a] = u_bar - row @ centre
         fitted = drift[a] + sum(row[b] * mesh[b] for b in range(d))
         residual = u - fitted
-        if keep and held is not None:
-            residual = np.where(held[a], residual, 0.0)
-        residual[face_density(density, a) < TRANSPORT_FLOOR * density.max()] = 0.0
+        if mask is not None:
+            residual = np.where(mask, residual, 0.0)
+        residual[on_faces < TRANSPORT_FLOOR * density.max()] = 0.0
         residuals.append(residual)
     L = frame.matrix
     return residuals, FrameRates(L @ drift, L @ gain, gain)

@@ -412,7 +412,7 @@ class Solver:
                     density, self.grid, t, centres, list(range(d)), frame
                 )
             cut = field.cut
-            held = None
+            held = faces = None
             if cut is not None:
                 faces = [face_density(density, a) for a in range(d)]
                 found = truncation_indicator(faces, cut)
@@ -423,7 +423,7 @@ class Solver:
                     found = max(found, unheld_share(faces, held))
                 self.truncation = max(self.truncation, found)
             if frame is not None:
-                normal, rates = affine_fit(density, self.grid, normal, frame, held)
+                normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
             values = []
             normal.reverse()
             for a in range(d):  # (memory: each face-centre array is dropped once used)
