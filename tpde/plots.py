@@ -1203,22 +1203,9 @@ def compare_figure(
     for name, (tt, mean, cov) in curves.items():
         eig = _eigenvalues(cov)
         for k in range(d):
-            ax_mean.plot(
-                tt,
-                mean[:, k],
-                styles[name],
-                color=f"C{k}",
-                lw=1.2,
-                label=f"{labels[name]}" if k == 0 else None,
-            )
-            ax_eig.plot(
-                tt,
-                eig[:, k],
-                styles[name],
-                color=f"C{k}",
-                lw=1.2,
-                label=f"{labels[name]}" if k == 0 else None,
-            )
+            for ax, values in ((ax_mean, mean), (ax_eig, eig)):
+                label = f"{labels[name]}" if k == 0 else None
+                ax.plot(tt, values[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
     ax_mean.set_title("mean (colour: component)")
     ax_eig.set_title("covariance eigenvalues")
     if np.all([np.nanmin(_eigenvalues(c[2])) > 0 for c in curves.values()]):
