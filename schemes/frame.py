@@ -145,12 +145,67 @@ class FrameRates:
 def face_density(density: np.ndarray, axis: int) -> np.ndarray:
     """The density on the faces normal to ``axis``: mean of the two neighbouring cells (a cell
     outside the box counts as empty), shape cells with ``cells[axis] + 1`` along ``axis``."""
-    pad = [(0, 0)] * density.ndim
-    pad[axis] = (1, 1)
-    padded = np.pad(density, pad)
-    lower = np.take(padded, np.arange(density.shape[axis] + 1), axis=axis)
-    upper = np.take(padded, np.arange(1, density.shape[axis] + 2), axis=axis)
-    return 0.5 * (lower + upper)
+    shape = list(density.shape)
+    shape[axis] += 1
+    faces = np.zeros(shape)
+    inner = [slice(None)] * density.ndim
+    inner[axis] = slice(1, None)
+    faces[tuple(inner)] += density  # the cell below each face ...
+    inner[axis] = slice(None, -1)
+    faces[tuple(inner)] += density  # ... plus the cell above it
+    faces *= 0.5
+    return faces
+
+
+def _marginal(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """``values`` summed over every axis not in ``axes`` (kept in their order)."""
+    return values.sum(axis=tuple(b for b in range(values.ndim) if b not in axes))
+
+
+def weighted_fit(
+    weight: np.ndarray, coords: Sequence[np.ndarray], u: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """The weighted least-squares fit ``u ~ drift + row . x`` over a tensor lattice:
+    weight, u (*lattice shape), weight >= 0 with a positive sum; coords one 1-D array per
+    axis. Returns (drift, row (d,)). The moments are centred sums, formed from marginals of
+    the weight and of ``weight (u - u_bar)`` (one pass over the lattice per marginal)."""
+    d = weight.ndim
+    total = float(weight.sum())
+    centre = np.array([float(_marginal(weight, (b,)) @ coords[b]) / total for b in range(d)])
+    centred = [np.asarray(coords[b], float) - centre[b] for b in range(d)]
+    u_bar = float(np.sum(weight * u)) / total
+    spread = weight * (u - u_bar)
+    cov = np.empty((d, d))
+    cross = np.empty(d)
+    for b in range(d):
+        cross[b] = float(_marginal(spread, (b,)) @ centred[b]) / total
+        cov[b, b] = float(_marginal(weight, (b,)) @ centred[b] ** 2) / total
+        for c in range(b + 1, d):
+            pair = float(centred[b] @ _marginal(weight, (b, c)) @ centred[c]) / total
+            cov[b, c] = cov[c, b] = pair
+    row = np.linalg.solve(cov, cross)
+    return u_bar - float(row @ centre), row
+
+
+def lattice_density(density: np.ndarray, offset) -> np.ndarray:
+    """The density on a lattice of offsets 0 (cell centres) or 1/2 (faces) per axis: the
+    mean of the neighbouring cells along every axis with offset 1/2 (:func:`face_density`),
+    shaped like ``grid.lattice(offset)``."""
+    values = density
+    for axis, shift in enumerate(np.asarray(offset, float)):
+        if shift == 0.5:
+            values = face_density(values, axis)
+        elif shift != 0.0:
+            raise ValueError(f"lattice_density: offsets 0 or 1/2 only, got {offset}")
+    return values
+
+
+def transported(density: np.ndarray, offset) -> np.ndarray:
+    """Where the frame moves the density with its residual (boolean, shaped like the lattice
+    ``offset``): the lattice density is at least :data:`TRANSPORT_FLOOR` of the largest cell
+    value. Elsewhere the residual is zero and the points take no part in the fit, so a
+    variant need not evaluate its velocity there."""
+    return lattice_density(density, offset) >= TRANSPORT_FLOOR * density.max()
 
 
 def truncation_indicator(face_weights: Sequence[np.ndarray], cut: Sequence[np.ndarray]) -> float:
@@ -195,6 +250,10 @@ def affine_fit(
         offset = np.where(np.arange(d) == a, 0.5, 0.0)
         coords = grid.lattice(offset)
         on_faces = face_density(density, a) if faces is None else faces[a]
+        # faces below the transport floor keep the fit (residual 0) and take no part in it:
+        # their velocity need not be evaluated (VelocityField.frame_components)
+        moving = on_faces >= TRANSPORT_FLOOR * density.max()
+        on_faces = np.where(moving, on_faces, 0.0)
         weight = on_faces
         mask = None if held is None else held[a]
         if mask is not None:
@@ -208,25 +267,14 @@ def affine_fit(
         total = weight.sum()
         if not total > 0:
             raise FloatingPointError("frame: no mass left to fit the frame to")
+        drift[a], gain[a] = weighted_fit(weight, coords, normal[a])
         mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
-        centre = np.array([float(np.sum(weight * mesh[b])) / total for b in range(d)])
-        cov = np.empty((d, d))
-        cross = np.empty(d)
-        u = normal[a]
-        u_bar = float(np.sum(weight * u)) / total
+        residual = normal[a] - drift[a]
         for b in range(d):
-            db = mesh[b] - centre[b]
-            cross[b] = float(np.sum(weight * (u - u_bar) * db)) / total
-            for c in range(b, d):
-                cov[b, c] = cov[c, b] = float(np.sum(weight * db * (mesh[c] - centre[c]))) / total
-        row = np.linalg.solve(cov, cross)
-        gain[a] = row
-        drift[a] = u_bar - row @ centre
-        fitted = drift[a] + sum(row[b] * mesh[b] for b in range(d))
-        residual = u - fitted
+            residual -= gain[a, b] * mesh[b]
         if mask is not None:
             residual = np.where(mask, residual, 0.0)
-        residual[on_faces < TRANSPORT_FLOOR * density.max()] = 0.0
+        residual[~moving] = 0.0
         residuals.append(residual)
     L = frame.matrix
     return residuals, FrameRates(L @ drift, L @ gain, gain)

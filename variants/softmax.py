@@ -44,7 +44,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tpde.grid import Grid, moments, raw_moment
-from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT
+from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, transported
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
@@ -248,18 +248,18 @@ class SoftmaxAttention(TiltedMeanField):
         heads = self.heads_at(t, grid)
         matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
+        # evaluated only on the window of each lattice where some point is held and above
+        # the transport floor, from the density the scheme trusts: everything else keeps
+        # the frame's affine fit (schemes.frame), so neither the cut nor the tables need
+        # span the tilts of the far tails
+        moving = [transported(density, offset) for offset in offsets]
         self.cut = None
         if gaussian_like(density, grid):  # else the surrogate does not describe the tilts
             for matrix in matrices:
-                self._cut(density, grid, lattices, matrix, shift)
-        # evaluated only on the window of each lattice where some point is held, from the
-        # density the scheme trusts: everything else keeps the frame's affine fit
-        # (schemes.frame), so the tables need not span the tilts of the far tails
-        windows = (
-            [tuple(slice(None) for _ in coords) for coords in lattices]
-            if self.cut is None
-            else [held_window(cut <= HELD_CUT) for cut in self.cut]
-        )
+                self._cut(density, grid, lattices, matrix, shift, moving)
+        if self.cut is not None:
+            moving = [m & (cut <= HELD_CUT) for m, cut in zip(moving, self.cut, strict=True)]
+        windows = [held_window(m) for m in moving]
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
         d = grid.ndim
@@ -294,9 +294,9 @@ class SoftmaxAttention(TiltedMeanField):
                     out[i][(slice(None), *windows[i])] += values.T.reshape((d, *shape))
         return out
 
-    def _cut(self, weights, grid: Grid, lattices, matrix, shift=None) -> None:
+    def _cut(self, weights, grid: Grid, lattices, matrix, shift=None, where=None) -> None:
         """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head)."""
-        cut = cut_lattices(weights, grid, lattices, matrix, shift)
+        cut = cut_lattices(weights, grid, lattices, matrix, shift, where)
         self.cut = (
             cut
             if self.cut is None

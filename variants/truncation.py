@@ -14,10 +14,11 @@ truncation indicator) and, in the co-moving frame, keeps points whose cut exceed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numba as nb
 import numpy as np
-from scipy.special import log_ndtr
 
 from tpde.grid import Grid, moments
 from tpde.schemes.frame import ACTIVE_FLOOR, TRANSPORT_FLOOR
@@ -44,17 +45,76 @@ def open_faces(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]
     return np.where(closed_low, -np.inf, lower), np.where(closed_high, np.inf, upper)
 
 
+#: depth (standard deviations inside the nearest face) beyond which a point's cut is 0: there
+#: phi(k) / Phi(k) < 1e-30, which is 0 for every use here
+DEEP = 11.6
+#: beyond this many standard deviations outside, Phi(-x) underflows in its closed form and the
+#: cut takes the continued fraction of the Mills ratio (within 1e-12 of scipy's log_ndtr)
+FAR_OUTSIDE = 37.0
+
+
+@nb.njit(cache=True, error_model="numpy")
+def _gaussian_cut(k: float) -> float:
+    """phi(k) / Phi(k): the mean shift, in standard deviations, of a Gaussian cut ``k``
+    standard deviations beyond its centre (k < 0: the centre lies outside), capped at e^50."""
+    if k >= DEEP:
+        return 0.0
+    if k > -FAR_OUTSIDE:
+        phi = math.exp(-0.5 * k * k) / math.sqrt(2.0 * math.pi)
+        tail = 0.5 * math.erfc(-k / math.sqrt(2.0))
+        return min(phi / tail, math.exp(50.0))
+    x = -k  # phi(x) / Phi(-x) = x + 1 / (x + 2 / (x + 3 / (x + 4 / (x + ...))))
+    fraction = x
+    for j in range(16, 0, -1):
+        fraction = x + j / fraction
+    return min(fraction, math.exp(50.0))
+
+
+@nb.njit(cache=True, error_model="numpy")
+def _cut_points(coords, sizes, gain, offset, lower, upper, low, high, sd, where, out):
+    """The cut of every point of one tensor lattice, flattened in C order into ``out`` (P,):
+    coords (d, max size) per-axis coordinates, sizes (d,); the tilted centre of the point is
+    ``offset + gain x`` held to [low, high], its depth the least, over axes, distance to the
+    faces [lower, upper] in standard deviations ``sd``; where (P,) or (0,): the points to
+    measure (the others get 1, fully cut)."""
+    d = sizes.shape[0]
+    index = np.zeros(d, np.int64)  # the point's multi-index, advanced like an odometer
+    masked = where.shape[0] > 0
+    for p in range(out.shape[0]):
+        if p > 0:
+            b = d - 1
+            index[b] += 1
+            while index[b] == sizes[b]:
+                index[b] = 0
+                b -= 1
+                index[b] += 1
+        if masked and not where[p]:
+            out[p] = 1.0
+            continue
+        depth = np.inf
+        for a in range(d):
+            centre = offset[a]
+            for b in range(d):
+                centre += gain[a, b] * coords[b, index[b]]
+            centre = min(max(centre, low[a]), high[a])
+            depth = min(depth, min(centre - lower[a], upper[a] - centre) / sd[a])
+        out[p] = _gaussian_cut(depth)
+
+
 def cut_lattices(
     weights: np.ndarray,
     grid: Grid,
     lattices: Sequence[Sequence[np.ndarray]],
     matrix: np.ndarray,
     shift: np.ndarray | None = None,
+    where: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """The cut (module docstring) at every point of each lattice (arrays shaped like the
     tensor lattices ``lattices[i]``, per-axis coordinates) for the tilted laws of ``weights``
     (grid.shape, >= 0) at ``c = matrix (x + shift)``, measured from the faces of
-    :func:`active_box`; 1 where the weights have no mass."""
+    :func:`active_box`; 1 where the weights have no mass. ``where`` (optional, one boolean
+    array per lattice): measure only there and report the other points fully cut (1), for
+    callers that never use the velocity at those points (the co-moving frame's tails)."""
     mass, mean, cov = moments(np.maximum(weights, 0.0), grid)
     if not mass > 0:
         return [np.ones(tuple(len(x) for x in coords)) for coords in lattices]
@@ -64,31 +124,31 @@ def cut_lattices(
     # compactly supported law would otherwise send it far past the support)
     trusted = np.where(weights >= TRANSPORT_FLOOR * weights.max(), weights, 0.0)
     mass_low, mass_high = support_box(trusted, grid)
-    d = grid.ndim
     sd = np.sqrt(np.maximum(np.diag(cov), 1e-300))
     gain = cov @ np.asarray(matrix, float)  # centre = mean + gain (x + shift)
     offset = mean + (gain @ shift if shift is not None else 0.0)
     out = []
-    for coords in lattices:
-        shape = tuple(len(x) for x in coords)
-        depth = np.full(shape, np.inf)  # standard deviations to the nearest face
-        for a in range(d):
-            centre = np.full(shape, offset[a])
-            for b in range(d):
-                view = [1] * d
-                view[b] = shape[b]
-                centre = centre + gain[a, b] * np.asarray(coords[b]).reshape(view)
-            centre = np.clip(centre, mass_low[a], mass_high[a])
-            inside = np.minimum(centre - lower[a], upper[a] - centre) / sd[a]
-            np.minimum(depth, inside, out=depth)
-        # phi(k) / Phi(k), in logs so that outside points do not overflow; below 1e-30
-        # (depth > 11.6) it is 0 for every use here, and most points are that deep
-        cut = np.zeros(shape)
-        shallow = depth < 11.6
-        k = depth[shallow]
-        log_phi = -0.5 * k**2 - 0.5 * np.log(2.0 * np.pi)
-        cut[shallow] = np.exp(np.minimum(log_phi - log_ndtr(k), 50.0))
-        out.append(cut)
+    for i, coords in enumerate(lattices):
+        sizes = np.array([len(x) for x in coords], np.int64)
+        packed = np.zeros((len(coords), int(sizes.max())))
+        for b, x in enumerate(coords):
+            packed[b, : len(x)] = x
+        mask = np.zeros(0, bool) if where is None else np.ascontiguousarray(where[i]).reshape(-1)
+        cut = np.empty(int(np.prod(sizes)))
+        _cut_points(
+            packed,
+            sizes,
+            gain,
+            np.asarray(offset, float) * np.ones(len(coords)),
+            np.asarray(lower, float),
+            np.asarray(upper, float),
+            np.asarray(mass_low, float),
+            np.asarray(mass_high, float),
+            sd,
+            mask,
+            cut,
+        )
+        out.append(cut.reshape(tuple(sizes)))
     return out
 
 
