@@ -247,6 +247,32 @@ def test_time_units_trade_off(files, checker, tmp_path):
     print("\nrun2 cf:1.10 " + ", ".join(f"{k}: {v}" for k, v in scores.items()))
 
 
+# ---- chunks ---------------------------------------------------------------------------------
+def test_density_chunks_are_one_snapshot_and_spatial_tiles(tmp_path):
+    """A time series reads one tile per snapshot (benchmarks/chunking.py times it), and a
+    snapshot only adds chunks: none holds two snapshots, so an append never rewrites one."""
+    assert io.SPATIAL_CHUNK_VALUES == 4096
+    assert io.spatial_chunks([12, 16], 2) == (1, 12, 16)  # a small slab stays whole
+    assert io.spatial_chunks([130, 150], 2) == (1, 64, 64)
+    assert io.spatial_chunks([5, 40, 30, 20], 3) == (1, 1, 16, 16, 16)  # one slice per chunk
+    assert io.spatial_chunks([5, 12, 16], 2) == (1, 5, 12, 16)  # ... or all that fit
+    assert io.spatial_chunks([9, 30, 30], 2) == (1, 4, 30, 30)
+    assert io.spatial_chunks([9000], 1) == (1, 4096)
+    grid = Grid([-8.0, -7.0], [8.0, 7.0], [150, 130])
+    path = tmp_path / "tiles.nc"
+    writer = io.SnapshotWriter(path, grid)
+    snaps = _snapshots(grid)
+    for snap in snaps:
+        writer.write(snap)
+    writer.close("completed", TIMES[-1])
+    with netCDF4.Dataset(path) as nc:
+        assert nc["density"].chunking() == [1, 64, 64]
+    with xr.open_dataset(path, chunks={"time": 16}) as ds:  # the user guide's dask advice
+        assert ds["density"].chunks == ((3,), (64, 64, 2), (64, 64, 22))
+        series = ds["density"].isel(y=70, x=40).values
+    np.testing.assert_array_equal(series, [s.density[40, 70] for s in snaps])
+
+
 # ---- xarray ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["run2", "gaussian", "particles", "summary"])
 def test_xarray_plot_puts_x_horizontal(files, kind):

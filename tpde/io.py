@@ -7,7 +7,8 @@ File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
     dimensions : time (unlimited, N), [z,] [y,] x (grid.cells), dim = dim2 = d, nv = 2
     coordinates: time(time), x(x) [y(y), z(z)] cell centres, x_bounds(x, nv) cell edges, ...,
                  dim(dim), dim2(dim2) integer codes 0 .. d-1 (flag_meanings "x y z")
-    variables  : density(time, [z,] [y,] x)   float64, zlib level 4, one chunk per snapshot
+    variables  : density(time, [z,] [y,] x)   float64, zlib level 4, chunks of one snapshot
+                 and spatial tiles of about SPATIAL_CHUNK_VALUES values (spatial_chunks)
                  mass(time), mean_position(time, dim), covariance(time, dim, dim2)
                  (tpde.grid.moments), outflow(time) (cumulative mass that left the box),
                  max_speed(time), dt(time)
@@ -135,6 +136,11 @@ AXES = ("x", "y", "z")
 LOCK_TIMEOUT = 60.0
 _TIME_CHUNK = 256
 _RECORD_CHUNK_VALUES = 8192  # at most this many values (64 KiB) per chunk of a moment record
+#: values per chunk of a spatial record (density, physical_<axis>): one snapshot per chunk,
+#: cut into tiles of about this many values (32 KiB), so a cell's or a line's time series
+#: reads one tile per snapshot instead of the whole file (benchmarks/chunking.py)
+SPATIAL_CHUNK_VALUES = 4096
+_CHUNK_INDEX_BYTES = 128  # an HDF5 chunk-index entry (48 bytes in 3-D) and its node's share
 S_COMMENT = "slice 0 is the attention sink at s = 0; slice k stands for positions in ((k-1)/N, k/N]"
 MARGINAL_COMMENT = "of the x-marginal (density summed over s)"
 #: the record of the mean (``mean`` would shadow ``xarray.Dataset.mean``: ``ds.mean.plot()``)
@@ -446,16 +452,19 @@ def _check_target(path: str, overwrite: bool) -> None:
 
 def _record_bytes(grid: Grid, positions: Positions | None) -> int:
     """What one record may add to a file, at most: the density (deflate can grow
-    incompressible data by a few bytes per block), a new chunk of every moment record (a
-    chunk holds _TIME_CHUNK records), up to 8 energy records, and RESERVE_MARGIN."""
+    incompressible data by a few bytes per block) and an index entry per density chunk
+    (_CHUNK_INDEX_BYTES, B-tree nodes included), a new chunk of every moment record (a chunk
+    holds _TIME_CHUNK records), up to 8 energy records, and RESERVE_MARGIN."""
     d = grid.ndim
+    sizes = (*(() if positions is None else (positions.count,)), *grid.cells[::-1])
+    tiles = math.prod(-(-n // c) for n, c in zip(sizes, spatial_chunks(sizes, d)[1:], strict=True))
     cells = math.prod(grid.shape) * (1 if positions is None else positions.count)
     chunks = _TIME_CHUNK * (1 + 1 + d + d * d + 3 + 8)  # time, mass, mean, cov, 3 scalars, energies
     if positions is not None:
         chunks += sum(
             math.prod(_moment_chunks((positions.count, *inner))) for inner in ((), (d,), (d, d))
         )
-    return int(1.05 * 8 * cells) + 8 * chunks + RESERVE_MARGIN
+    return int(1.05 * 8 * cells) + _CHUNK_INDEX_BYTES * tiles + 8 * chunks + RESERVE_MARGIN
 
 
 def _busy(path: str, exclusive: bool) -> bool:
@@ -644,6 +653,28 @@ def _record_variable(
         var.setncattr("comment", comment)
 
 
+def spatial_chunks(
+    sizes: Sequence[int], ndim: int, values: int = SPATIAL_CHUNK_VALUES, times: int = 1
+) -> tuple[int, ...]:
+    """Chunk sizes of a spatial record ``(time, [s,] *space)`` whose stored sizes after
+    ``time`` are ``sizes`` (the last ``ndim`` spatial, in the stored order).
+
+    ``times`` records per chunk (1: a snapshot writes new chunks only and never rewrites one
+    holding earlier snapshots, which a kill during the rewrite of a compressed chunk could
+    lose), spatial tiles of edge about ``values ** (1/ndim)`` (whole axes when the slab
+    holds at most ``values``), and as many position slices as keep a chunk within
+    ``values`` (at least one): reading one cell over time reads one tile per snapshot,
+    reading a snapshot reads its tiles."""
+    lead, space = tuple(sizes[: len(sizes) - ndim]), tuple(sizes[len(sizes) - ndim :])
+    if math.prod(space) <= values:
+        tile = space
+    else:
+        edge = max(1, round(values ** (1.0 / ndim)))
+        tile = tuple(min(n, edge) for n in space)
+    room = max(1, values // math.prod(tile))
+    return (times, *(min(n, room) for n in lead), *tile)
+
+
 def _moment_chunks(inner: tuple[int, ...]) -> tuple[int, ...]:
     """Chunk sizes of a moment record ``(time, *inner)``: up to _TIME_CHUNK records, and
     at most _RECORD_CHUNK_VALUES values per chunk (many slices would make it huge)."""
@@ -678,7 +709,7 @@ def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None
         nc,
         "density",
         dims,
-        (1, *(sizes[name] for name in dims)),
+        spatial_chunks([sizes[name] for name in dims], grid.ndim),
         cell_methods="time: point " + " ".join(f"{a}:" for a in grid.axis_names) + " mean",
         compression="zlib",
         complevel=4,
@@ -1232,7 +1263,9 @@ class SnapshotWriter:
                     "f8",
                     ("time", *self._stored),
                     fill_value=np.nan,
-                    chunksizes=(1, *(grid.cells[grid.axis_names.index(n)] for n in self._stored)),
+                    chunksizes=spatial_chunks(
+                        [grid.cells[grid.axis_names.index(n)] for n in self._stored], d
+                    ),
                     zlib=True,
                     complevel=4,
                 )
