@@ -1,0 +1,259 @@
+"""The cubed sphere (docs/theory.md, 'The cubed sphere'): exact geometry and cell averages, the
+halo, transport by a solid-body rotation against its exact solution (orders printed), mass,
+positivity, the attention field against quadrature."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.integrate import dblquad
+
+from tpde.grid import cubed_sphere as cs
+from tpde.schemes.cubed_sphere import CubedSphereOperator, solve
+from tpde.variants.cubed_sphere import CubedSphereAttention, SolidRotation, rotate
+
+AXIS = np.array([1.0, 0.4, 0.7]) / np.linalg.norm([1.0, 0.4, 0.7])
+MEAN = np.array([0.3, -0.5, 0.8]) / np.linalg.norm([0.3, -0.5, 0.8])
+
+
+def vmf(mean, kappa):
+    m = np.asarray(mean, float) / np.linalg.norm(mean)
+    scale = kappa / (2 * math.pi * -math.expm1(-2 * kappa))
+    return lambda x: scale * np.exp(kappa * (x @ m - 1.0))
+
+
+def test_exact_geometry():
+    g = cs.cubed_sphere(8)
+    assert g.areas.sum() == pytest.approx(4 * math.pi, abs=1e-13)
+    assert g.areas.max() / g.areas.min() < math.sqrt(2)
+    e = g.edges
+    # a cell's area and an edge's length against adaptive quadrature of the metric
+    for i, j in [(0, 0), (3, 5), (7, 2)]:
+        area = dblquad(lambda b, a: cs.metric(a, b), e[i], e[i + 1], e[j], e[j + 1])[0]
+        assert g.areas[0, i, j] == pytest.approx(area, rel=1e-12)
+    # along a = e[i] the line element is |d x / d b| = sqrt(g_bb) = sec a sec^2 b / r^2
+    lengths_a, lengths_b = g.edge_lengths
+    for i, j in [(0, 0), (4, 6)]:
+        a = e[i]
+
+        def element(b, a=a):
+            r2 = 1 + math.tan(a) ** 2 + math.tan(b) ** 2
+            return math.sqrt(1 + math.tan(a) ** 2) / (math.cos(b) ** 2 * r2)
+
+        from scipy.integrate import quad
+
+        assert lengths_a[i, j] == pytest.approx(quad(element, e[j], e[j + 1])[0], rel=1e-12)
+        assert lengths_b[j, i] == pytest.approx(lengths_a[i, j], rel=1e-14)  # symmetry
+    # points round-trip and each panel's centre
+    p, a, b = cs.to_panel(cs.to_sphere(3, 0.2, -0.7))
+    assert (p, a, b) == (3, pytest.approx(0.2, abs=1e-15), pytest.approx(-0.7, abs=1e-15))
+
+
+def test_exact_cell_averages_and_moments():
+    g = cs.cubed_sphere(8)
+    density = vmf(MEAN, 20.0)
+    rho = cs.von_mises_fisher(g, MEAN, 20.0)
+    assert g.integrate(rho) == pytest.approx(1.0, abs=1e-14)
+    fine = cs.cell_averages(g, density, nodes=20, pieces=4)
+    assert np.abs(rho - fine).max() < 1e-13 * rho.max()
+    p, i, j = np.unravel_index(np.argmax(rho), rho.shape)
+    e = g.edges
+
+    def f(b, a):
+        return density(cs.to_sphere(p, a, b)) * cs.metric(a, b)
+
+    cell = dblquad(f, e[i], e[i + 1], e[j], e[j + 1], epsabs=0, epsrel=1e-13)[0]
+    assert rho[p, i, j] == pytest.approx(cell / g.areas[p, i, j], rel=1e-12)
+    mix = cs.mixture(g, [(0.3, [1, 0, 0], 5.0), (0.7, [0, -1, 1], 8.0)])
+    assert g.integrate(mix) == pytest.approx(1.0, abs=1e-14)
+    # the mean of a vMF: (coth kappa - 1 / kappa) m; fifth order from the reconstruction
+    kappa = 5.0
+    exact = (1 / math.tanh(kappa) - 1 / kappa) * MEAN
+    gaps = [
+        np.abs(
+            cs.mean(cs.cubed_sphere(n), cs.von_mises_fisher(cs.cubed_sphere(n), MEAN, kappa))
+            - exact
+        ).max()
+        for n in (8, 16)
+    ]
+    print(f"\nmean of vMF(kappa 5): error n = 8 {gaps[0]:.2e}, n = 16 {gaps[1]:.2e}")
+    assert gaps[1] < 1e-6 and gaps[0] / gaps[1] > 16
+    # uniform plus a mode: the projection recovers the amplitude (fifth order)
+    gaps = []
+    for n in (8, 16):
+        mode = cs.harmonic_mode(cs.cubed_sphere(n), 3, 0.2)
+        assert cs.cubed_sphere(n).integrate(mode) == pytest.approx(1.0, abs=1e-14)
+        gaps.append(abs(cs.zonal_projection(cs.cubed_sphere(n), mode, 3) - 0.2))
+    print(f"P_3 amplitude 0.2: error n = 8 {gaps[0]:.2e}, n = 16 {gaps[1]:.2e}")
+    assert gaps[1] < 1e-5 and gaps[0] / gaps[1] > 16
+
+
+def test_connectivity_pairs_every_edge_segment():
+    n = 8
+    partner, reversed_, cell = cs.connectivity(n)
+    flat = partner.ravel()
+    assert np.array_equal(flat[flat], np.arange(flat.size))  # an involution
+    assert np.all(flat != np.arange(flat.size))
+    assert np.array_equal(reversed_.ravel(), reversed_.ravel()[flat])
+    assert np.all(cell // (n * n) != np.arange(6)[:, None, None])  # across is another panel
+    # the neighbour cell across a segment shares that segment: its centre is one cell away
+    centres = cs.cubed_sphere(n).centres_3d().reshape(-1, 3)
+    own = np.empty_like(cell)
+    for s, (ii, jj) in enumerate([(0, None), (n - 1, None), (None, 0), (None, n - 1)]):
+        k = np.arange(n)
+        i = np.full(n, ii) if ii is not None else k
+        j = np.full(n, jj) if jj is not None else k
+        own[:, s] = np.arange(6)[:, None] * n * n + i * n + j
+    distance = np.linalg.norm(centres[own] - centres[cell], axis=-1)
+    h = cs.cubed_sphere(n).h
+    assert distance.max() < 1.2 * h and distance.min() > 0.7 * h
+
+
+def test_halo_is_fifth_order():
+    density = vmf([0.6, 0.0, 0.8], 2.0)
+    errors = []
+    for n in (8, 16, 32):
+        g = cs.cubed_sphere(n)
+        ghost = cs.halo_matrix(n) @ g.to_coordinate(cs.cell_averages(g, density)).ravel()
+        s, w = cs.gauss_nodes(10)
+        worst = 0.0
+        for p in (0, 4):
+            for side in range(4):
+                for depth in (1, 3):
+                    row = ((p * 4 + side) * 3 + depth - 1) * n
+                    k = np.arange(n)
+                    normal = (depth - 0.5) + s[:, None] * np.ones(10)[None, :]
+                    along = (k[:, None, None] + 0.5) + s[None, None, :] * np.ones(10)[None, :, None]
+                    a, b = cs._side_points(g, side, np.broadcast_to(normal, along.shape), along)
+                    x = cs.to_sphere(p, a, b)
+                    exact = (density(x) * cs.metric(a, b) * (w[:, None] * w[None, :])).sum((1, 2))
+                    worst = max(worst, np.abs(ghost[row : row + n] - exact).max())
+        errors.append(worst)
+    orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
+    print(f"\nhalo: max error {errors}, orders {orders}")
+    assert orders[-1] > 4.3
+
+
+def rotation_errors(ns, t_end, kappa=4.0, dt_power=None):
+    rot = SolidRotation(AXIS, 1.0)
+    density = vmf(MEAN, kappa)
+    rows = []
+    for n in ns:
+        g = cs.cubed_sphere(n)
+        rho = cs.cell_averages(g, density)
+        dt_max = None if dt_power is None else 0.5 * g.h**dt_power
+        result = solve(g, rho, rot, t_end, cfl=0.5, dt_max=dt_max)
+        exact = cs.cell_averages(g, rot.exact(density, t_end))
+        l1 = float(np.sum(np.abs(result.final - exact) * g.areas))
+        linf = float(np.abs(result.final - exact).max())
+        mass = float(np.abs(result.masses - result.masses[0]).max())
+        rows.append((n, result.steps, l1, linf, mass, float(result.final.min())))
+    print(f"\nsolid-body rotation about {np.round(AXIS, 3)}, t = {t_end:.4g}, vMF kappa {kappa}")
+    print("    n steps        L1      Linf  order L1  order Linf   mass change")
+    for k, (n, steps, l1, linf, mass, _) in enumerate(rows):
+        if k:
+            o1 = math.log2(rows[k - 1][2] / l1)
+            oi = math.log2(rows[k - 1][3] / linf)
+            orders = f"{o1:9.2f} {oi:11.2f}"
+        else:
+            orders = " " * 21
+        print(f"  {n:3d} {steps:5d} {l1:.3e} {linf:.3e} {orders}   {mass:.1e}")
+    return rows
+
+
+def test_rotation_converges_at_high_order():
+    rows = rotation_errors((8, 16, 32), 1.0)
+    for k in (1, 2):
+        assert math.log2(rows[k - 1][2] / rows[k][2]) > 3.0
+        assert math.log2(rows[k - 1][3] / rows[k][3]) > 3.0
+    assert max(r[4] for r in rows) < 1e-13
+    assert min(r[5] for r in rows) >= 0.0
+
+
+@pytest.mark.slow
+def test_rotation_orders_full_revolution():
+    # dt ~ h^(5/3): the SSP-RK3 error stays below the spatial one
+    rows = rotation_errors((8, 16, 32, 64), 2 * math.pi, dt_power=5 / 3)
+    for k in (1, 2, 3):
+        assert math.log2(rows[k - 1][2] / rows[k][2]) > 3.0
+    assert max(r[4] for r in rows) < 1e-13
+
+
+def test_rotation_of_the_initial_data_is_exact():
+    x = cs.to_sphere(1, 0.3, -0.2)
+    y = rotate(x[None, :], AXIS, 0.7)[0]
+    assert np.linalg.norm(y) == pytest.approx(1.0, abs=1e-15)
+    assert y @ AXIS == pytest.approx(x @ AXIS, abs=1e-15)
+    assert rotate(y[None, :], AXIS, -0.7)[0] == pytest.approx(x, abs=1e-15)
+
+
+def test_mass_and_positivity_with_a_discontinuous_cap():
+    g = cs.cubed_sphere(16)
+    m = np.array([1.0, 1.0, 1.0]) / math.sqrt(3)  # a cube corner: three panels meet
+    cap = cs.cell_averages(g, lambda x: (x @ m > math.cos(0.4)).astype(float), nodes=6)
+    rho = cap / g.integrate(cap)
+    rot = SolidRotation([0.2, -0.3, 1.0], 1.0)
+    limited = solve(g, rho, rot, 1.5, cfl=0.9, snapshots=4)
+    free = solve(g, rho, rot, 1.5, cfl=0.9, snapshots=4, limiter=False)
+    print(
+        f"\ncap: min with the limiter {min(d.min() for d in limited.densities):.1e}, "
+        f"without {min(d.min() for d in free.densities):.1e}; "
+        f"mass change {np.abs(limited.masses - 1).max():.1e}"
+    )
+    assert min(d.min() for d in limited.densities) >= 0.0
+    assert min(d.min() for d in free.densities) < -1e-6  # the limiter had work to do
+    assert np.abs(limited.masses - 1.0).max() < 1e-13
+
+
+def sphere_rule(nodes=120):
+    z, wz = np.polynomial.legendre.leggauss(nodes)
+    count = 2 * nodes
+    phi = 2 * np.pi * (np.arange(count) + 0.5) / count
+    zz, pp = np.meshgrid(z, phi, indexing="ij")
+    s = np.sqrt(1 - zz**2)
+    points = np.stack([s * np.cos(pp), s * np.sin(pp), zz], -1).reshape(-1, 3)
+    return points, (wz[:, None] * np.full(count, 2 * np.pi / count)[None, :]).ravel()
+
+
+def test_attention_field_against_quadrature():
+    beta, kappa = 4.0, 3.0
+    density = vmf([0.6, 0.0, 0.8], kappa)
+    y, w = sphere_rule()
+    targets = cs.to_sphere(
+        np.array([0, 4, 2, 5]), np.array([0.1, -0.7, 0.78, 0.0]), np.array([-0.3, 0.2, 0.5, 0.0])
+    )
+    k = np.exp(beta * (targets @ y.T - 1.0)) * (density(y) * w)[None, :]
+    gamma = (k @ y) / k.sum(1)[:, None]
+    exact = gamma - np.sum(gamma * targets, 1)[:, None] * targets
+    gaps = []
+    for n in (8, 16):
+        g = cs.cubed_sphere(n)
+        v = CubedSphereAttention(beta).tangent(
+            cs.von_mises_fisher(g, [0.6, 0, 0.8], kappa), g, 0.0, targets
+        )
+        gaps.append(np.abs(v - exact).max())
+    print(f"\nattention field vs quadrature: n = 8 {gaps[0]:.1e}, n = 16 {gaps[1]:.1e}")
+    assert gaps[1] < 1e-6 and gaps[0] / gaps[1] > 16
+    # the uniform measure: the field is the kernel's quadrature error alone
+    g = cs.cubed_sphere(8)
+    op = CubedSphereOperator(g)
+    uniform = np.full(g.shape, 1 / (4 * math.pi))
+    drift = [
+        np.abs(
+            CubedSphereAttention(beta, nodes).tangent(uniform, g, 0, op.points.reshape(-1, 3))
+        ).max()
+        for nodes in (3, 5)
+    ]
+    print(f"uniform measure, beta 4: |v| {drift[0]:.1e} (3 x 3 nodes), {drift[1]:.1e} (5 x 5)")
+    assert drift[1] < 1e-13 and drift[0] < 1e-8
+
+
+def test_attention_run_conserves_mass_and_stays_positive():
+    g = cs.cubed_sphere(8)
+    rho = cs.mixture(g, [(0.5, [1, 0, 0], 2.0), (0.5, [0, 0.6, -0.8], 5.0)])
+    result = solve(g, rho, CubedSphereAttention(8.0), 3.0, snapshots=4)
+    assert np.abs(result.masses - 1.0).max() < 1e-13
+    assert min(d.min() for d in result.densities) >= 0.0
+    assert result.final.max() > 3 * rho.max()  # clusters
