@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -271,6 +272,81 @@ def test_density_chunks_are_one_snapshot_and_spatial_tiles(tmp_path):
         assert ds["density"].chunks == ((3,), (64, 64, 2), (64, 64, 22))
         series = ds["density"].isel(y=70, x=40).values
     np.testing.assert_array_equal(series, [s.density[40, 70] for s in snaps])
+
+
+# ---- Zarr -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["run3", "masked"])
+def test_zarr_store_is_the_netcdf_file(files, tmp_path, kind):
+    """xr.open_zarr of the store gives the Dataset xr.open_dataset gives of the .nc."""
+    pytest.importorskip("zarr")
+    source = tmp_path / "copy.nc"
+    source.write_bytes(files[kind].read_bytes())
+    store = io.netcdf_to_zarr(source, tmp_path / "run.zarr")
+    assert not source.exists()
+    with xr.open_dataset(files[kind]) as nc, xr.open_zarr(store) as zarr:
+        assert zarr.identical(nc)
+        assert zarr["density"].encoding["chunks"] == nc["density"].encoding["chunksizes"]
+    assert io.read(store).identical(io.read(files[kind]))
+
+
+def test_io_write_of_a_python_result_to_zarr(tmp_path):
+    pytest.importorskip("zarr")
+    from tpde.schemes.solver import Problem, Solver
+    from tpde.variants.prescribed import AffineVelocity
+
+    grid = GRIDS["run2"]
+    rho = gaussian(grid, [0.3, -0.2], [[0.6, 0.1], [0.1, 0.4]])
+    velocity = AffineVelocity([[-0.3, 0.2], [0.0, -0.1]], [0.1, 0.0])
+    result = Solver(Problem(grid, rho, velocity, 0.2, snapshots=3)).run()
+    nc = io.write(result, tmp_path / "python.nc", config_text="python")
+    store = io.write(result, tmp_path / "python.zarr", config_text="python")
+    with xr.open_dataset(nc) as a, xr.open_zarr(store) as b:
+        # (history holds the time of writing, to the second)
+        assert b.assign_attrs(history="").identical(a.assign_attrs(history=""))
+    with pytest.raises(io.OutputError, match="exists; pass --overwrite"):
+        io.write(result, store)
+
+
+def test_tpde_run_writes_zarr(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("zarr")
+    from tpde.cli import main
+
+    config = tmp_path / "run.toml"
+    config.write_text(dumps(CONFIG))
+    nc, store = tmp_path / "run.nc", tmp_path / "run.zarr"
+    assert main(["run", str(config), "-o", str(nc), "--quiet"]) == 0
+    assert main(["run", str(config), "-o", str(store), "--quiet"]) == 0
+    assert store.is_dir() and not Path(io.zarr_staging(store)).exists()
+    with xr.open_dataset(nc) as a, xr.open_zarr(store) as b:
+        assert sorted(b.variables) == sorted(a.variables)
+        for name in a.variables:
+            stored = b[name].variable
+            assert stored.identical(a[name].variable.copy(data=stored.values)), name
+            np.testing.assert_allclose(stored.values, a[name].values, rtol=1e-13, atol=0)
+        per_run = {"history", "wall_time"}  # when and how long each run took
+        kept = [
+            xr.Dataset(attrs={k: v for k, v in x.attrs.items() if k not in per_run}) for x in (a, b)
+        ]
+        assert kept[1].identical(kept[0])
+        assert b.attrs["status"] == "completed"
+    assert main(["info", str(store)]) == 0 and main(["plot", str(store), "-o", str(tmp_path)]) == 0
+    assert "grid run" in capsys.readouterr().out
+    refusals = {
+        "--resume": "--resume of a Zarr output",
+        "": "exists; pass --overwrite",
+    }
+    for flag, said in refusals.items():
+        assert main(["run", str(config), "-o", str(store), "--quiet", *[flag][: bool(flag)]]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+    before = (store / "density").stat().st_mtime_ns
+    assert main(["run", str(config), "-o", str(store), "--quiet", "--overwrite"]) == 0
+    assert (store / "density").stat().st_mtime_ns != before
+    monkeypatch.setitem(sys.modules, "zarr", None)  # zarr not installed
+    assert main(["run", str(config), "-o", str(tmp_path / "other.zarr"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'tpde[zarr]'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "other.zarr").exists()
 
 
 # ---- xarray ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The ``tpde`` command line (console script).
 
-    tpde run CONFIG.toml [-o OUT.nc] [--resume] [--overwrite] [--quiet] [--profile]
+    tpde run CONFIG.toml [-o OUT.nc|OUT.zarr] [--resume] [--overwrite] [--quiet] [--profile]
              [--threads N]
     tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite] [--threads N]
     tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite] [--threads N]
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         type=Path,
         default=None,
-        help="NetCDF output (default: run.output of the config)",
+        help="NetCDF output, or a Zarr store if it ends in .zarr (default: run.output)",
     )
     run.add_argument("--resume", action="store_true", help="continue an interrupted output")
     run.add_argument("--overwrite", action="store_true", help="replace an existing output")
@@ -250,6 +250,10 @@ def _kept(output: Path) -> str:
     """What a failed or interrupted run left, for its one-line message."""
     from tpde import io
 
+    if io.is_zarr(output):  # not resumable: the run's NetCDF file is all there is
+        staging = Path(io.zarr_staging(output))
+        kept = f"its snapshots are in {staging}" if staging.is_file() else "nothing was written"
+        return f"{kept} ({output} is not resumed: run again with --overwrite)"
     staged = Path(io.staged_name(output))
     if not Path(output).exists() and not staged.is_file():
         return f"nothing was written to {output}"
@@ -293,9 +297,10 @@ def cmd_run(args) -> int:
         if not started:
             print(f"tpde: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
             return 128 + signum
+        resume = f"; continue with: tpde run {args.config} -o {output} --resume"
         print(
-            f"tpde: interrupted by {signal.Signals(signum).name}; {_kept(output)}; continue "
-            f"with: tpde run {args.config} -o {output} --resume",
+            f"tpde: interrupted by {signal.Signals(signum).name}; {_kept(output)}"
+            + ("" if io.is_zarr(output) else resume),
             file=sys.stderr,
         )
         return 128 + signum
@@ -305,7 +310,7 @@ def cmd_run(args) -> int:
         kept = _kept(output)
         then = (
             "run it again"
-            if kept.startswith("nothing")
+            if kept.startswith("nothing") or io.is_zarr(output)
             else f"continue with: tpde run {args.config} -o {output} --resume"
         )
         print(f"tpde: {exc}; {kept}: free space, then {then}", file=sys.stderr)

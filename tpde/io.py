@@ -105,17 +105,21 @@ __all__ = [
     "RESULTS",
     "TIME_ATTRIBUTES",
     "TIME_FILL",
+    "ZARR_EXTRA",
     "DiskFull",
     "Outcome",
     "OutputBusy",
     "OutputError",
     "SnapshotLike",
     "SnapshotWriter",
+    "check_zarr_output",
     "complete_records",
     "coordinates",
     "file_order",
     "global_attributes",
     "grid_from_dataset",
+    "is_zarr",
+    "netcdf_to_zarr",
     "outcome",
     "positions_from_dataset",
     "read",
@@ -127,6 +131,7 @@ __all__ = [
     "to_netcdf",
     "write",
     "xyz_order",
+    "zarr_staging",
 ]
 
 CONVENTIONS = "CF-1.10"
@@ -1411,7 +1416,7 @@ class SnapshotWriter:
 
 # ---- reading --------------------------------------------------------------------------------
 def _load(path: str) -> xr.Dataset:
-    with xr.open_dataset(path, engine="netcdf4") as ds:
+    with xr.open_dataset(path, engine="zarr" if is_zarr(path) else "netcdf4") as ds:
         return ds.load()
 
 
@@ -1586,8 +1591,15 @@ def write(
 
     positions: the Problem's :class:`tpde.grid.Positions` of a masked run (its densities
     have a leading slice axis), else None. Returns the path. Raises OutputError (as the
-    writer) when ``path`` exists without ``overwrite``.
+    writer) when ``path`` exists without ``overwrite``. A ``path`` ending in ``.zarr`` is
+    written as a Zarr store with the same variables and attributes (:func:`netcdf_to_zarr`;
+    needs zarr, the ``zarr`` extra).
     """
+    if is_zarr(path):
+        staging = check_zarr_output(path, overwrite)
+        write(result, staging, config_text, title, overwrite, history, positions, energies)
+        netcdf_to_zarr(staging, path)
+        return os.fspath(path)
     snapshots = list(result.snapshots)
     if not snapshots:
         raise ValueError("io.write: the result has no snapshot to write")
@@ -1626,6 +1638,74 @@ def write(
         provenance=_result_provenance(result),
     )
     return os.fspath(path)
+
+
+#: the extra that installs zarr (``tpde run -o RUN.zarr``)
+ZARR_EXTRA = "tpde[zarr]"
+
+
+def is_zarr(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a Zarr store (it ends in ``.zarr``)."""
+    return os.fspath(path).rstrip("/").endswith(".zarr")
+
+
+def zarr_staging(path: str | os.PathLike) -> str:
+    """The NetCDF file a Zarr output is written to while its run goes on: ``.NAME.nc``
+    beside ``NAME.zarr``; copied into the store at the end and removed."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path).rstrip("/")))
+    return os.path.join(folder, f".{name}.nc")
+
+
+def check_zarr_output(path: str | os.PathLike, overwrite: bool, resume: bool = False) -> str:
+    """Refuse a Zarr output that cannot be written, in one line (:class:`OutputError`):
+    zarr not installed, ``--resume``, an existing store without ``overwrite``. Returns the
+    NetCDF staging file (:func:`zarr_staging`)."""
+    try:
+        import zarr  # noqa: F401
+    except ImportError:
+        raise OutputError(
+            f"run.output: {path} is a Zarr store, which needs zarr: pip install "
+            f"'{ZARR_EXTRA}' (or write a .nc file)"
+        ) from None
+    if resume:
+        raise OutputError(
+            f"run.output: --resume of a Zarr output ({path}) is not supported; run to a .nc "
+            "file to resume, or run again with --overwrite"
+        )
+    if os.path.exists(path) and not overwrite:
+        raise OutputError(f"run.output: {path} exists; pass --overwrite to replace it")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OutputError(f"run.output: cannot write {path}: a file, not a Zarr store")
+    staging = zarr_staging(path)
+    _check_target(staging, True)  # the folder (the writer checks the staging file itself)
+    return staging
+
+
+def netcdf_to_zarr(source: str | os.PathLike, path: str | os.PathLike) -> str:
+    """Copy the NetCDF file ``source`` into the Zarr store ``path`` (same variables,
+    attributes and chunks; ``xr.open_zarr(path)`` is ``xr.open_dataset(source)``) and remove
+    ``source``. The store is built as ``.NAME.partial`` and renamed; an existing store is
+    replaced only after the new one is complete."""
+    import shutil
+
+    target = os.path.abspath(os.fspath(path).rstrip("/"))
+    folder, name = os.path.split(target)
+    partial, old = os.path.join(folder, f".{name}.partial"), os.path.join(folder, f".{name}.old")
+    for leftover in (partial, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    with xr.open_dataset(source) as ds:
+        encoding = {}
+        for var_name, var in ds.variables.items():
+            chunks = var.encoding.get("chunksizes")
+            var.encoding = {}
+            encoding[var_name] = {"chunks": tuple(chunks)} if chunks else {}
+        ds.to_zarr(partial, mode="w", encoding=encoding, consolidated=True, zarr_format=2)
+    if os.path.exists(target):
+        os.rename(target, old)
+    os.rename(partial, target)
+    shutil.rmtree(old, ignore_errors=True)
+    os.remove(source)
+    return target
 
 
 def _result_provenance(result: Any) -> dict[str, Any]:

@@ -162,7 +162,17 @@ def run_config(
     readable and resumable. With ``overwrite`` an existing file is replaced only by a run
     that ends with a result (:class:`tpde.io.SnapshotWriter`). The energies of
     :func:`tpde.energies.run_energies` are written at every snapshot (``energy_<name>``).
+
+    An ``output`` ending in ``.zarr`` is a Zarr store: the run writes the NetCDF file
+    :func:`tpde.io.zarr_staging` and copies it into the store when it ends with a result
+    (:func:`tpde.io.netcdf_to_zarr`); an interrupted or failed run leaves that file. Not
+    resumable (:func:`tpde.io.check_zarr_output` refuses ``resume`` in one line).
     """
+    if io.is_zarr(output):
+        staging = io.check_zarr_output(output, overwrite, resume)
+        run_config(config, staging, overwrite=overwrite, quiet=quiet, history=history)
+        io.netcdf_to_zarr(staging, output)
+        return Path(output)
     output = Path(output)
     problem = config.problem
     # the same energies on new and resumed runs; none in the co-moving frame, whose density
