@@ -8,7 +8,9 @@ the default separable engine) on 2-D n^2, from the same non-Gaussian law (a two-
 Gaussian mixture with unequal weights and covariances, so the frame's residual is not zero):
 the fixed box holds it on +-7 of its own spread, the frame grid on +-16 frame units. The
 frame step adds the per-axis affine fit, the frame's rates and stage combinations, the
-truncation measures and the shifted tilts. Both take the same fixed dt; steps alternate in
+truncation measures and the shifted tilts; its velocity and cut are evaluated only on the faces
+it transports (density above 1e-20 of the largest), so its tables span the same kind of tilt
+range as the fixed box's. Both take the same fixed dt; steps alternate in
 rounds of BLOCK (a shared machine's load drifts), and ``frame_over_fixed`` is the median of
 the rounds' ratios. Prints one JSON line.
 """

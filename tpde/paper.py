@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from tpde.grid import Grid, gaussian, moments
+from tpde.schemes.frame import AffineFrame
+from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.validation.gaussian import solve
-from tpde.variants import Head, L2Head, SinkhornHead
+from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
 
 from .studies import fitted_box, grid_run
 
@@ -160,6 +162,9 @@ class Trajectory:
     grid_ode: np.ndarray = field(default_factory=lambda: np.zeros((0, 2, 2)))  # the ODE there
     cells: int = 0
     grid_failure: str = ""
+    grid_status: str = ""  # how the grid run ended (the solver's status) ...
+    grid_stop: float = float("nan")  # ... at this time ...
+    grid_message: str = ""  # ... and why
     params: Any = None  # the experiment's parameters of ``variant``
 
     def normalised_gap(self) -> float:
@@ -189,6 +194,24 @@ def solve_covariance(variant: str, params: Any, cov0: np.ndarray, t_end: float):
     )
 
 
+#: the frame box (+-radius in frame units) of each variant's co-moving runs: softmax-type
+#: tilts need +-16 to be held (docs/theory.md, 'The co-moving affine frame'); l2's key weight
+#: and Sinkhorn's conditional laws stay inside the measure
+FRAME_RADIUS = {"softmax": 16.0, "multihead": 16.0, "l2": 8.0, "sinkhorn": 7.0}
+
+
+@dataclass
+class GridRun:
+    """A grid run's covariances at its snapshots and how it ended (the solver's status:
+    completed, box_limited, blowup, ...; its time and message)."""
+
+    times: np.ndarray
+    covariances: np.ndarray  # (m, 2, 2)
+    status: str
+    status_time: float
+    message: str
+
+
 def grid_covariances(
     variant: str,
     params: Any,
@@ -197,30 +220,67 @@ def grid_covariances(
     t_end: float,
     times: Sequence[float] | np.ndarray,
     cells: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The grid run from N(0, cov0) on the box fitted to the ODE ``solution`` up to t_end
-    (7 sigma for softmax and multi-head, 6 otherwise): covariances at ``times``."""
-    sigmas = 7.0 if variant in ("softmax", "multihead") else 6.0
-    lower, upper = fitted_box(solution, t_end, sigmas)
-    grid = Grid(lower, upper, [cells, cells])
-    result = grid_run(
-        variant,
-        params,
-        grid,
-        gaussian(grid, np.zeros(2), cov0),
-        t_end,
-        snapshots=list(times),
-        max_outflow=1e-4,
+    frame: bool = True,
+) -> GridRun:
+    """The grid run from N(0, cov0) up to t_end, covariances at ``times``.
+
+    frame: in the co-moving affine frame (the xi box +-FRAME_RADIUS, started on N(0, I)),
+    stopping where the truncation monitor says the box no longer holds the dynamics
+    (box_limited, or blowup with a predicted time); else on the fixed box fitted to the ODE
+    ``solution`` (7 sigma for softmax and multi-head, 6 otherwise), which raises
+    RuntimeError unless it completes."""
+    if not frame:
+        sigmas = 7.0 if variant in ("softmax", "multihead") else 6.0
+        lower, upper = fitted_box(solution, t_end, sigmas)
+        grid = Grid(lower, upper, [cells, cells])
+        result = grid_run(
+            variant,
+            params,
+            grid,
+            gaussian(grid, np.zeros(2), cov0),
+            t_end,
+            snapshots=list(times),
+            max_outflow=1e-4,
+        )
+        covs = np.array([moments(s.density, grid)[2] for s in result.snapshots])
+        return GridRun(result.times, covs, result.status, result.status_time, "")
+    radius = FRAME_RADIUS[variant]
+    grid = Grid([-radius, -radius], [radius, radius], [cells, cells])
+    result = Solver(
+        Problem(
+            grid,
+            gaussian(grid, np.zeros(2), np.eye(2)),
+            ATTENTION[variant](params),
+            t_end,
+            scheme=Scheme(frame="affine", frame_tolerance=1e-8),
+            snapshots=list(times),
+            frame=AffineFrame.following(np.zeros(2), cov0),
+        )
+    ).run()
+    framed = []
+    for snap in result.snapshots:
+        assert snap.frame is not None  # (a frame run's snapshots carry their frame)
+        _, xi_mean, xi_cov = moments(snap.density, grid)
+        framed.append(snap.frame.moments(xi_mean, xi_cov)[1])
+    return GridRun(
+        result.times, np.array(framed), result.status, result.status_time, result.status_message
     )
-    return result.times, np.array([moments(s.density, grid)[2] for s in result.snapshots])
 
 
 def run_experiment(
-    name: str, variant: str, count: int = 6, cells: int = 64, snapshots: int = 21, grid: bool = True
+    name: str,
+    variant: str,
+    count: int = 6,
+    cells: int = 64,
+    snapshots: int = 21,
+    grid: bool = True,
+    frame: bool = True,
 ) -> list[Trajectory]:
     """``count`` initial covariances of the experiment (spread over the authors' grid),
-    each by the ODE to t_end (or its blow-up) and, if ``grid``, by the grid solver to
-    t_end, or to half the blow-up time."""
+    each by the ODE to t_end (or its blow-up) and, if ``grid``, by the grid solver: in the
+    co-moving frame (``frame``) to t_end or the blow-up, or until its truncation monitor stops
+    it (``Trajectory.grid_status``, ``grid_stop``, ``grid_message``); on a fixed box to t_end
+    or half the blow-up time."""
     experiment = EXPERIMENTS[name]
     params = experiment.params[variant]
     covs = initial_covariances(experiment.limits, 10, 10)
@@ -235,15 +295,20 @@ def run_experiment(
             variant, cov0, kept, solution.at(kept)[1], solution.status, event, params=params
         )
         if grid:
-            horizon = experiment.t_end if np.isnan(event) else 0.5 * event
+            # the frame runs until its monitor stops it; the fixed box to half the blow-up
+            horizon = experiment.t_end if np.isnan(event) else (1.0 if frame else 0.5) * event
             grid_times = np.linspace(0.0, horizon, snapshots)
-            traj.grid_ode = solution.at(grid_times)[1]
             try:
-                traj.grid_times, traj.grid = grid_covariances(
-                    variant, params, cov0, solution, horizon, grid_times, cells
+                run = grid_covariances(
+                    variant, params, cov0, solution, horizon, grid_times, cells, frame
                 )
             except RuntimeError as exc:  # recorded, drawn without grid markers
                 traj.grid_failure = str(exc)
+            else:
+                traj.grid_times, traj.grid = run.times, run.covariances
+                traj.grid_ode = solution.at(run.times)[1]
+                traj.grid_status, traj.grid_stop = run.status, run.status_time
+                traj.grid_message = run.message
             traj.cells = cells
         out.append(traj)
     return out

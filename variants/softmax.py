@@ -267,10 +267,11 @@ class SoftmaxAttention(TiltedMeanField):
         for coords, comp in zip(lattices, components, strict=True):
             shape = tuple(len(x) for x in coords)
             out.append(np.zeros(shape if comp is not None else (d, *shape)))
-        busy = [i for i, window in enumerate(windows) if window is not None]
+        held = {i: window for i, window in enumerate(windows) if window is not None}
+        busy = list(held)
         if not busy:
             return out
-        sub = [[x[w] for x, w in zip(lattices[i], windows[i], strict=True)] for i in busy]
+        sub = [[x[w] for x, w in zip(lattices[i], held[i], strict=True)] for i in busy]
         wanted = [components[i] for i in busy]
         for head, matrix in zip(heads, matrices, strict=True):
             velocity = self.head_velocities(
@@ -289,9 +290,9 @@ class SoftmaxAttention(TiltedMeanField):
             for i, coords, values in zip(busy, sub, velocity, strict=True):
                 shape = tuple(len(x) for x in coords)
                 if values.ndim == 1:
-                    out[i][windows[i]] += values.reshape(shape)
+                    out[i][held[i]] += values.reshape(shape)
                 else:
-                    out[i][(slice(None), *windows[i])] += values.T.reshape((d, *shape))
+                    out[i][(slice(None), *held[i])] += values.T.reshape((d, *shape))
         return out
 
     def _cut(self, weights, grid: Grid, lattices, matrix, shift=None, where=None) -> None:
