@@ -231,10 +231,11 @@ class CubedSphereOperator:
         # outgoing corrections of each cell: + faces with correction > 0, - faces with < 0
         drain = np.maximum(correction[:, :, 1:], 0.0) + np.maximum(-correction[:, :, :-1], 0.0)
         total = drain[0] + drain[1].transpose(0, 2, 1)
+        available = np.maximum(first, 0.0) * h2
+        demand = dt * total
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(
-                total > 0.0, np.minimum(1.0, np.maximum(first, 0.0) * h2 / (dt * total)), 1.0
-            )
+            # demand > available >= 0 makes the division safe (no 0 / 0 when demand underflows)
+            ratio = np.where(demand > available, available / demand, 1.0)
         r = self._neighbours(ratio)  # (2, 6, n + 2, n)
         scale = np.where(correction > 0.0, r[:, :, :-1], r[:, :, 1:])
         limited = low + scale * correction
@@ -315,12 +316,17 @@ def solve(
                 if i > 0 and steady is None:
                     rho_i = grid.from_coordinate(stages[i])
                     speeds = op.node_speeds(velocity, rho_i, t + offsets[i] * dt)
-                new = np.zeros_like(q)
-                for k in range(i + 1):
-                    a, b = rk.alpha[i][k], rk.beta[i][k]
-                    if a == 0.0 and b == 0.0:
-                        continue
-                    new += a * (op.euler(stages[k], speeds, (b / a) * dt) if b else stages[k])
+                terms = [
+                    (a, op.euler(stages[k], speeds, (b / a) * dt) if b else stages[k])
+                    for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True))
+                    if a != 0.0
+                ]
+                # last + sum a_k (X_k - last): the weights of a convex combination do not sum
+                # to 1 in floating point (1/3 + 2/3 = 1 - 1.1e-16), which would shrink the
+                # mass by that much every step; differences of equal-mass states carry none
+                new = terms[-1][1].copy()
+                for a, x in terms[:-1]:
+                    new += a * (x - terms[-1][1])
                 stages.append(new)
             q = stages[-1]
             t += dt

@@ -257,3 +257,54 @@ def test_attention_run_conserves_mass_and_stays_positive():
     assert np.abs(result.masses - 1.0).max() < 1e-13
     assert min(d.min() for d in result.densities) >= 0.0
     assert result.final.max() > 3 * rho.max()  # clusters
+
+
+# ---- linear rates around the uniform measure -------------------------------------------------
+def print_rates(title, rows):
+    print(f"\n{title}: beta l formula measured rel. error")
+    for r in rows:
+        print(f"  {r['beta']:4g} {r['l']} {r['formula']:.8e} {r['measured']:.8e} {r['error']:.1e}")
+
+
+@pytest.mark.parametrize("l, beta", [(1, 4.0), (5, 16.0), (8, 4.0)])
+def test_linearised_rate_on_a_coarse_grid(l, beta):
+    from tpde.validation.sphere_rates import cubed_sphere_rate
+
+    row = cubed_sphere_rate(l, beta, n=8)
+    print_rates("cubed sphere n = 8, slope of the projected amplitude", [row])
+    assert row["error"] < 1e-2
+    assert row["mass_change"] < 1e-13
+
+
+def test_fitted_rate_of_a_fast_mode():
+    from tpde.validation.sphere_rates import cubed_sphere_fitted_rate
+
+    row = cubed_sphere_fitted_rate(5, 16.0)
+    print_rates("cubed sphere n = 8, fitted over e-fold growth (seed 1e-6)", [row])
+    assert row["error"] < 1e-2 and row["growth"] > 2.5
+    assert row["mass_change"] < 1e-13
+
+
+@pytest.mark.slow
+def test_rate_table():
+    """l = 1..8, beta in {1, 4, 16}: the slope of the projected amplitude under the n = 12
+    operator within 1e-2 of the formula; the amplitude fitted over the solver's run (n = 8)
+    where the mode grows at least a tenth as fast as the fastest one."""
+    from tpde.validation.sphere_rates import (
+        cubed_sphere_fitted_rate,
+        cubed_sphere_rate,
+        linear_rate,
+    )
+
+    rows = [cubed_sphere_rate(l, beta) for beta in (1.0, 4.0, 16.0) for l in range(1, 9)]
+    print_rates("cubed sphere n = 12, slope of the projected amplitude", rows)
+    assert max(r["error"] for r in rows) < 1e-2
+    fitted = []
+    for beta in (1.0, 4.0, 16.0):
+        fastest = max(linear_rate(j, beta, 3) for j in range(1, 33))
+        for l in range(1, 9):
+            if linear_rate(l, beta, 3) >= 0.1 * fastest:
+                fitted.append(cubed_sphere_fitted_rate(l, beta))
+    print_rates("cubed sphere n = 8, fitted (seed 1e-6, lambda_l >= lambda_max / 10)", fitted)
+    assert max(r["error"] for r in fitted) < 1e-2
+    assert max(r["mass_change"] for r in fitted) < 1e-13
