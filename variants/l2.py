@@ -25,7 +25,7 @@ from .engines.cache import Recent
 from .engines.direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField, with_constant
-from .truncation import cut_lattices, gaussian_like
+from .truncation import cut_lattices, gaussian_like, measured_cut
 
 
 def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
@@ -68,9 +68,7 @@ class L2Attention(TiltedMeanField):
             self._key_weights.get_or_make(key, lambda: key_weight(grid, head.K)),
         )
         lattices = [grid.lattice(offset) for offset in offsets]
-        # (the surrogate applies only to Gaussian-like weights)
-        gaussian = self.measure_cut and gaussian_like(weights, grid)
-        self.cut = cut_lattices(weights, grid, lattices, coupling) if gaussian else None
+        self.cut = self._measured(weights, grid, lattices, coupling) if self.measure_cut else None
         return self.shaped(
             self.head_velocities(
                 weights, grid, offsets, components, coupling, head.C, support_box(weights, grid)
@@ -78,6 +76,14 @@ class L2Attention(TiltedMeanField):
             grid,
             offsets,
         )
+
+    def _measured(self, weights, grid: Grid, lattices, coupling, shift=None) -> list[np.ndarray]:
+        """The cut (:mod:`.truncation`) of the reweighted density's tilted laws: the
+        Gaussian surrogate's for Gaussian-like weights, else the measured one."""
+        if gaussian_like(weights, grid):
+            return cut_lattices(weights, grid, lattices, coupling, shift)
+        direct = self.engine_for(grid) == "direct"
+        return measured_cut(weights, grid, lattices, coupling, shift, direct=direct)
 
     def frame_components(
         self, density, grid: Grid, t: float, offsets, components, frame
@@ -95,8 +101,7 @@ class L2Attention(TiltedMeanField):
         weight = np.exp(-np.sum((physical @ np.asarray(head.K, float).T) ** 2, axis=-1))
         weights = reweighted_density(density, grid, head, weight)
         lattices = [grid.lattice(offset) for offset in offsets]
-        gaussian = gaussian_like(weights, grid)  # else the surrogate does not apply
-        self.cut = cut_lattices(weights, grid, lattices, coupling, shift) if gaussian else None
+        self.cut = self._measured(weights, grid, lattices, coupling, shift)
         velocity = self.head_velocities(
             weights,
             grid,

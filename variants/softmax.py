@@ -53,7 +53,7 @@ from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .truncation import cut_lattices, gaussian_like, held_window
+from .truncation import cut_lattices, gaussian_like, held_window, measured_cut
 
 #: the warm start's mark of a grid and matrix whose tables the sheared passes could not
 #: resolve under the node cap (interpolated pointwise from then on): EnginePolicy.warm
@@ -254,9 +254,9 @@ class SoftmaxAttention(TiltedMeanField):
         # span the tilts of the far tails
         moving = [transported(density, offset) for offset in offsets]
         self.cut = None
-        if gaussian_like(density, grid):  # else the surrogate does not describe the tilts
-            for matrix in matrices:
-                self._cut(density, grid, lattices, matrix, shift, moving)
+        gaussian = gaussian_like(density, grid)  # else the cut is measured (.truncation)
+        for matrix in matrices:
+            self._cut(density, grid, lattices, matrix, shift, moving, gaussian)
         if self.cut is not None:
             moving = [m & (cut <= HELD_CUT) for m, cut in zip(moving, self.cut, strict=True)]
         windows = [held_window(m) for m in moving]
@@ -295,9 +295,18 @@ class SoftmaxAttention(TiltedMeanField):
                     out[i][(slice(None), *held[i])] += values.T.reshape((d, *shape))
         return out
 
-    def _cut(self, weights, grid: Grid, lattices, matrix, shift=None, where=None) -> None:
-        """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head)."""
-        cut = cut_lattices(weights, grid, lattices, matrix, shift, where)
+    def _cut(
+        self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True
+    ) -> None:
+        """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head):
+        the Gaussian surrogate's for Gaussian-like weights, else the measured one."""
+        cut = (
+            cut_lattices(weights, grid, lattices, matrix, shift, where)
+            if gaussian
+            else measured_cut(
+                weights, grid, lattices, matrix, shift, where, self.engine_for(grid) == "direct"
+            )
+        )
         self.cut = (
             cut
             if self.cut is None
@@ -320,8 +329,8 @@ class SoftmaxAttention(TiltedMeanField):
             total = (
                 velocity if total is None else [a + b for a, b in zip(total, velocity, strict=True)]
             )
-            if self.measure_cut and gaussian_like(density, grid):  # else no surrogate
-                self._cut(density, grid, lattices, head.A)
+            if self.measure_cut:
+                self._cut(density, grid, lattices, head.A, gaussian=gaussian_like(density, grid))
         assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)
 

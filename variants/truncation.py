@@ -20,10 +20,12 @@ from collections.abc import Sequence
 import numba as nb
 import numpy as np
 
-from tpde.grid import Grid, moments
-from tpde.schemes.frame import ACTIVE_FLOOR, TRANSPORT_FLOOR
+from tpde.grid import Grid, gaussian, moments
+from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, TRANSPORT_FLOOR
 
-from .engines.direct import support_box
+from .engines.direct import DirectSums, support_box
+from .engines.lagrange import ORDER
+from .engines.separable import SeparableSums, table_nodes
 
 
 def active_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
@@ -156,6 +158,10 @@ def cut_lattices(
 #: is trusted in a fixed box (a uniform disc's marginals have -1, two well separated bumps
 #: about -2): beyond it a fixed-box run reports no cut and the edge mass alone watches the box
 SURROGATE_KURTOSIS = 0.5
+#: and the largest total-variation distance between the weights and the Gaussian of their own
+#: mean and covariance (cell averages): a two-component mixture clustering into one bump has
+#: marginal kurtoses near 0 and a distance near 0.25 (tests/test_frame_tokens.py)
+SURROGATE_DISTANCE = 0.05
 
 
 def gaussian_like(weights: np.ndarray, grid: Grid) -> bool:
@@ -174,7 +180,13 @@ def gaussian_like(weights: np.ndarray, grid: Grid) -> bool:
             return False
         if abs(float(marginal @ (x - mean) ** 4) / var**2 - 3.0) > SURROGATE_KURTOSIS:
             return False
-    return True
+    # marginals can look Gaussian while the law is not (a mixture clustering into one bump)
+    _, mean_w, cov_w = moments(weights, grid)
+    if not np.all(np.linalg.eigvalsh(cov_w) > 0):
+        return False
+    surrogate = gaussian(grid, mean_w, cov_w)
+    distance = 0.5 * float(np.abs(weights / total - surrogate / surrogate.sum()).sum())
+    return distance <= SURROGATE_DISTANCE
 
 
 def held_window(held: np.ndarray) -> tuple[slice, ...] | None:
@@ -186,3 +198,86 @@ def held_window(held: np.ndarray) -> tuple[slice, ...] | None:
         rows = np.flatnonzero(held.any(axis=tuple(b for b in range(held.ndim) if b != axis)))
         window.append(slice(int(rows[0]), int(rows[-1]) + 1))
     return tuple(window)
+
+
+def boundary_band(weights: np.ndarray, grid: Grid) -> np.ndarray:
+    """The trusted weights (at least :data:`~tpde.schemes.frame.ACTIVE_FLOOR` of the largest,
+    those the sums keep) in the outermost cells of :func:`active_box` on each side that
+    :func:`open_faces` leaves open (where the weights go on below the floor, or the grid
+    ends), zero elsewhere: the last cells before what the sums leave out."""
+    trusted = np.where(weights >= ACTIVE_FLOOR * weights.max(), weights, 0.0)
+    lower, upper = open_faces(weights, grid)
+    band = np.zeros(weights.shape, bool)
+    for a in range(grid.ndim):
+        rows = np.flatnonzero(
+            np.any(trusted > 0, axis=tuple(b for b in range(grid.ndim) if b != a))
+        )
+        for side, row in ((lower[a], rows[0]), (upper[a], rows[-1])):
+            if np.isfinite(side):
+                index = [slice(None)] * grid.ndim
+                index[a] = slice(int(row), int(row) + 1)
+                band[tuple(index)] = True
+    return np.where(band, trusted, 0.0)
+
+
+#: the log tables of :func:`measured_cut`: the largest change of ``c.y`` between neighbouring
+#: nodes (a cut needs log M to a few per cent, not the velocity tables' 1e-12)
+CUT_RESOLUTION = 2.0
+#: a point is held (:data:`~tpde.schemes.frame.HELD_CUT`) while at most this share of its
+#: tilted law lies in the band: the velocity then moves by about that share of the box, while
+#: the frame's fit it would otherwise keep is off by the whole residual for data that are not
+#: Gaussian (measured: with 1e-12 the held region of a clustering mixture frays its own tails
+#: and the run stops within t = 0.12). The measured cut is the share times HELD_CUT / this
+MEASURED_HELD = 1e-8
+
+
+def measured_cut(
+    weights: np.ndarray,
+    grid: Grid,
+    lattices: Sequence[Sequence[np.ndarray]],
+    matrix: np.ndarray,
+    shift: np.ndarray | None = None,
+    where: Sequence[np.ndarray] | None = None,
+    direct: bool = False,
+) -> list[np.ndarray]:
+    """The cut measured from the weights themselves, for laws the Gaussian surrogate of
+    :func:`cut_lattices` does not describe: at every point of each lattice, the share of the
+    tilted law ``e^{c.y} w(y)``, ``c = matrix (x + shift)``, that lies in the
+    :func:`boundary_band` (the outermost trusted cells), ``M_band(c) / M(c)``, both
+    log-partition sums over the trusted weights on the same cells (dense sums with
+    ``direct``, else one separable log table each, interpolated pointwise). A tilted law that
+    reaches the band depends on what lies beyond it; one that does not is complete. Shapes
+    and ``where`` as :func:`cut_lattices` (points outside ``where`` report 1)."""
+    trusted = np.where(weights >= ACTIVE_FLOOR * weights.max(), weights, 0.0)
+    band = boundary_band(weights, grid)
+    shapes = [tuple(len(x) for x in coords) for coords in lattices]
+    masks = [
+        np.ones(shape, bool) if where is None else np.asarray(where[i], bool)
+        for i, shape in enumerate(shapes)
+    ]
+    out = [np.where(mask, 0.0, 1.0) for mask in masks]
+    if not band.any() or not any(mask.any() for mask in masks):
+        return out
+    offset = np.zeros(grid.ndim) if shift is None else np.asarray(shift, float)
+    points = []
+    for coords, mask in zip(lattices, masks, strict=True):
+        shifted = [np.asarray(x) + s for x, s in zip(coords, offset, strict=True)]
+        mesh = np.meshgrid(*shifted, indexing="ij")
+        points.append(np.stack([m[mask] for m in mesh], axis=1))
+    tilts = np.concatenate(points) @ np.asarray(matrix, float).T
+    if direct:
+        log_all = DirectSums(trusted, grid, fields="log").log_partition(tilts)
+        log_band = DirectSums(band, grid, fields="log").log_partition(tilts)
+    else:
+        bounds = np.stack([tilts.min(axis=0), tilts.max(axis=0)], axis=1)
+        low, high = support_box(trusted, grid)
+        nodes = table_nodes(bounds, high - low, None, CUT_RESOLUTION, 2 * ORDER)
+        log_all = SeparableSums(trusted, grid, bounds, nodes, "log").log_partition(tilts)
+        log_band = SeparableSums(band, grid, bounds, nodes, "log").log_partition(tilts)
+    share = np.exp(np.minimum(log_band - log_all, 0.0)) * (HELD_CUT / MEASURED_HELD)
+    start = 0
+    for cut, mask in zip(out, masks, strict=True):
+        count = int(mask.sum())
+        cut[mask] = share[start : start + count]
+        start += count
+    return out
