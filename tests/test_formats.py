@@ -62,6 +62,15 @@ GRIDS = {
     "masked": Grid([-6.1, -3.3], [5.7, 4.9], [16, 12], "outflow"),
 }
 POSITIONS = Positions(3, 0.1)
+#: runs written another way than GRIDS' (masked in 1-D and 3-D, in the co-moving frame,
+#: resumed): the ParaView default and the checker are asked of them too
+MORE = {
+    "masked1": GRIDS["run1"],
+    "masked3": GRIDS["run3"],
+    "frame": GRIDS["run2"],
+    "resumed": GRIDS["run2"],
+    "resumed_old": GRIDS["run2"],
+}
 TIMES = (0.0, 0.25, 0.5)
 #: what the checker says of time's units = "1" (the one CF rule tpde does not follow)
 TIME_UNITS = (
@@ -79,6 +88,32 @@ def _snapshots(grid: Grid, positions: Positions | None = None) -> list[SimpleNam
             rho = positions.product(rho, grid)
         out.append(SimpleNamespace(time=t, density=rho, outflow=0.0, max_speed=1.0, dt=0.1))
     return out
+
+
+def _write_run(path: Path, kind: str, grid: Grid) -> Path:
+    """A run file of ``kind`` (GRIDS or MORE). ``frame``: every snapshot in a co-moving
+    frame of its own; ``resumed``: interrupted after two snapshots and resumed;
+    ``resumed_old``: the same, written without the cell measure (files of 0.x before it):
+    the resume adds it."""
+    from tpde.schemes.frame import AffineFrame
+
+    positions = POSITIONS if kind.startswith("masked") else None
+    snaps = _snapshots(grid, positions)
+    if kind == "frame":
+        for i, snap in enumerate(snaps):
+            snap.frame = AffineFrame([0.1 * i, -0.2 * i], [[1.0 + 0.3 * i, 0.2 * i], [0.0, 0.9]])
+    with pytest.MonkeyPatch.context() as patch:
+        if kind == "resumed_old":
+            patch.setattr(io, "_define_cell_measure", lambda *args, **kwargs: None)
+        writer = io.SnapshotWriter(path, grid, config_text="x", positions=positions)
+        for snap in snaps[: 2 if kind.startswith("resumed") else None]:
+            writer.write(snap)
+    if kind.startswith("resumed"):
+        writer.close("interrupted", TIMES[1])
+        writer = io.SnapshotWriter.resume(path)
+        writer.write(snaps[2])
+    writer.close("completed", TIMES[-1])
+    return path
 
 
 def _summary(folder: Path) -> Path:
@@ -115,15 +150,8 @@ def _summary(folder: Path) -> Path:
 def files(tmp_path_factory) -> dict[str, Path]:
     """One file of every kind tpde writes."""
     folder = tmp_path_factory.mktemp("formats")
-    out = {}
-    for kind, grid in GRIDS.items():
-        positions = POSITIONS if kind == "masked" else None
-        path = folder / f"{kind}.nc"
-        writer = io.SnapshotWriter(path, grid, config_text="x", positions=positions)
-        for snap in _snapshots(grid, positions):
-            writer.write(snap)
-        writer.close("completed", TIMES[-1])
-        out[kind] = path
+    out = {kind: _write_run(folder / f"{kind}.nc", kind, grid) for kind, grid in GRIDS.items()}
+    out.update({kind: _write_run(folder / f"{kind}.nc", kind, g) for kind, g in MORE.items()})
     config = build(CONFIG)
     out["gaussian"] = write_reference(gaussian_reference(config), folder / "gaussian.nc")
     out["particles"] = write_reference(particle_reference(config, 60), folder / "particles.nc")
@@ -149,35 +177,94 @@ def _field(path: Path) -> tuple[str, tuple[str, ...], dict[str, np.ndarray]]:
 
 
 # ---- ParaView's CF reader -------------------------------------------------------------------
-@pytest.mark.parametrize("kind", KINDS)
-def test_paraview_cf_reader_sees_time_extents_and_x_along_x(files, kind):
-    """The user guide's ParaView recipe: NetCDF CF reader, spherical coordinates off,
-    Dimensions = the field's (e.g. "(y, x)")."""
-    path = files[kind]
-    name, dims, coords = _field(path)
+def _paraview(
+    path: Path, dims: tuple[str, ...] | None, off: tuple[str, ...] = ()
+) -> tuple[tuple[float, ...], object]:
+    """The time steps and the loaded image of ParaView's CF reader (spherical coordinates
+    off) with Dimensions ``dims`` chosen, or none chosen (``None``: ParaView's default),
+    and the variables ``off`` unticked."""
     vtk.vtkObject.GlobalWarningDisplayOff()
     reader = vtk.vtkNetCDFCFReader()
     reader.SetFileName(str(path))
     reader.SphericalCoordinatesOff()
+    reader.UpdateMetaData()
+    for name in off:
+        reader.SetVariableArrayStatus(name, 0)
     reader.UpdateInformation()
-    choices = reader.GetAllDimensions()
-    listed = [choices.GetValue(i) for i in range(choices.GetNumberOfValues())]
-    wanted = "(" + ", ".join(dims) + ")"
-    assert wanted in listed, (wanted, listed)
-    reader.SetDimensions(wanted)
-    reader.UpdateInformation()
+    if dims is not None:
+        choices = reader.GetAllDimensions()
+        listed = [choices.GetValue(i) for i in range(choices.GetNumberOfValues())]
+        wanted = "(" + ", ".join(dims) + ")"
+        assert wanted in listed, (wanted, listed)
+        reader.SetDimensions(wanted)
+        reader.UpdateInformation()
     info = reader.GetOutputInformation(0)
     key = vtk.vtkStreamingDemandDrivenPipeline.TIME_STEPS()
     steps = info.Get(key) if info.Has(key) else ()
-    np.testing.assert_allclose(steps or [], coords["time"])
     reader.Update()
-    image = reader.GetOutput()
+    return tuple(steps or ()), reader.GetOutput()
+
+
+def _assert_loaded(steps, image, name, dims, coords) -> None:
+    """``name`` loaded on ``dims`` (stored order), x along VTK's x, the file's time steps."""
+    np.testing.assert_allclose(steps, coords["time"])
     assert image.GetPointData().GetArray(name) is not None
     extent = list(reversed([coords[d].size for d in dims])) + [1] * (3 - len(dims))
     assert list(image.GetDimensions()) == extent  # x first: VTK's x axis
     x = coords[dims[-1]]
     bounds = image.GetBounds()
     assert bounds[0] == pytest.approx(x.min()) and bounds[1] == pytest.approx(x.max())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_paraview_cf_reader_sees_time_extents_and_x_along_x(files, kind):
+    """NetCDF CF reader, spherical coordinates off, Dimensions = the field's (e.g. "(y,
+    x)"): what a ParaView user picks for the other fields of a run, and for the
+    references and a sweep summary."""
+    name, dims, coords = _field(files[kind])
+    _assert_loaded(*_paraview(files[kind], dims), name, dims, coords)
+
+
+#: every kind of file with a density whose dimensions ParaView's CF reader can load
+DENSITY_KINDS = [
+    *("run1", "run2", "run3", "masked", "masked1", "frame", "resumed", "resumed_old"),
+    *("gaussian", "particles", "particles_masked"),
+]
+
+
+@pytest.mark.parametrize("kind", DENSITY_KINDS)
+def test_paraview_default_dimensions_load_the_density(files, kind):
+    """The user guide's ParaView recipe: open with the CF reader, untick spherical
+    coordinates, Apply. With no Dimensions chosen the reader loads those of the first
+    variable by name, which is the cell measure (``cell_length(x)``, ``cell_area(y, x)``,
+    ``cell_volume(z, y, x)``; ``(s, ...)`` with positions), on the density's dimensions;
+    it held h_x h_y.. (the frame's xi cells in the co-moving frame: the comment says so)."""
+    path = files[kind]
+    name, dims, coords = _field(path)
+    steps, image = _paraview(path, None)
+    _assert_loaded(steps, image, name, dims, coords)
+    with xr.open_dataset(path) as ds:
+        grid = io.grid_from_dataset(ds)
+        measure = io.CELL_MEASURES[grid.ndim]
+        assert sorted(str(n) for n in ds.data_vars)[0] == measure
+    with netCDF4.Dataset(path) as nc:
+        assert nc[measure].dimensions == dims
+        area = np.asarray(nc[measure][:])
+        assert ("frame_jacobian" in nc[measure].comment) == (kind == "frame")
+        rho = np.asarray(nc["density"][-1])
+    np.testing.assert_array_equal(area, np.full(area.shape, grid.cell_volume))
+    assert float(np.sum(rho * area)) == pytest.approx(rho.sum() * grid.cell_volume)
+
+
+def test_paraview_default_of_a_3d_masked_run_is_the_grid(files):
+    """A 3-D masked density ``(time, s, z, y, x)`` has four dimensions besides time, which
+    the reader loads under no choice (it fails on them, ticked, whatever the Dimensions):
+    with ``density`` unticked the default is ``cell_volume(z, y, x)``, the grid, rather
+    than the moments' ``(dim, dim2)``."""
+    _, _, coords = _field(files["masked3"])
+    steps, image = _paraview(files["masked3"], None, off=("density",))
+    _assert_loaded(steps, image, "cell_volume", ("z", "y", "x"), coords)
+    assert image.GetPointData().GetArray("density") is None
 
 
 # ---- the CF checker -------------------------------------------------------------------------
@@ -199,11 +286,15 @@ def _check(checker, path: Path) -> tuple[str, list[str], list[str]]:
     return f"{report['scored_points']}/{report['possible_points']}", high, medium
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + list(MORE))
 def test_cf_checker_finds_nothing_but_time_units(files, checker, kind):
     score, high, medium = _check(checker, files[kind])
     print(f"\n{kind}: cf:1.10 {score}, {len(high)} high, {len(medium)} medium")
     assert sorted(high) == sorted(TIME_UNITS if kind != "summary" else ()), high
+    # the cell measure's only finding is the density's: in 3-D, (z, y, x) "not in the
+    # order T, Z, Y, X", since x and y have no axis (CF tools read X/Y as lon/lat)
+    measure = [m for m in medium if m.startswith("cell_")]
+    assert all("not in the recommended order" in m and "z (Z)" in m for m in measure), measure
 
 
 def _retimed(source: Path, target: Path, units: str, drop: tuple[str, ...] = ()) -> Path:

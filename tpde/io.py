@@ -7,7 +7,10 @@ File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
     dimensions : time (unlimited, N), [z,] [y,] x (grid.cells), dim = dim2 = d, nv = 2
     coordinates: time(time), x(x) [y(y), z(z)] cell centres, x_bounds(x, nv) cell edges, ...,
                  dim(dim), dim2(dim2) integer codes 0 .. d-1 (flag_meanings "x y z")
-    variables  : density(time, [z,] [y,] x)   float64, zlib level 4, chunks of one snapshot
+    variables  : cell_length(x) | cell_area(y, x) | cell_volume(z, y, x)  the cells' measure
+                 h_x [h_y [h_z]] (static, written at creation; named to sort first, so
+                 ParaView's CF reader opens the density's dimensions by default)
+                 density(time, [z,] [y,] x)   float64, zlib level 4, chunks of one snapshot
                  and spatial tiles of about SPATIAL_CHUNK_VALUES values (spatial_chunks)
                  mass(time), mean_position(time, dim), covariance(time, dim, dim2)
                  (tpde.grid.moments), outflow(time) (cumulative mass that left the box),
@@ -41,6 +44,8 @@ Masked (causal) attention adds the position coordinate s (``positions=`` a
     coordinates: s(s) positions 0, 1/slices, .., 1 (slice 0 is the attention sink at s = 0;
                  slice k stands for the positions in ((k-1)/slices, k/slices])
     variables  : position_weight(s)  nu-mass of each slice (Positions.weights, sums to 1)
+                 cell_length(s, x) | cell_area(s, y, x)  the cell measure, the same for every
+                 slice (3-D: cell_volume(z, y, x); ParaView's reader loads at most three)
                  density(time, s, [z,] [y,] x)  slice k: cell averages of the joint density
                  mass, mean_position, covariance  of the x-marginal (density summed over s)
                  slice_mass(time, s), slice_mean(time, s, dim),
@@ -98,6 +103,7 @@ except ImportError:  # not POSIX: treat every failed open as a lock and retry
     fcntl = None  # type: ignore[assignment]  # (every use checks for None first)
 
 __all__ = [
+    "CELL_MEASURES",
     "CONVENTIONS",
     "COUNTERS",
     "MEAN",
@@ -112,6 +118,7 @@ __all__ = [
     "OutputError",
     "SnapshotLike",
     "SnapshotWriter",
+    "cell_measure",
     "check_zarr_output",
     "complete_records",
     "coordinates",
@@ -179,6 +186,19 @@ _LONG_NAMES = {
 }
 #: the physical coordinate of every cell centre in the co-moving frame, per axis
 PHYSICAL = "physical_"
+#: the static measure of the density's cells, by the grid's dimension (:func:`_define_cell_measure`)
+CELL_MEASURES = {1: "cell_length", 2: "cell_area", 3: "cell_volume"}
+_CELL_MEASURE_COMMENT = (
+    "h_x{} of the grid: mass = sum(density * {}). Not a CF cell_measures variable (CF asks "
+    "m2 or m3 of those; token coordinates are dimensionless). Named to sort first: "
+    "ParaView's CF reader opens the first variable's dimensions by default"
+)
+_CELL_MEASURE_SLICES = ", the density's. The same for every position slice s"
+_CELL_MEASURE_4D = ". (The density's (s, z, y, x) are four: that reader does not load them)"
+_CELL_MEASURE_FRAME = (
+    ". Cells of the co-moving frame's coordinates xi (the grid), in which the density is "
+    "stored: a cell's physical measure is this times frame_jacobian (|det L|, per time)"
+)
 
 
 #: ``(density, t) -> {name: float or tpde.energies.Energy}``, evaluated at every snapshot
@@ -618,6 +638,68 @@ def coordinates(grid: Grid, positions: Positions | None = None) -> xr.Dataset:
     return xr.Dataset(variables, coords=coords)
 
 
+def _cell_measure_dims(grid: Grid, positions: Positions | None) -> tuple[str, ...]:
+    """The stored dimensions of the cell measure: the density's after ``time`` (``(s, y,
+    x)`` with positions) when they are at most three, the ones ParaView's CF reader loads;
+    else (3-D with positions, which that reader cannot load) the grid's ``(z, y, x)``."""
+    dims = file_order(_density_dims(grid, positions))
+    return dims if len(dims) <= 3 else file_order(grid.axis_names)
+
+
+def _define_cell_measure(
+    nc: netCDF4.Dataset, grid: Grid, positions: Positions | None, frame: bool = False
+) -> None:
+    """``cell_length(x)``, ``cell_area(y, x)`` or ``cell_volume(z, y, x)`` (``(s, ...)``
+    with positions, :func:`_cell_measure_dims`): the measure of the density's cells, the
+    grid's h_x h_y .., written once when the file is created. Its name sorts before every
+    other data variable, so ParaView's CF reader, which loads the dimensions of the
+    alphabetically first variable when none are chosen, opens the density's. ``frame``:
+    the file holds a co-moving frame (the comment says which cells these are)."""
+    name, measure = cell_measure(grid, positions, frame)
+    dims = _cell_measure_dims(grid, positions)
+    values = measure.transpose(*dims)
+    var = nc.createVariable(
+        name,
+        "f8",
+        dims,
+        chunksizes=spatial_chunks(values.shape, grid.ndim)[1:],
+        zlib=True,
+        complevel=4,
+    )
+    var.setncatts(values.attrs)
+    var[:] = values.values
+
+
+def cell_measure(
+    grid: Grid, positions: Positions | None = None, frame: bool = False
+) -> tuple[str, xr.Variable]:
+    """The name and the variable (tpde's axis order) of the cells' measure every file with
+    a density carries (:func:`_define_cell_measure`; the references add it to their
+    Datasets): ``cell_length``, ``cell_area`` or ``cell_volume``, h_x [h_y [h_z]]."""
+    d = grid.ndim
+    dims = xyz_order(_cell_measure_dims(grid, positions))
+    sizes = {"s": 0 if positions is None else positions.count}
+    sizes.update(zip(grid.axis_names, grid.cells, strict=True))
+    unit = str(getattr(grid, "axis_attributes", {}).get("units", "1"))  # the circle's radian
+    attributes = {
+        "long_name": f"{CELL_MEASURES[d].split('_')[1]} of each grid cell",
+        "units": "1" if unit == "1" else unit + (str(d) if d > 1 else ""),
+        "comment": _cell_measure_comment(grid, positions, frame),
+    }
+    values = np.full([sizes[n] for n in dims], grid.cell_volume)
+    return CELL_MEASURES[d], xr.Variable(dims, values, attributes)
+
+
+def _cell_measure_comment(grid: Grid, positions: Positions | None, frame: bool) -> str:
+    d = grid.ndim
+    text = _CELL_MEASURE_COMMENT.format(" h_y h_z"[: 4 * (d - 1)], CELL_MEASURES[d])
+    if positions is None:
+        text += ", the density's"
+    else:
+        text += _CELL_MEASURE_SLICES if d < 3 else _CELL_MEASURE_4D
+    return text + (_CELL_MEASURE_FRAME if frame else "")
+
+
 def _define_positions(nc: netCDF4.Dataset, positions: Positions) -> None:
     """The ``s`` dimension, its coordinate ``s(s)`` and ``position_weight(s)``."""
     nc.createDimension("s", positions.count)
@@ -789,6 +871,7 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
         _define_axes(nc, grid)
         if positions is not None:
             _define_positions(nc, positions)
+        _define_cell_measure(nc, grid, positions)
         _define_records(nc, grid, positions)
 
 
@@ -1138,6 +1221,11 @@ class SnapshotWriter:
                         "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
                     }
                 )
+                # a file of this layout from before the cell measure gets it (once)
+                current = stored == file_order(_density_dims(grid, positions))
+                if current and CELL_MEASURES[grid.ndim] not in nc.variables:
+                    frame = "frame_mean" in nc.variables
+                    _define_cell_measure(nc, grid, positions, frame)
         except BaseException:
             lock.release()
             raise
@@ -1282,6 +1370,9 @@ class SnapshotWriter:
                     }
                 )
             nc["density"].setncattr("coordinates", " ".join(names))
+            if CELL_MEASURES[d] in nc.variables:  # the frame's cells, not the physical ones
+                comment = _cell_measure_comment(grid, self.positions, True)
+                nc[CELL_MEASURES[d]].setncattr("comment", comment)
         nc["frame_mean"][i, :] = frame.mean
         nc["frame_matrix"][i, :, :] = frame.matrix
         nc["frame_jacobian"][i] = frame.jacobian
@@ -1427,8 +1518,9 @@ def read(
 
     Returns an ``xarray.Dataset`` with ``density (time, x[, y[, z]])``, ``mass (time)``,
     ``mean_position (time, dim)``, ``covariance (time, dim, dim2)``, ``outflow``,
-    ``max_speed``, ``dt (time)``, coordinates ``time``, ``x``.., ``dim``, ``dim2`` and bounds
-    ``x_bounds (x, nv)``..; a trailing incomplete record is dropped. ``order = "xyz"`` (the
+    ``max_speed``, ``dt (time)``, the cell measure (``cell_area (x, y)``.., :data:`CELL_MEASURES`;
+    files written before it have none), coordinates ``time``, ``x``.., ``dim``, ``dim2`` and
+    bounds ``x_bounds (x, nv)``..; a trailing incomplete record is dropped. ``order = "xyz"`` (the
     default) gives every variable its spatial dimensions in x, y, z order, as tpde's arrays
     (``density.values[i]`` is indexed ``[x, y, z]``, like the solver's densities; plot with
     ``.plot(x="x")``); ``order = "file"`` keeps the stored CF order (``(time, [z,] [y,] x)``,

@@ -74,6 +74,8 @@ def _reference_dataset(
         ),
     )
     ds = ds.assign_coords(time=("time", times, dict(io.TIME_ATTRIBUTES)))
+    name, measure = io.cell_measure(grid, positions)  # ParaView's default: the density's
+    ds[name] = measure
     ds.attrs = io.global_attributes(grid, config.text, title, "", positions)
     return ds
 
