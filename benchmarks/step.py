@@ -2,6 +2,7 @@
 """Full Transformer-PDE step: time per step, steps per second, and the FFT floor.
 
     .venv/bin/python benchmarks/step.py [--n 256] [--steps 20] [--profile]
+    .venv/bin/python benchmarks/step.py --dim 3 --n 128 --steps 8 --threads 1 --memory
 
 One SSP-RK3 step with WENO5-Z fluxes, the positivity limiter and the attention velocity
 recomputed at every stage (the default scheme, face velocities interpolated along the faces),
@@ -9,10 +10,17 @@ recomputed at every stage (the default scheme, face velocities interpolated alon
 Sinkhorn eps = 1) and the l2 head of benchmarks/velocity.py (``sinkhorn_over_softmax_*``:
 the Sinkhorn step over the softmax step, per thread count). Each case is timed at 1 and 2
 threads in the same run (median over ``--steps`` steps after two warm-up steps), split into
-the velocity (kernel sums, all stages) and the rest (fluxes, limiter, stage combinations). The
-steps run in rounds of BLOCK, each followed by BLOCK evaluations of the FFT floor at the same
-thread count; ``step_over_fft_floor`` is the median over rounds of the two medians' ratio (a
-shared machine's load drifts by 1.5x within a minute; a round sees one load).
+the velocity (kernel sums, all stages) and the rest (fluxes, limiter, stage combinations).
+``--dim 3``: the softmax case alone on [-7, 7]^3 with the seeded random 3 x 3 head of
+benchmarks/velocity.py and a correlated Gaussian. ``--threads``: the thread counts to run
+(default 1,2). ``--memory``: each row also holds the peak memory of the solver's
+construction and its two warm-up steps, per cell, as benchmarks/scaling.py measures it
+(``traced_doubles_per_cell``: tracemalloc's peak over n^d * 8 bytes;
+``rss_doubles_per_cell``: the growth of the peak resident memory); the timed steps run
+untraced. The steps run in rounds of BLOCK, each followed by BLOCK evaluations of the FFT
+floor at the same thread count; ``step_over_fft_floor`` is the median over rounds of the
+two medians' ratio (a shared machine's load drifts by 1.5x within a minute; a round sees
+one load).
 
 The FFT floor of a step: the padded real transforms an FFT-convolution evaluation of the
 same velocities needs, timed as planned pyfftw transforms (FFTW_MEASURE) at the same thread
@@ -35,8 +43,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -60,11 +70,15 @@ L2_HEAD = L2Head([[0.8, -0.3], [0.5, 0.6]], [[0.4, 0.7], [-0.6, 0.2]], V1)
 #: the hand-over between numba's and FFTW's thread pools)
 BLOCK = 4
 SYMMETRIC_A = 0.3 * np.array([[1.0, 0.3], [0.3, 0.8]])  # the FFT engine's case
+_RNG = np.random.default_rng(1)  # the 3-D head of benchmarks/velocity.py
+HEAD3 = Head(_RNG.normal(0, 0.5, (3, 3)), _RNG.normal(0, 0.7, (3, 3)))
+MEAN3 = [0.5, -0.3, 0.2]
+COV3 = [[1.0, 0.4, 0.1], [0.4, 0.6, -0.1], [0.1, -0.1, 0.8]]
 
 
-def make_field(case: str):
+def make_field(case: str, ndim: int = 2):
     if case == "softmax":
-        return SoftmaxAttention(Head(A1, V1))
+        return SoftmaxAttention(Head(A1, V1) if ndim == 2 else HEAD3)
     if case == "softmax-fft":
         return SoftmaxAttention(Head(SYMMETRIC_A, V1), engine="fft")
     if case == "l2":
@@ -72,19 +86,41 @@ def make_field(case: str):
     return SinkhornAttention(SinkhornHead(A1, V1, eps=1.0))
 
 
-def time_steps(case: str, n: int, steps: int, threads: int, phases: bool = False) -> dict:
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kB
+
+
+def time_steps(
+    case: str,
+    n: int,
+    steps: int,
+    threads: int,
+    phases: bool = False,
+    ndim: int = 2,
+    memory: bool = False,
+) -> dict:
     """Median step time of ``case``; for the kernel-sum cases rounds of BLOCK steps alternate
     with BLOCK evaluations of the FFT floor (same thread count), and the ratio is the median
     over rounds of step median / floor median: both sides of a round see the same load on a
     shared machine."""
-    grid = Grid([-7.0, -7.0], [7.0, 7.0], [n, n])
-    rho = gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]])
-    field = make_field(case)
+    grid = Grid([-7.0] * ndim, [7.0] * ndim, [n] * ndim)
+    if ndim == 2:
+        rho = gaussian(grid, [0.5, -0.3], [[1.0, 0.4], [0.4, 0.6]])
+    else:
+        rho = gaussian(grid, MEAN3, COV3)
+    field = make_field(case, ndim)
+    rss_before = peak_rss_bytes()
+    if memory:
+        tracemalloc.start()
     solver = Solver(Problem(grid, rho, field, t_end=1e9, scheme=Scheme()))
     velocity = solver.face_velocity(solver.density, 0.0)
     dt = 0.4 * solver.stable_dt(velocity)
+    del velocity
     for _ in range(2):  # compile, warm the Sinkhorn potentials
         solver.step(dt, solver.face_velocity(solver.density, solver.t))
+    traced = tracemalloc.get_traced_memory()[1] if memory else 0
+    tracemalloc.stop()
+    rss = max(peak_rss_bytes() - rss_before, 0)  # (before the FFT floor's arrays)
     lattices = 1 if not solver.interpolate_faces else grid.ndim
     floor = None if case == "sinkhorn" else FFTFloor(n, grid.ndim, lattices, threads)
     totals, velocities, floors, ratios = [], [], [], []
@@ -116,11 +152,15 @@ def time_steps(case: str, n: int, steps: int, threads: int, phases: bool = False
         "rest_s": step_s - velocity_s,
         "lattices_per_stage": lattices,
     }
+    if memory:
+        row["traced_doubles_per_cell"] = traced / (8 * grid.size)
+        row["rss_doubles_per_cell"] = rss / (8 * grid.size)
     if phases:
         row["phase_s"] = {name: r["self_s"] / len(totals) for name, r in summed.items()}
         table = profile.table(summed, float(np.sum(totals)))
         print(
-            f"# {case} {n}^2, {threads} thread(s), {len(totals)} steps:\n{table}", file=sys.stderr
+            f"# {case} {n}^{ndim}, {threads} thread(s), {len(totals)} steps:\n{table}",
+            file=sys.stderr,
         )
     if floor is not None:
         row["fft_floor_s"] = float(np.median(floors))
@@ -128,8 +168,11 @@ def time_steps(case: str, n: int, steps: int, threads: int, phases: bool = False
     if case == "sinkhorn":
         row["iterations_per_stage"] = float(np.mean(field.iterations[-3 * steps :]))
     elif case != "softmax-fft":
-        lattices, _ = field.lattice_points(grid, [np.zeros(2)])
-        matrix = np.asarray(A1) if case == "softmax" else 2.0 * L2_HEAD.K.T @ L2_HEAD.Q
+        lattices, _ = field.lattice_points(grid, [np.zeros(ndim)])
+        if case == "l2":
+            matrix = 2.0 * L2_HEAD.K.T @ L2_HEAD.Q
+        else:
+            matrix = np.asarray(A1) if ndim == 2 else HEAD3.A
         weights = rho if case == "softmax" else reweighted_density(rho, grid, L2_HEAD)
         field.sums(weights, grid, lattices, matrix, sheared=True)
         table = []
@@ -178,19 +221,29 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="per-phase seconds per step (phase_s)"
     )
+    parser.add_argument("--dim", type=int, choices=(2, 3), default=2)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument(
+        "--memory", action="store_true", help="peak doubles per cell of the warm-up steps"
+    )
     args = parser.parse_args()
+    if args.dim == 3 and args.cases != "softmax":
+        if "--cases" in sys.argv:
+            parser.error("--dim 3 runs the softmax case only")
+        args.cases = "softmax"
     start = time.perf_counter()
     rows = []
-    for threads in (1, 2):
+    for threads in [int(t) for t in args.threads.split(",")]:
         used = tpde.set_num_threads(threads)
         for case in args.cases.split(","):
             steps = args.steps
-            row = time_steps(case, args.n, steps, used, args.profile)
+            row = time_steps(case, args.n, steps, used, args.profile, args.dim, args.memory)
             row["threads"] = used
             row["loadavg"] = loadavg()
             rows.append(row)
             print(
-                f"# {case} {args.n}^2, {used} thread(s): {row['step_s'] * 1e3:.1f} ms/step "
+                f"# {case} {args.n}^{args.dim}, {used} thread(s): "
+                f"{row['step_s'] * 1e3:.1f} ms/step "
                 f"({row['steps_per_s']:.1f} steps/s; velocity {row['velocity_s'] * 1e3:.1f} "
                 f"ms)"
                 + (
@@ -215,6 +268,7 @@ def main() -> int:
         "step",
         start,
         n=args.n,
+        dim=args.dim,
         scheme="WENO5-Z, SSP-RK3, positivity limiter",
         **ratios,
         rows=rows,

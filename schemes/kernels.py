@@ -593,14 +593,17 @@ def interpolate_points(values, first, weights, out):
                 target[j] = acc
             continue
         for j in range(n):
+            # stencil point outermost, the contiguous inner axis innermost (vectorised; the
+            # sum runs over k in the same order as the line case)
             target = out[g, o, j]
             wj = w[j]
             fj = f[j]
-            for i in range(n_in):
-                acc = 0.0
-                for k in range(POINT_ORDER):
-                    acc += wj[k] * values[o, fj + k, i]
-                target[i] = acc
+            target[:] = 0.0
+            for k in range(POINT_ORDER):
+                wk = wj[k]
+                row = values[o, fj + k]
+                for i in range(n_in):
+                    target[i] += wk * row[i]
 
 
 @nb.njit(parallel=PARALLEL, **JIT)

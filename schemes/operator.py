@@ -56,6 +56,11 @@ GAUSS3_NODES = np.array([-0.5 * np.sqrt(0.6), 0.0, 0.5 * np.sqrt(0.6)])  # in ce
 GAUSS3_WEIGHTS = np.array([5.0, 8.0, 5.0]) / 18.0
 FACE_QUADRATURES = ("auto", "midpoint", "gauss")
 FACE_VELOCITIES = ("auto", "exact", "interpolated")
+#: faces per block of the Gauss-node work (the transverse interpolations of the face states
+#: and velocities): a lattice of more faces is processed in blocks of whole planes normal to
+#: its axis, so the work arrays hold one block (3-D 128^3: 17 blocks per axis) instead of
+#: 2 x 9 + 9 face lattices
+BLOCK_FACES = 1 << 17
 
 
 def check_face_quadrature(name: object) -> str:
@@ -116,7 +121,11 @@ def face_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
 class FaceVelocity:
     """Normal velocity on the faces of every axis.
 
-    ``values[a]``: (q, *face_shape(a)) at the q quadrature nodes of the faces normal to a;
+    ``values[a]``: (q, *face_shape(a)) at the q quadrature nodes of the faces normal to a,
+    or, when ``centres`` is set, (face_shape(a)) the normal component at the face centres
+    only: the Gauss-node values are interpolated from it along the faces block by block
+    where they are used (:meth:`FluxOperator.node_values`; lattices of more than one block
+    of faces, i.e. 3-D, where the node values would hold 27 doubles per cell);
     ``positive[a]`` / ``negative[a]``: (face_shape(a)) quadrature means of u^+ >= 0 / u^- <= 0;
     ``frame_rates``: in the co-moving frame, the frame's rates fitted with these velocities.
     """
@@ -125,6 +134,7 @@ class FaceVelocity:
     positive: list[np.ndarray]
     negative: list[np.ndarray]
     frame_rates: FrameRates | None = None
+    centres: bool = False
 
     def max_speed(self) -> float:
         return float(
@@ -216,22 +226,29 @@ class FluxOperator:
         (Gauss nodes in use, >= POINT_ORDER cells along every axis)."""
         return self.uses_gauss(face_constant) and all(p is not None for p in self._points)
 
-    def transverse_velocity(self, centre: np.ndarray, axis: int) -> np.ndarray:
+    def transverse_velocity(
+        self, centre: np.ndarray, axis: int, work: list[np.ndarray] | None = None
+    ) -> np.ndarray:
         """The normal velocity at the Gauss nodes of the faces from its face-centre values.
 
-        centre: face_shape(axis) -> (3 ** (d - 1), *face_shape(axis)), node order as
-        :meth:`face_nodes`: a POINT_ORDER-point Lagrange interpolation along each transverse
-        axis in turn (error O(h^8) for a smooth velocity, below the fifth-order flux error;
-        one-sided stencils at the ends, which need no values outside the box).
+        centre: face_shape(axis) (or a block of its planes normal to ``axis``) ->
+        (3 ** (d - 1), *centre.shape), node order as :meth:`face_nodes`: a
+        POINT_ORDER-point Lagrange interpolation along each transverse axis in turn (error
+        O(h^8) for a smooth velocity, below the fifth-order flux error; one-sided stencils
+        at the ends, which need no values outside the box). ``work``: arrays (3, ...),
+        (9, ...) to write the successive levels into (allocated if None).
         """
         arrays = np.ascontiguousarray(centre, dtype=np.float64)[None]
+        level = 0
         for b in range(self.grid.ndim):
             if b == axis:
                 continue
             points = self._points[b]
             assert points is not None, "transverse_velocity needs can_interpolate()"
             first, weights = points
-            out = np.empty((3 * arrays.shape[0],) + arrays.shape[1:])
+            shape = (3 * arrays.shape[0],) + arrays.shape[1:]
+            out = np.empty(shape) if work is None else work[level]
+            level += 1
             for g in range(arrays.shape[0]):
                 source = self._axis(arrays[g], b)
                 out[3 * g + 1] = arrays[g]
@@ -257,16 +274,7 @@ class FluxOperator:
                     f"velocity on faces of axis {a}: expected shape "
                     f"{(len(w),) + self.face_shapes[a]}, got {v.shape}"
                 )
-            n = self.grid.cells[a]
-            sl_first: list[slice | int] = [slice(None)] * v.ndim
-            sl_last: list[slice | int] = [slice(None)] * v.ndim
-            sl_first[a + 1 + self.lead] = 0
-            sl_last[a + 1 + self.lead] = n
-            if self.periodic[a]:
-                v[tuple(sl_last)] = v[tuple(sl_first)]
-            elif self.grid.boundary[a] == "noflux":
-                v[tuple(sl_first)] = 0.0
-                v[tuple(sl_last)] = 0.0
+            self._boundary_faces(v, a, 1)
             vals.append(v)
             pos.append(np.empty(self.face_shapes[a]))
             neg.append(np.empty(self.face_shapes[a]))
@@ -278,6 +286,123 @@ class FluxOperator:
             ):
                 raise FloatingPointError(f"velocity: non-finite value on the faces of axis {a}")
         return FaceVelocity(vals, pos, neg)
+
+    def centre_face_velocity(
+        self, centres: list[np.ndarray], weights: list[np.ndarray]
+    ) -> FaceVelocity:
+        """A :class:`FaceVelocity` from the normal components at the face centres
+        (face_shape(a) per axis; the list and its arrays are handed over), interpolated to
+        the Gauss nodes along the faces (:meth:`transverse_velocity`).
+
+        Lattices of one block each keep the node values (:meth:`face_velocity`); larger
+        ones keep the centres (``centres``): the nodes are interpolated block by block here
+        for the quadrature means u^+, u^- and again where the fluxes use them. The boundary
+        modes act on the centres, which gives the same node values (the interpolation runs
+        within planes of faces).
+        """
+        d = self.grid.ndim
+        if all(len(self._planes(a)) == 1 for a in range(d)):
+            values = []
+            centres.reverse()
+            for a in range(d):  # (memory: each face-centre array is dropped once used)
+                values.append(self.transverse_velocity(centres.pop(), a))
+            return self.face_velocity(values, weights, copy=False)
+        vals, pos, neg = [], [], []
+        for a, (v, w) in enumerate(zip(centres, weights, strict=True)):
+            v = np.ascontiguousarray(v, dtype=np.float64)
+            if v.shape != self.face_shapes[a]:
+                raise ValueError(
+                    f"velocity on face centres of axis {a}: expected shape "
+                    f"{self.face_shapes[a]}, got {v.shape}"
+                )
+            self._boundary_faces(v, a, 0)
+            vals.append(v)
+            pos.append(np.empty(self.face_shapes[a]))
+            neg.append(np.empty(self.face_shapes[a]))
+            for planes in self._planes(a):
+                nodes = self._nodes(v, True, a, planes)
+                q = nodes.shape[0]
+                up = self._block_work("positive", nodes.shape[1:])
+                down = self._block_work("negative", nodes.shape[1:])
+                if not kernels.split_node_means(
+                    nodes.reshape(q, -1), np.asarray(w, float), up.reshape(-1), down.reshape(-1)
+                ):
+                    raise FloatingPointError(f"velocity: non-finite value on the faces of axis {a}")
+                index = (slice(None),) * (a + self.lead) + (planes,)
+                pos[-1][index] = up
+                neg[-1][index] = down
+        return FaceVelocity(vals, pos, neg, centres=True)
+
+    def _boundary_faces(self, v: np.ndarray, a: int, nodes: int) -> None:
+        """Periodic faces n and 0 made identical, no-flux boundary faces zero, in place
+        (``v``: ``nodes`` leading axes of quadrature nodes, then face_shape(a))."""
+        n = self.grid.cells[a]
+        sl_first: list[slice | int] = [slice(None)] * v.ndim
+        sl_last: list[slice | int] = [slice(None)] * v.ndim
+        sl_first[a + nodes + self.lead] = 0
+        sl_last[a + nodes + self.lead] = n
+        if self.periodic[a]:
+            v[tuple(sl_last)] = v[tuple(sl_first)]
+        elif self.grid.boundary[a] == "noflux":
+            v[tuple(sl_first)] = 0.0
+            v[tuple(sl_last)] = 0.0
+
+    def node_values(
+        self, velocity: FaceVelocity, axis: int, planes: slice | None = None
+    ) -> np.ndarray:
+        """(q, *block) the velocity at the Gauss nodes of the faces normal to ``axis`` (the
+        planes ``planes`` of them; all if None, as a new array): the stored node values, or
+        interpolated from the face centres."""
+        if planes is None:
+            values = velocity.values[axis]
+            if velocity.centres:
+                return self.transverse_velocity(values, axis)
+            return values
+        return self._nodes(velocity.values[axis], velocity.centres, axis, planes)
+
+    def _nodes(self, values: np.ndarray, centres: bool, a: int, planes: slice) -> np.ndarray:
+        """Gauss-node velocities of a block of face planes (work arrays, reused)."""
+        if not centres:
+            return self._block("nodes", values, a, planes, 1)
+        centre = self._block("centre", values, a, planes)
+        levels = [3 ** (k + 1) for k in range(self.grid.ndim - 1)]
+        work = [self._block_work(f"u{q}", (q,) + centre.shape) for q in levels]
+        return self.transverse_velocity(centre, a, work)
+
+    # ---- blocks of face planes ---------------------------------------------------------------
+    def _planes(self, a: int) -> list[slice]:
+        """The face planes normal to axis ``a`` in blocks of about BLOCK_FACES faces or
+        fewer (whole planes; one block when the lattice fits)."""
+        shape = self.face_shapes[a]
+        m = shape[a + self.lead]
+        blocks = -(-math.prod(shape) // BLOCK_FACES)
+        size = -(-m // blocks)
+        return [slice(p, min(m, p + size)) for p in range(0, m, size)]
+
+    def _block(self, name: str, arr: np.ndarray, a: int, planes: slice, nodes: int = 0):
+        """The planes ``planes`` (normal to axis ``a``) of a face array with ``nodes`` leading
+        axes as a C-contiguous array: the array itself when the block is all of it, else a
+        copy in the work buffer ``name``."""
+        axis = nodes + a + self.lead
+        if planes.start == 0 and planes.stop == arr.shape[axis]:
+            return arr
+        part = arr[(slice(None),) * axis + (planes,)]
+        out = self._block_work(name, part.shape)
+        out[...] = part
+        return out
+
+    def _block_work(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A work array of ``shape`` (leading node axes, then a block of face planes) on a
+        buffer sized for the largest block of any axis."""
+        key = "block:" + name
+        if key not in self._flat:
+            largest = max(
+                max(p.stop - p.start for p in self._planes(a)) * (math.prod(f) // f[a + self.lead])
+                for a, f in enumerate(self.face_shapes)
+            )
+            lead = math.prod(shape[: len(shape) - len(self.shape)])
+            self._flat[key] = np.empty(lead * largest)
+        return self._flat[key][: math.prod(shape)].reshape(shape)
 
     def outflow_rate(self, velocity: FaceVelocity) -> float:
         """max_c sum_a (u+_{c+1/2} - u-_{c-1/2}) / h_a; forward Euler is >= 0 for dt <= 1/rate."""
@@ -326,7 +451,7 @@ class FluxOperator:
             flux3 = self._axis(self.fluxes[a], a)
             lo_zero = self.vacuum_outside[a]
             hi_zero = self.vacuum_outside[a]
-            if velocity.values[a].shape[0] == 1:
+            if not velocity.centres and velocity.values[a].shape[0] == 1:
                 kernels.upwind_face_flux(
                     rho3,
                     self.src[a],
@@ -350,21 +475,29 @@ class FluxOperator:
                 self._axis(left, a),
                 self._axis(right, a),
             )
-            left_g = self._transverse(
-                left, a, [self._work(f"left{q}", (q,) + shape) for q in levels]
-            )
-            right_g = self._transverse(
-                right, a, [self._work(f"right{q}", (q,) + shape) for q in levels]
-            )
-            u = velocity.values[a]
-            q = u.shape[0]
-            kernels.gauss_flux(
-                u.reshape(q, -1),
-                left_g.reshape(q, -1),
-                right_g.reshape(q, -1),
-                self._node_weights(a, q),
-                self.fluxes[a].reshape(-1),
-            )
+            q = levels[-1]
+            weights = self._node_weights(a, q)
+            for planes in self._planes(a):  # the transverse work one block of planes at a time
+                left_b = self._block("left", left, a, planes)
+                right_b = self._block("right", right, a, planes)
+                block = left_b.shape
+                left_g = self._transverse(
+                    left_b, a, [self._block_work(f"left{k}", (k,) + block) for k in levels]
+                )
+                right_g = self._transverse(
+                    right_b, a, [self._block_work(f"right{k}", (k,) + block) for k in levels]
+                )
+                u = self._nodes(velocity.values[a], velocity.centres, a, planes)
+                flux = self._block("flux", self.fluxes[a], a, planes)
+                kernels.gauss_flux(
+                    u.reshape(q, -1),
+                    left_g.reshape(q, -1),
+                    right_g.reshape(q, -1),
+                    weights,
+                    flux.reshape(-1),
+                )
+                if flux is not self.fluxes[a]:
+                    self.fluxes[a][(slice(None),) * (a + self.lead) + (planes,)] = flux
         return self.fluxes
 
     def _work(self, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -424,10 +424,7 @@ class Solver:
                 self.truncation = max(self.truncation, found)
             if frame is not None:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
-            values = []
-            normal.reverse()
-            for a in range(d):  # (memory: each face-centre array is dropped once used)
-                values.append(self.operator.transverse_velocity(normal.pop(), a))
+            values = list(normal)  # the operator interpolates them along the faces
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
             axes = [a for a, (node_offsets, _) in enumerate(self.nodes) for _ in node_offsets]
@@ -436,7 +433,10 @@ class Solver:
                 np.stack([next(lattices) for _ in node_offsets]) for node_offsets, _ in self.nodes
             ]
         try:
-            velocity = self.operator.face_velocity(values, weights, copy=False)
+            if self.interpolate_faces:
+                velocity = self.operator.centre_face_velocity(values, weights)
+            else:
+                velocity = self.operator.face_velocity(values, weights, copy=False)
         except FloatingPointError as exc:
             raise SimulationError(f"{exc} at t = {t:.6g}, step {self.steps}") from None
         if frame is not None:
