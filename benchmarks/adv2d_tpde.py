@@ -8,8 +8,11 @@
 
 tpde: FluxOperator with the chosen reconstruction (weno5 = WENO5-JS, the scheme SharpClaw
 uses; weno5z = WENO5-Z), upwind face fluxes, positivity limiter on, SSP-RK3 (Shu-Osher),
-fixed dt = prob.dt, prob.nsteps calls of Solver.step. The constant velocity is evaluated on the
-faces once (steady field, cached) outside the timing, as Solver.advance_to does.
+fixed dt = prob.dt, prob.nsteps calls of Solver.step. ``--always-limit``: the limiter on
+every stage with a negative value, as before round-off negatives were set to zero
+(tpde.schemes.operator.NEGLIGIBLE_NEGATIVE = 0; the row before/after that change). The
+constant velocity is evaluated on the faces once (steady field, cached) outside the timing,
+as Solver.advance_to does.
 
 The problem module (benchmarks/peers/adv2d.py) is imported before numpy / numba: it pins
 NUMBA_NUM_THREADS=1 unless the caller set it.
@@ -56,7 +59,16 @@ def main():
         action="store_true",
         help="switch tpde's positivity limiter off (SharpClaw has none)",
     )
+    p.add_argument(
+        "--always-limit",
+        action="store_true",
+        help="limit every stage with a negative value (no round-off clip)",
+    )
     args = p.parse_args()
+    if args.always_limit:
+        from tpde.schemes import operator
+
+        operator.NEGLIGIBLE_NEGATIVE = 0.0
     prob = Problem(args.n, args.tfinal, args.cfl, args.profile)
     q0 = prob.field(0.0, "avg")
 
@@ -88,12 +100,16 @@ def main():
     def run():  # ---- (3) exactly prob.nsteps steps of prob.dt
         dt, nsteps, step = prob.dt, prob.nsteps, solver.step
         limited0 = getattr(solver.operator, "limited_steps", None)  # absent in newer tpde
+        clipped0 = getattr(solver.operator, "clipped_steps", None)
         t0 = time.perf_counter()
         for _ in range(nsteps):
             step(dt, vel)
         el = time.perf_counter() - t0
         st["limited_stages"] = (
             None if limited0 is None else solver.operator.limited_steps - limited0
+        )
+        st["clipped_stages"] = (
+            None if clipped0 is None else solver.operator.clipped_steps - clipped0
         )
         assert solver.steps == nsteps, solver.steps
         assert abs(solver.t - prob.tfinal) < 1e-12, solver.t
@@ -117,6 +133,8 @@ def main():
         "reconstruction": args.reconstruction,
         "positivity": scheme.positivity,
         "limited_stages_last_run": st["limited_stages"],
+        "clipped_stages_last_run": st["clipped_stages"],
+        "always_limit": args.always_limit,
         "stages_last_run": 3 * prob.nsteps,
         "peers_dir": str(PEERS_DIR),
     }

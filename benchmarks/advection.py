@@ -16,7 +16,8 @@ Rows, each a fresh subprocess, interleaved so that machine noise hits all of the
     tpde WENO5-JS, 2 threads (NUMBA_NUM_THREADS = TPDE_NUM_THREADS = 2; a row that ran
                               with another numba thread count is reported as failed)
     extras (--extras, default weno5z): tpde WENO5-Z at 1 and 2 threads; "nolimit": tpde
-    WENO5-JS with the positivity limiter off.
+    WENO5-JS with the positivity limiter off; "limitall": tpde WENO5-JS with the limiter on
+    every stage that has a negative value (--always-limit: no clip of round-off negatives).
 Time budget (--budget seconds, default 170): every row is killed when it would overrun it (its
 figures are then null; only a failure of the tpde 1-thread row fails the benchmark), and an
 extra is skipped (null) when its weno5 twin's time says it would not fit.
@@ -136,7 +137,9 @@ def main() -> int:
     p.add_argument("--n", type=int, default=256, help="cells per direction (default 256)")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per row (median)")
     p.add_argument(
-        "--extras", default="weno5z", help="comma list of extra rows: weno5z, nolimit ('' for none)"
+        "--extras",
+        default="weno5z",
+        help="comma list of extra rows: weno5z, nolimit, limitall ('' for none)",
     )
     p.add_argument(
         "--budget",
@@ -155,8 +158,8 @@ def main() -> int:
     args = p.parse_args()
     extras = [e.strip() for e in args.extras.split(",") if e.strip()]
     for e in extras:
-        if e not in ("weno5z", "nolimit"):
-            p.error(f"--extras: unknown {e!r} (weno5z, nolimit)")
+        if e not in ("weno5z", "nolimit", "limitall"):
+            p.error(f"--extras: unknown {e!r} (weno5z, nolimit, limitall)")
 
     start = time.perf_counter()
     source0 = source_state()
@@ -206,6 +209,8 @@ def main() -> int:
         plan.append(tpde_row("tpde_weno5z_2threads", 2, ["--reconstruction", "weno5z"]))
     if "nolimit" in extras:
         plan.append(tpde_row("tpde_weno5_nolimit_1thread", 1, ["--no-positivity"]))
+    if "limitall" in extras:
+        plan.append(tpde_row("tpde_weno5_limitall_1thread", 1, ["--always-limit"]))
 
     log(
         f"advection benchmark: ADV2D N={args.n}, repeat={args.repeat}, {cpu_model()}, "
@@ -218,6 +223,7 @@ def main() -> int:
         elapsed = time.perf_counter() - start
         if i >= headline:
             similar = key.replace("weno5z", "weno5").replace("_nolimit", "")
+            similar = similar.replace("_limitall", "")
             estimate = rows.get(similar, {}).get("wall_s", 0.0)
             if elapsed + estimate > args.budget:
                 rows[key] = {"label": key, "error": "skipped: time budget"}
@@ -276,7 +282,7 @@ def main() -> int:
         m = fig(key, "mcups")
         out[f"ratio_{label}"] = m / sc_mcups if m and sc_mcups else None
     for key in row_keys:
-        if key.startswith("tpde_weno5z") or key.startswith("tpde_weno5_nolimit"):
+        if key.startswith(("tpde_weno5z", "tpde_weno5_nolimit", "tpde_weno5_limitall")):
             m = fig(key, "mcups")
             out[f"ratio_{key[5:]}"] = m / sc_mcups if m and sc_mcups else None
     out["l1_tpde"] = t1["l1"]
@@ -303,6 +309,7 @@ def main() -> int:
             "l1": r.get("l1"),
             "linf": r.get("linf"),
             "limited_stages_last_run": r.get("limited_stages_last_run"),
+            "clipped_stages_last_run": r.get("clipped_stages_last_run"),
             "loadavg": [r.get("loadavg_before"), r.get("loadavg_after")],
             "versions": r.get("versions"),
             "error": r.get("error"),
