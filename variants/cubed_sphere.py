@@ -1,15 +1,18 @@
 """Velocities on the cubed sphere (:mod:`tpde.schemes.cubed_sphere`): solid-body rotation and
-softmax attention with ``A = beta I``, ``V = I``.
+softmax attention with a general ``3 x 3`` pair ``A``, ``V`` (``A = beta I``, ``V = I`` the
+standard case).
 
-docs/theory.md, 'The cubed sphere'. The attention field is the tangential part of the tilted
-mean,
+docs/theory.md, 'The cubed sphere' and 'General attention on the sphere'. The attention field
+is the tangential part of the tilted mean,
 
-    v(x) = P_x Gamma(x),   Gamma(x) = int y e^{beta <x, y>} rho dA / int e^{beta <x, y>} rho dA,
+    v(x) = P_x Gamma(x),   Gamma(x) = V int y e^{<A x, y>} rho dA / int e^{<A x, y>} rho dA,
 
-(``P_x = I - x x^T``), computed by dense sums over the ``nodes x nodes`` Gauss nodes of every
-cell, with the density at the nodes from the fifth-order reconstruction
+(``P_x = I - x x^T``; ``normalised = False``: the unnormalised variant, without the
+denominator), computed by dense sums over the ``nodes x nodes`` Gauss nodes of every cell,
+with the density at the nodes from the fifth-order reconstruction
 (:func:`tpde.grid.cubed_sphere.point_values`; negatives set to zero) and the weights ``J w h^2``
-of the nodes. The kernel is scaled by ``e^{-beta}`` (every term ``<= 1``). Where the kernel
+of the nodes. Each target's kernel row is scaled by ``e^{-|A x|}`` (``<A x, y> <= |A x|`` on
+the sphere, so every term is ``<= 1``; ``e^{-beta}`` for ``A = beta I``). Where the kernel
 matrix between the lattice and the nodes fits in ``cache_entries`` numbers it is kept between
 calls (the lattice of the face nodes does not change), so a call is one matrix product.
 """
@@ -54,53 +57,101 @@ class SolidRotation:
         return lambda x: initial(rotate(x, self.axis, -self.omega * t))
 
 
+def _matrix3(key: str, value) -> np.ndarray:
+    m = np.asarray(value, float)
+    if m.shape != (3, 3) or not np.all(np.isfinite(m)):
+        raise ValueError(f"{key}: expected a finite 3 x 3 matrix, got {value!r:.80}")
+    return m
+
+
 class CubedSphereAttention:
-    """Softmax attention ``A = beta I``, ``V = I`` on the cubed sphere (module docstring)."""
+    """Softmax attention on the cubed sphere (module docstring): ``beta`` (``A = beta I``,
+    ``V = I``) or a general ``A`` and ``V``; ``normalised = False`` drops the denominator."""
 
     steady = False
 
-    def __init__(self, beta: float, nodes: int = 3, cache_entries: int = 12_000_000):
-        if not (math.isfinite(beta) and beta > 0):
-            raise ValueError(f"attention.beta: expected a finite number > 0, got {beta!r}")
-        self.beta = float(beta)
+    def __init__(
+        self,
+        beta: float | None = None,
+        nodes: int = 3,
+        cache_entries: int = 12_000_000,
+        *,
+        A=None,
+        V=None,
+        normalised: bool = True,
+    ):
+        if (beta is None) == (A is None):
+            raise ValueError("attention.beta: give beta (A = beta I) or a 3 x 3 A, not both")
+        if beta is not None:
+            if not (math.isfinite(beta) and beta > 0):
+                raise ValueError(f"attention.beta: expected a finite number > 0, got {beta!r}")
+            A = float(beta) * np.eye(3)
+        self.A = _matrix3("attention.A", A)
+        self.V = np.eye(3) if V is None else _matrix3("attention.V", V)
+        if float(np.linalg.norm(self.A, 2)) > 300.0:
+            raise ValueError("attention.A: |A| > 300 overflows the kernel e^{<A x, y>}")
+        scale = float(self.A[0, 0])
+        #: ``beta`` when ``A = beta I`` (the closed-form rates and energies), else None
+        self.beta = scale if np.array_equal(self.A, scale * np.eye(3)) and scale > 0 else None
+        self.identity_v = bool(np.array_equal(self.V, np.eye(3)))
+        self.normalised = bool(normalised)
         self.nodes = int(nodes)
         self.cache_entries = int(cache_entries)
-        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _kernel(self, points: np.ndarray, sources: np.ndarray) -> np.ndarray:
-        """``e^{beta (<x, y> - 1)}``, kept for the next call with the same points."""
+    def _exponent(self, points: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``<A x, y> - |A x|`` ``(M, S)`` and the shifts ``|A x|`` ``(M,)``."""
+        if self.beta is not None:  # the standard case, as e^{beta (<x, y> - 1)}
+            return self.beta * (points @ sources.T - 1.0), np.full(points.shape[0], self.beta)
+        tilts = points @ self.A.T
+        shift = np.linalg.norm(tilts, axis=1)
+        return tilts @ sources.T - shift[:, None], shift
+
+    def _kernel(self, points: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``e^{<A x, y> - |A x|}`` and the shifts, kept for the next call with the same
+        points."""
         if self._cache is not None:
-            cached_points, cached_sources, kernel = self._cache
+            cached_points, cached_sources, kernel, shift = self._cache
             if (
                 cached_points.shape == points.shape
                 and cached_sources.shape == sources.shape
                 and np.array_equal(cached_points, points)
                 and np.array_equal(cached_sources, sources)
             ):
-                return kernel
-        kernel = np.exp(self.beta * (points @ sources.T - 1.0))
-        self._cache = (points.copy(), sources.copy(), kernel)
-        return kernel
+                return kernel, shift
+        exponent, shift = self._exponent(points, sources)
+        kernel = np.exp(exponent, out=exponent)
+        self._cache = (points.copy(), sources.copy(), kernel, shift)
+        return kernel, shift
 
-    def sums(self, density, grid: CubedSphere, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``e^{-beta} Z(x)`` ``(M,)`` and ``e^{-beta} int y e^{beta <x, y>} rho dA`` ``(M, 3)``."""
+    def sums(
+        self, density, grid: CubedSphere, points: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``e^{-|A x|} Z(x)`` ``(M,)``, ``e^{-|A x|} int y e^{<A x, y>} rho dA`` ``(M, 3)`` and
+        the shifts ``|A x|`` ``(M,)``."""
         y, values, weights = point_values(grid, density, self.nodes)
         sources = y.reshape(-1, 3)
         mass = (np.maximum(values, 0.0) * weights).reshape(-1)
         columns = np.concatenate([mass[:, None], mass[:, None] * sources], axis=1)  # (S, 4)
         if points.shape[0] * sources.shape[0] <= self.cache_entries:
-            total = self._kernel(points, sources) @ columns
+            kernel, shift = self._kernel(points, sources)
+            total = kernel @ columns
         else:
             total = np.empty((points.shape[0], 4))
+            shift = np.empty(points.shape[0])
             block = max(1, self.cache_entries // (4 * sources.shape[0]))
             for start in range(0, points.shape[0], block):
-                part = points[start : start + block]
-                total[start : start + block] = (
-                    np.exp(self.beta * (part @ sources.T - 1.0)) @ columns
-                )
-        return total[:, 0], total[:, 1:]
+                rows = slice(start, start + block)
+                exponent, shift[rows] = self._exponent(points[rows], sources)
+                total[rows] = np.exp(exponent, out=exponent) @ columns
+        return total[:, 0], total[:, 1:], shift
 
     def tangent(self, density, grid: CubedSphere, t: float, points: np.ndarray) -> np.ndarray:
-        z, g = self.sums(density, grid, points)
-        gamma = g / z[:, None]
+        z, g, shift = self.sums(density, grid, points)
+        if self.normalised:
+            gamma = g / z[:, None]
+        else:
+            gamma = g * np.exp(shift)[:, None]
+        if not self.identity_v:
+            gamma = gamma @ self.V.T
         return gamma - np.sum(gamma * points, axis=1)[:, None] * points
