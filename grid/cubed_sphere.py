@@ -62,6 +62,7 @@ __all__ = [
     "mean",
     "mixture",
     "point_weights",
+    "second_moment",
     "von_mises_fisher",
     "zonal_projection",
 ]
@@ -345,6 +346,13 @@ def mean(grid: CubedSphere, density, nodes: int = 3) -> np.ndarray:
     """``int x rho dA`` (a 3-vector) from the reconstruction (fifth order)."""
     points, values, weights = point_values(grid, density, nodes)
     return np.sum(points * (values * weights)[..., None], axis=(0, 1, 2, 3, 4))
+
+
+def second_moment(grid: CubedSphere, density, nodes: int = 3) -> np.ndarray:
+    """``int x x^T rho dA`` (``3 x 3``) from the reconstruction (fifth order)."""
+    points, values, weights = point_values(grid, density, nodes)
+    flat = points.reshape(-1, 3)
+    return (flat * (values * weights).reshape(-1)[:, None]).T @ flat
 
 
 def legendre_moment(

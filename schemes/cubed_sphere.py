@@ -326,7 +326,7 @@ def solve(
     *,
     cfl: float = 0.5,
     dt_max: float | None = None,
-    snapshots: int | Sequence[float] = 2,
+    snapshots: int | Sequence[float] | np.ndarray = 2,
     reconstruction: str = "weno5z",
     integrator: str = "ssprk3",
     limiter: bool = True,
