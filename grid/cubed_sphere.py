@@ -54,13 +54,17 @@ __all__ = [
     "PANELS",
     "CubedSphere",
     "cell_averages",
+    "cell_geography",
+    "clusters",
     "cubed_sphere",
     "halo_matrix",
     "harmonic_mode",
+    "lat_lon",
     "legendre_moment",
     "mass",
     "mean",
     "mixture",
+    "noise",
     "point_weights",
     "second_moment",
     "von_mises_fisher",
@@ -466,3 +470,94 @@ def halo_matrix(n: int, nodes: int = 5):
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape
     )
     return matrix.tocsr()
+
+
+# ---- geography, noise, clusters ------------------------------------------------------------
+def lat_lon(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Latitude and longitude in degrees (``z`` north, longitude from ``x`` towards ``y``,
+    in ``[-180, 180]``) of points ``(..., 3)``."""
+    x = np.asarray(x, float)
+    lat = np.degrees(np.arctan2(x[..., 2], np.hypot(x[..., 0], x[..., 1])))
+    lon = np.degrees(np.arctan2(x[..., 1], x[..., 0]))
+    return lat, lon
+
+
+def cell_geography(grid: CubedSphere) -> dict[str, np.ndarray]:
+    """CF geography of the cells, arrays over ``(panel, j, i)`` (``i`` along ``a``, fastest):
+    centre latitude / longitude and the latitude / longitude of the 4 corners
+    (``(panel, j, i, 4)``, counter-clockwise seen from outside). Corner longitudes are
+    unwrapped to within 180 degrees of the centre's (a cell across the date line keeps
+    contiguous bounds); a corner at a pole takes the centre's longitude."""
+    e, c = grid.edges, grid.centres
+    panels = np.arange(6)[:, None, None]
+    centres = to_sphere(panels, c[None, None, :], c[None, :, None])  # a = c[i], b = c[j]
+    lat, lon = lat_lon(centres)
+    lo, hi = e[:-1], e[1:]
+    corners = []
+    for a_edge, b_edge in ((lo, lo), (hi, lo), (hi, hi), (lo, hi)):  # counter-clockwise
+        corners.append(to_sphere(panels, a_edge[None, None, :], b_edge[None, :, None]))
+    points = np.stack(corners, axis=-2)  # (6, n, n, 4, 3)
+    lat_b, lon_b = lat_lon(points)
+    pole = np.abs(lat_b) > 90.0 - 1e-9
+    lon_b = np.where(pole, lon[..., None], lon_b)
+    lon_b = lon[..., None] + (lon_b - lon[..., None] + 180.0) % 360.0 - 180.0
+    return {"lat": lat, "lon": lon, "lat_bounds": lat_b, "lon_bounds": lon_b}
+
+
+def noise(
+    grid: CubedSphere, amplitude: float, l_max: int = 8, seed: int = 0, mass: float = 1.0
+) -> np.ndarray:
+    """Cell averages of ``(mass / 4 pi)(1 + amplitude g / max|g|)``: ``g`` a random sum of zonal
+    harmonics ``P_l(<m, x>)`` of every degree ``l = 1 .. l_max`` (``2 l + 1`` of each, random
+    axes ``m`` and normal coefficients): smooth, mean zero (no mass), band-limited to
+    ``l_max``."""
+    from scipy.special import eval_legendre
+
+    if isinstance(l_max, bool) or int(l_max) != l_max or not 1 <= l_max <= 64:
+        raise ValueError(f"initial.l_max: expected an integer in 1 .. 64, got {l_max!r}")
+    if not (math.isfinite(amplitude) and 0 <= amplitude < 1):
+        raise ValueError(f"initial.amplitude: expected 0 <= amplitude < 1, got {amplitude!r}")
+    rng = np.random.default_rng(seed)
+    terms = []
+    for l in range(1, int(l_max) + 1):
+        for _ in range(2 * l + 1):
+            axis = rng.normal(size=3)
+            terms.append((l, axis / np.linalg.norm(axis), rng.normal()))
+
+    def shape(x):
+        return sum(w * eval_legendre(l, x @ m) for l, m, w in terms)
+
+    g = cell_averages(grid, shape, nodes=max(6, int(l_max) // 2 + 4))
+    g -= grid.integrate(g) / FOUR_PI  # the quadrature's residual mean (round-off)
+    return mass / FOUR_PI * (1.0 + amplitude * g / np.abs(g).max())
+
+
+def clusters(
+    grid: CubedSphere, density: np.ndarray, threshold: float = 2.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Clusters of a density: cells that are local maxima among the cells within ``1.5 h``
+    of their centre (their 8 neighbours, 7 at a panel corner) and above ``threshold`` times
+    the uniform density of the same mass; each with the mass of the cells nearer to it than
+    to any other maximum. Returns the maxima's centres ``(k, 3)`` and masses ``(k,)``, by
+    decreasing mass."""
+    from scipy.spatial import cKDTree
+
+    rho = np.asarray(density, float).ravel()
+    centres = grid.centres_3d().reshape(-1, 3)
+    tree = cKDTree(centres)
+    level = threshold * grid.integrate(density) / FOUR_PI
+    index = np.arange(rho.size)
+    peak = rho > level
+    for k in np.flatnonzero(peak):
+        near = np.asarray(tree.query_ball_point(centres[k], 1.5 * grid.h), int)
+        near = near[near != k]
+        # a plateau counts once: strictly above the neighbours before it, at least the rest
+        if np.any(rho[near] > rho[k]) or np.any(rho[near[near < k]] == rho[k]):
+            peak[k] = False
+    peaks = index[peak]
+    if peaks.size == 0:
+        return np.empty((0, 3)), np.empty(0)
+    _, nearest = cKDTree(centres[peaks]).query(centres)
+    masses = np.bincount(nearest, weights=rho * grid.areas.ravel(), minlength=peaks.size)
+    order = np.argsort(-masses)
+    return centres[peaks][order], masses[order]

@@ -61,7 +61,7 @@ def test_circle_config_builds_the_circle_problem():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (("grid", "geometry", "sphere"), "grid.geometry: unknown 'sphere'"),
+        (("grid", "geometry", "torus"), "grid.geometry: unknown 'torus'"),
         (("grid", "lower", [0.0]), "grid.lower: not a key of the circle"),
         (("initial", "kind", "gaussian"), "initial.kind: unknown 'gaussian'"),
         (("attention", "variant", "l2"), "attention.variant"),

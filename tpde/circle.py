@@ -50,7 +50,7 @@ from .config import (
 
 __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise"]
 
-GEOMETRIES = ("flat", "circle")
+GEOMETRIES = ("flat", "circle", "sphere")
 KEYS = {
     "grid": {"geometry", "cells", "copies", "positions", "sink_mass"},
     "initial": {"kind", "modes", "amplitude", "k_max", "seed", "mean", "kappa"}

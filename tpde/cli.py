@@ -348,11 +348,21 @@ def cmd_reference(args) -> int:
             output = base.with_name(f"{base.stem}_{args.command}.nc")
         if output.exists() and not args.overwrite:
             return _fail(f"run.output: {output} exists; pass --overwrite to replace it")
-        if args.command == "gaussian":
+        if getattr(config, "geometry", None) == "sphere":  # tpde.sphere: tokens on S^2
+            from tpde.sphere import particle_reference as sphere_particles
+            from tpde.sphere import write_dataset
+
+            if args.command == "gaussian":
+                return _fail("attention: the sphere has no Gaussian closure; use tpde particles")
+            ds = sphere_particles(config, args.tokens, args.seed)
+            write_dataset(ds, output)
+            path = output
+        elif args.command == "gaussian":
             ds = gaussian_reference(config)
+            path = write_reference(ds, output, overwrite=args.overwrite)
         else:
             ds = particle_reference(config, args.tokens, args.seed)
-        path = write_reference(ds, output, overwrite=args.overwrite)
+            path = write_reference(ds, output, overwrite=args.overwrite)
     except ConfigError as exc:
         return _fail(str(exc))
     print(f"{path}: {ds.sizes['time']} times, status {ds.attrs['status']}")
@@ -402,6 +412,13 @@ def _summary_file(path: Path) -> bool:
     return {"sweep", "parameters"} <= names
 
 
+def _sphere_file(path: Path) -> bool:
+    """Whether ``path`` is a sphere run or reference (tpde.sphere)."""
+    from tpde.sphere import is_sphere_file
+
+    return is_sphere_file(path)
+
+
 def _open(path: Path):
     from tpde.io import read
 
@@ -421,6 +438,11 @@ def cmd_info(args) -> int:
 
     if args.file.is_file() and _summary_file(args.file):
         return _info_summary(args.file)
+    if args.file.is_file() and _sphere_file(args.file):
+        from tpde.sphere import sphere_info
+
+        print("\n".join(sphere_info(args.file)))
+        return 0
     try:
         ds = _open(args.file)
         grid = grid_from_dataset(ds)
@@ -536,6 +558,16 @@ def cmd_plot(args) -> int:
 
         outdir.mkdir(parents=True, exist_ok=True)
         print(plot_phase(read_summary(args.file), outdir / "phase.png"))
+        return 0
+    if args.file.is_file() and _sphere_file(args.file):
+        from tpde.sphere_plots import plot_sphere
+
+        try:
+            paths = plot_sphere(args.file, outdir, times=args.times, title=args.title)
+        except ValueError as exc:
+            return _fail(str(exc).splitlines()[0])
+        for path in paths:
+            print(path)
         return 0
     try:
         ds = _open(args.file)

@@ -922,6 +922,10 @@ def build(source: str | Path | Mapping) -> Config:
     raw = resolve_paths(load(source), _folder(source))
     grid_table = raw.get("grid")
     geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, dict) else "flat"
+    if geometry == "sphere":  # the cubed sphere: tpde.sphere (its own run and file)
+        from .sphere import build_sphere
+
+        return build_sphere(raw)  # type: ignore[return-value]  # tpde.run dispatches on it
     if geometry != "flat":  # the circle: tpde.circle (docs/theory.md, 'The circle on the grid')
         from .circle import build_circle
 

@@ -168,6 +168,10 @@ def run_config(
     (:func:`tpde.io.netcdf_to_zarr`); an interrupted or failed run leaves that file. Not
     resumable (:func:`tpde.io.check_zarr_output` refuses ``resume`` in one line).
     """
+    if getattr(config, "geometry", None) == "sphere":  # tpde.sphere: its own solver and file
+        from .sphere import run_sphere
+
+        return run_sphere(config, output, overwrite, resume, quiet, history)  # type: ignore[arg-type]
     if io.is_zarr(output):
         staging = io.check_zarr_output(output, overwrite, resume)
         run_config(config, staging, overwrite=overwrite, quiet=quiet, history=history)
@@ -383,7 +387,17 @@ def simulate(
     config = source if isinstance(source, Config) else build(source)
     if output is not None:
         path = run_config(config, output, overwrite=overwrite, quiet=quiet)
-        return io.read(path)
+        return _read(path, config)
     with tempfile.TemporaryDirectory(prefix="tpde-") as tmp:
         path = run_config(config, Path(tmp) / "run.nc", quiet=quiet)
-        return io.read(path)
+        return _read(path, config)
+
+
+def _read(path: Path, config: Config):
+    """The output as a Dataset: :func:`tpde.io.read`, or the sphere's file as it is stored."""
+    if getattr(config, "geometry", None) == "sphere":
+        import xarray as xr
+
+        with xr.open_dataset(path) as ds:
+            return ds.load()
+    return io.read(path)
