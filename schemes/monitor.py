@@ -12,6 +12,11 @@ the covariance is blowing up, and when it collapses to a lower rank.
   ``P(t) = P(0) - v t (A + A^T)``); the predicted blow-up time is where ``P`` first becomes
   singular. A run that stops on truncation while the covariance has grown and a blow-up is
   predicted ends as ``blowup``, with the prediction in its message.
+* **Resolution** (an ``under_resolved`` event, the run goes on). The share of the mass the
+  fifth-order reconstruction misplaces per unit time (:func:`reconstruction_error_rate`, at
+  the start of every step) is integrated over the run; when it passes
+  ``resolution_tolerance`` the event records the time. No box measure sees this: a law that
+  thins (clustering) or a grid too coarse for its data loses accuracy while it stays inside.
 * **Collapse** (an event, the run goes on). When the ratio of the smallest to the largest
   covariance eigenvalue first falls below ``collapse_ratio``, the time and the rank (the
   eigenvalues above that fraction of the largest) are recorded; then again at each lower rank.
@@ -58,6 +63,59 @@ def edge_mass(
     return max(0.0, (total - float(inner.sum())) / total)
 
 
+#: linear upwind face values from cell averages, for the face between cells j and j + 1 from
+#: the upwind side: fifth order (cells j-2..j+2), seventh order (cells j-3..j+3)
+FIFTH = np.array([2.0, -13.0, 47.0, 27.0, -3.0]) / 60.0
+SEVENTH = np.array([-3.0, 25.0, -101.0, 319.0, 214.0, -38.0, 4.0]) / 420.0
+
+
+def _upwind_difference(padded: np.ndarray, faces: int) -> np.ndarray:
+    """(fifth - seventh)-order upwind face values from the left, for ``faces`` faces, of an
+    array padded with 4 cells on each side along axis 0 (face f lies between padded cells
+    f + 3 and f + 4)."""
+    fifth = sum(w * padded[1 + k : 1 + k + faces] for k, w in enumerate(FIFTH))
+    seventh = sum(w * padded[k : k + faces] for k, w in enumerate(SEVENTH))
+    return fifth - seventh
+
+
+def reconstruction_error_rate(
+    density: np.ndarray,
+    spacing: tuple[float, ...],
+    normal: list[np.ndarray],
+    periodic: tuple[bool, ...],
+) -> float:
+    """The share of the mass the reconstruction misplaces per unit time: the L1 norm of the
+    divergence of the flux error ``u_n (q5 - q7) |face|``, over the total mass, with q5, q7 the
+    fifth- and seventh-order linear upwind face values of the cell averages (their difference
+    is the leading error of a fifth-order reconstruction of smooth data; docs/theory.md,
+    'The resolution monitor').
+
+    density: grid.shape cell averages; spacing: cell widths; normal[a]: the normal velocity at
+    the face centres of axis a (cells + 1 along a, as the solver's face lattices); periodic:
+    per axis (wrapped), else the cells beyond the box count as empty."""
+    total = float(density.sum())
+    if not total > 0:
+        return 0.0
+    divergence = np.zeros(density.shape)
+    for a, u in enumerate(normal):
+        cells = np.moveaxis(density, a, 0)
+        n = cells.shape[0]
+        u_faces = np.moveaxis(u, a, 0)[: n + 1]
+        if periodic[a]:
+            padded = np.concatenate([cells[-4:], cells, cells[:4]])
+        else:
+            empty = np.zeros((4,) + cells.shape[1:])
+            padded = np.concatenate([empty, cells, empty])
+        faces = n + 1
+        from_left = _upwind_difference(padded, faces)
+        from_right = _upwind_difference(padded[::-1], faces)[::-1]
+        flux = u_faces * np.where(u_faces > 0, from_left, from_right) / spacing[a]
+        if periodic[a]:
+            flux[-1] = flux[0]  # (face n is face 0)
+        np.moveaxis(divergence, a, 0)[...] += flux[1:] - flux[:-1]
+    return float(np.abs(divergence).sum()) / total
+
+
 def predicted_blowup(times: list[float], covariances: list[np.ndarray]) -> float:
     """The time where the linear extrapolation of ``Sigma^-1`` through the last two
     covariances becomes singular (inf when it never does, or the data cannot tell)."""
@@ -96,6 +154,30 @@ class Monitor:
     warned: bool = False
     #: the largest truncation measure seen (indicator or edge mass)
     largest: float = 0.0
+    #: the reconstruction error a run may accumulate before an ``under_resolved`` event
+    resolution_tolerance: float = 1e-4
+    #: the accumulated estimate: the integral over time of :func:`reconstruction_error_rate`
+    #: (the share of the mass the reconstruction has misplaced), carried over resumes
+    reconstruction_error: float = 0.0
+    resolution_warned: bool = False
+
+    def add_reconstruction_error(self, amount: float, t: float) -> None:
+        """Add ``amount`` (rate times step) to the estimate at time t; record one
+        ``under_resolved`` event when it first exceeds the tolerance (the run goes on)."""
+        self.reconstruction_error += amount
+        if self.resolution_warned or not self.reconstruction_error > self.resolution_tolerance:
+            return
+        self.resolution_warned = True
+        self.events.append(
+            Event(
+                "under_resolved",
+                t,
+                f"the grid no longer resolves the dynamics at t = {t:.6g}: estimated "
+                f"reconstruction error {self.reconstruction_error:.2e} of the mass > "
+                f"run.resolution_tolerance = {self.resolution_tolerance:g} (refine the grid, "
+                'or follow the law with scheme.frame = "affine")',
+            )
+        )
 
     def record(self, t: float, covariance: np.ndarray) -> None:
         """Keep the physical covariance at time t (the last three) and record collapses."""

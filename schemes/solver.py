@@ -38,7 +38,7 @@ from .frame import (
     truncation_indicator,
     unheld_share,
 )
-from .monitor import BOX_ACTIONS, Event, Monitor
+from .monitor import BOX_ACTIONS, Event, Monitor, reconstruction_error_rate
 from .operator import (
     FACE_VELOCITIES,
     FaceVelocity,
@@ -194,6 +194,10 @@ class Problem:
     box_action : "stop" (default) | "warn" (record a ``box_limited`` event and go on).
     collapse_ratio : record a ``collapse`` event when the covariance's smallest/largest
         eigenvalue ratio falls below this (default 1e-4).
+    resolution_tolerance : record an ``under_resolved`` event when the estimated share of the
+        mass the reconstruction has misplaced since t = 0 exceeds this (default 1e-4;
+        :mod:`.monitor`). initial_reconstruction_error : that estimate at t_start (a resumed
+        run).
     """
 
     grid: Grid
@@ -211,6 +215,8 @@ class Problem:
     box_tolerance: float = 1e-4
     box_action: str = "stop"
     collapse_ratio: float = 1e-4
+    resolution_tolerance: float = 1e-4
+    initial_reconstruction_error: float = 0.0
 
     def __post_init__(self) -> None:
         leading = () if self.positions is None else (self.positions.count,)
@@ -226,6 +232,10 @@ class Problem:
             raise ValueError(f"run.max_outflow: must be > 0, got {self.max_outflow}")
         if not (math.isfinite(self.box_tolerance) and 0.0 < self.box_tolerance < 1.0):
             raise ValueError(f"run.box_tolerance: must be in (0, 1), got {self.box_tolerance!r}")
+        if not (math.isfinite(self.resolution_tolerance) and self.resolution_tolerance > 0):
+            raise ValueError(
+                f"run.resolution_tolerance: must be > 0, got {self.resolution_tolerance!r}"
+            )
         if self.box_action not in BOX_ACTIONS:
             raise ValueError(
                 f"run.box_action: unknown {self.box_action!r}; choose one of "
@@ -279,6 +289,8 @@ class Result:
     events: list[Event] = field(default_factory=list)
     #: the largest truncation measure the monitor saw (schemes.monitor; 0 if not measured)
     truncation: float = 0.0
+    #: the resolution monitor's estimate at the end (schemes.monitor; 0 if not measured)
+    reconstruction_error: float = 0.0
 
     @property
     def times(self) -> np.ndarray:
@@ -374,6 +386,10 @@ class Solver:
         # last check (variants.truncation; 0 where the field does not measure it)
         self.truncation = 0.0
         self.monitor = Monitor(problem.box_tolerance, problem.box_action, problem.collapse_ratio)
+        self.monitor.resolution_tolerance = problem.resolution_tolerance
+        self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
+        # the reconstruction error rate of the last measured evaluation (monitor)
+        self.reconstruction_rate = 0.0
         self.status_message = ""
         if self.frame is not None and not self.interpolate_faces:
             raise ValueError(
@@ -424,6 +440,13 @@ class Solver:
                 self.truncation = max(self.truncation, found)
             if frame is not None:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
+            if measure and self.problem.positions is None:
+                self.reconstruction_rate = reconstruction_error_rate(
+                    density,
+                    self.grid.spacing,
+                    normal,
+                    tuple(mode == "periodic" for mode in self.grid.boundary),
+                )
             values = list(normal)  # the operator interpolates them along the faces
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
@@ -601,6 +624,7 @@ class Solver:
                 dt = remaining
             handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
+            rate = self.reconstruction_rate  # of this step's start
             for _attempt in range(30):
                 try:
                     self.step(dt, handed.pop() if handed else None)
@@ -615,6 +639,7 @@ class Solver:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
             if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
+            self.monitor.add_reconstruction_error(rate * dt, self.t)
             if self.outflow > self.problem.max_outflow * self.mass0:
                 self.status_message = (
                     f"outflow {self.outflow:.3e} exceeds "
@@ -686,6 +711,7 @@ class Solver:
         finally:
             result.events = list(self.monitor.events)
             result.truncation = self.monitor.largest
+            result.reconstruction_error = self.monitor.reconstruction_error
             result.steps = self.steps
             result.rejected_steps = self.rejected
             result.limited_stages = self.operator.limited_steps

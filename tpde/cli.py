@@ -490,6 +490,11 @@ def cmd_info(args) -> int:
             "  largest truncation measure (box_tolerance compares with it): "
             + " ".join(str(ds.attrs["largest_truncation"]).split())[:40]
         )
+    if "reconstruction_error" in ds.attrs:
+        print(
+            "  estimated reconstruction error (resolution_tolerance compares with it): "
+            + " ".join(str(ds.attrs["reconstruction_error"]).split())[:40]
+        )
     for line in str(ds.attrs.get("events", "")).splitlines()[:50]:  # untrusted text
         print(f"  event: {' '.join(line.split())[:300]}")
     print("  " + _provenance(ds.attrs))

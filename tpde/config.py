@@ -121,6 +121,7 @@ SECTIONS = {
         "box_tolerance",
         "box_action",
         "collapse_ratio",
+        "resolution_tolerance",
     },
 }
 
@@ -897,6 +898,9 @@ def _run_settings(run: dict) -> dict:
         "box_tolerance": _number("run.box_tolerance", run.get("box_tolerance", 1e-4)),
         "box_action": _choice("run.box_action", run.get("box_action", "stop"), BOX_ACTIONS),
         "collapse_ratio": _number("run.collapse_ratio", run.get("collapse_ratio", 1e-4)),
+        "resolution_tolerance": _number(
+            "run.resolution_tolerance", run.get("resolution_tolerance", 1e-4)
+        ),
     }
     snapshots = run.get("snapshots", 41)
     if isinstance(snapshots, list):
@@ -979,6 +983,7 @@ def make_problem(
             box_tolerance=run["box_tolerance"],
             box_action=run["box_action"],
             collapse_ratio=run["collapse_ratio"],
+            resolution_tolerance=run["resolution_tolerance"],
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

@@ -988,8 +988,9 @@ def _energy_names(attrs: dict) -> tuple[str, ...] | None:
 #: provenance attributes that count a run's work: a resumed run adds its own
 COUNTERS = ("steps", "rejected_steps", "wall_time")
 #: run records kept as text (``events``: "kind t message" per line, tpde.schemes.monitor) or
-#: as the largest over resumed segments (``largest_truncation``)
-RUN_RECORDS = ("events", "largest_truncation")
+#: as the largest over resumed segments (``largest_truncation``; ``reconstruction_error``, the
+#: monitor's running estimate, which a resumed run continues from the file's value)
+RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
 
 
 def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -1000,7 +1001,7 @@ def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any
         before = nc.getncattr(name) if name in nc.ncattrs() else None
         if name == "events":  # one line per event, over every segment of a resumed run
             value = "\n".join(str(v) for v in (before, value) if v)
-        elif name == "largest_truncation" and before is not None:
+        elif name in ("largest_truncation", "reconstruction_error") and before is not None:
             value = max(float(before), float(value))
         if name in COUNTERS:
             before = before if before is not None else 0
@@ -1632,6 +1633,9 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             "time": float(nc["time"][last]),
             "density": np.array(density, dtype=np.float64),
             "outflow": float(nc["outflow"][last]),
+            # the resolution monitor's estimate when the last segment ended (at or after
+            # this snapshot: a resumed run continues from at least the true value)
+            "reconstruction_error": float(attrs.get("reconstruction_error", 0.0)),
             "mass": float(nc["mass"][last]),
             "snapshots": n,
             "times": np.array(nc["time"][:n], dtype=np.float64),

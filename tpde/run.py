@@ -200,6 +200,7 @@ def run_config(
                 t_start=state["time"],
                 snapshots=[state["time"]] + state["remaining"],
                 initial_outflow=state["outflow"],
+                initial_reconstruction_error=state["reconstruction_error"],
                 frame=(
                     problem.frame if state.get("frame") is None else AffineFrame(*state["frame"])
                 ),
@@ -276,6 +277,7 @@ def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:
         out.update(steps=solver.steps, rejected_steps=solver.rejected, threads=ensure_policy())
         monitor = solver.monitor  # what the box and the covariance did (schemes.monitor)
         out["largest_truncation"] = monitor.largest
+        out["reconstruction_error"] = monitor.reconstruction_error
         out["events"] = "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in monitor.events)
     return out
 
