@@ -35,8 +35,9 @@ from numpy.typing import ArrayLike
 from tpde.grid import Grid
 
 FRAMES = ("fixed", "affine")
-#: in the frame, a face whose velocity the box cuts by more than this (relative,
-#: VelocityField.cut) keeps the frame's affine fit (residual 0) and takes no part in it
+#: in the frame, a face whose velocity the box cuts by more than this (the Gaussian
+#: surrogate's cut, VelocityField.cut) keeps the frame's affine fit (residual 0) and takes no
+#: part in it; a field whose cut means something else says so in VelocityField.held_cut
 HELD_CUT = 1e-12
 #: in the frame the residual is zero on faces whose density is below this fraction of the
 #: largest: there WENO's smoothness indicators fall under WENO_EPS, its weights lose their

@@ -30,7 +30,6 @@ from tpde.grid.threads import ensure_policy
 from . import kernels
 from .frame import (
     FRAMES,
-    HELD_CUT,
     AffineFrame,
     affine_fit,
     embedded_error,
@@ -435,7 +434,7 @@ class Solver:
                 if frame is not None:
                     # the frame keeps faces it does not hold on its affine fit: their mass
                     # is what that extrapolation moves, and counts as truncated
-                    held = [c <= HELD_CUT for c in cut]
+                    held = [c <= field.held_cut for c in cut]
                     found = max(found, unheld_share(faces, held))
                 self.truncation = max(self.truncation, found)
             if frame is not None:

@@ -18,6 +18,8 @@ from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 
+from .frame import HELD_CUT
+
 
 class VelocityField:
     """Base class. Subclasses implement :meth:`at`.
@@ -46,6 +48,12 @@ class VelocityField:
     #: it depends on (tilted-mean variants: :mod:`tpde.variants.truncation`); None where the
     #: field does not measure it
     cut: list[np.ndarray] | None = None
+    #: with ``cut``: the largest cut at which a point's velocity still counts as held (in the
+    #: co-moving frame the others keep the affine fit, :mod:`tpde.schemes.frame`). The field
+    #: sets it with each ``cut``, since its meaning is the cut's: a mean shift in standard
+    #: deviations for the Gaussian surrogate (``HELD_CUT``), the share of a tilted law in the
+    #: cells the box does not hold for the measured cut (:mod:`tpde.variants.truncation`)
+    held_cut: float = HELD_CUT
     #: set by the solver before an evaluation in a fixed box: whether to measure ``cut``
     #: (once per step is enough for the truncation indicator; the frame needs it always)
     measure_cut: bool = True

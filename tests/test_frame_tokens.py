@@ -19,11 +19,13 @@ import numpy as np
 import ot
 import pytest
 
-from tpde.grid import Grid, gaussian_mixture
-from tpde.schemes.frame import AffineFrame, mixture_frame
+from tpde.grid import Grid, gaussian_mixture, uniform_ball
+from tpde.schemes.frame import AffineFrame, face_density, mixture_frame
+from tpde.schemes.monitor import edge_mass
 from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.validation.particles import TokenSystem, simulate
 from tpde.variants import ATTENTION, Head
+from tpde.variants.truncation import gaussian_like, measured_cut
 
 WEIGHTS = [0.3, 0.7]
 MEANS = [np.array([2.0, -1.2]), np.array([-0.8, 0.6])]
@@ -162,6 +164,101 @@ def compare(cells: int, n: int, seeds, times, dt: float, radius: float = 16.0) -
         print(" ".join(f"{v:11.4g}" for v in row))
     assert framed.status == "completed", framed.status_message
     return rows
+
+
+#: a mixture that the Gaussian surrogate turns away (tpde.variants.truncation.gaussian_like)
+#: and a tilt large enough that a tight box cuts its tilted laws while holding its mass
+CUT_WEIGHTS = [0.3, 0.7]
+CUT_MEANS = [[1.0, -0.6], [-0.4, 0.3]]
+CUT_COVS = [[[0.12, 0.02], [0.02, 0.08]], [[0.25, -0.07], [-0.07, 0.3]]]
+CUT_A = np.array([[1.5, 0.4], [-0.3, 1.2]])
+
+
+def reference_share(weights: np.ndarray, grid: Grid, points: np.ndarray, matrix) -> np.ndarray:
+    """Independent reference of the measured cut: by plain sums over every cell, the share of
+    the tilted law e^{c.y} w(y), c = matrix x, on the cells the box does not hold (below 1e-40
+    of the largest weight, or in the grid's outermost cells)."""
+    w = np.maximum(weights, 0.0)
+    out = w < 1e-40 * w.max()
+    out[0, :] = out[-1, :] = out[:, 0] = out[:, -1] = True
+    y = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
+    logits = points @ np.asarray(matrix).T @ y.T
+    tilted = np.exp(logits - logits.max(axis=1, keepdims=True)) * w.reshape(-1)
+    return tilted[:, out.reshape(-1)].sum(axis=1) / tilted.sum(axis=1)
+
+
+def face_points(grid: Grid, axis: int) -> tuple[list[np.ndarray], np.ndarray]:
+    lattice = grid.lattice(np.where(np.arange(2) == axis, 0.5, 0.0))
+    mesh = np.meshgrid(*lattice, indexing="ij")
+    return lattice, np.stack([m.reshape(-1) for m in mesh], axis=1)
+
+
+@pytest.mark.parametrize("radius", [3.0, 5.0])
+def test_measured_cut_is_the_share_the_box_does_not_hold(radius):
+    """The measured cut is the true share of each tilted law outside what the box holds (no
+    rescaling: the truncation indicator compares it with run.box_tolerance as it is), against
+    plain sums over every cell: dense sums to round-off, the separable log tables within 1e-2
+    (their log accuracy, 7e-4, is what a cut needs)."""
+    grid = Grid([-radius] * 2, [radius] * 2, [32, 32])
+    weights = gaussian_mixture(grid, CUT_WEIGHTS, CUT_MEANS, CUT_COVS)
+    assert not gaussian_like(weights, grid)
+    rows = []
+    for axis in range(2):
+        lattice, points = face_points(grid, axis)
+        exact = reference_share(weights, grid, points, CUT_A)
+        for direct in (True, False):
+            cut = measured_cut(weights, grid, [lattice], CUT_A, direct=direct)[0].reshape(-1)
+            error = float(np.max(np.abs(cut / exact - 1.0)))
+            rows.append((axis, direct, float(exact.max()), float(np.median(exact)), error))
+            assert error <= (1e-12 if direct else 1e-2)
+    print(f"\nmeasured cut, mixture on +-{radius}, 32^2: axis, dense, max, median, rel. error")
+    for row in rows:
+        print(f"{row[0]:5d} {row[1]!s:>6} {row[2]:11.3e} {row[3]:11.3e} {row[4]:11.2e}")
+
+
+def test_a_compactly_supported_law_reports_no_cut():
+    """A uniform disc well inside its box (the data of tpde validate's 2-D grid-vs-tokens
+    case, under this file's clustering head): its
+    tilted laws stay in the disc. After two steps the scheme has smeared the edge into values
+    hundreds of decades below the trusted floor, and the cut is 0 to within 1e-30 (the share of
+    the outermost trusted cells, the disc's own edge, was 0.6 and stopped that case)."""
+    # a step of the scheme smears the disc's edge into values far below the trusted floor
+    disc = Grid([-5.0] * 2, [5.0] * 2, [40, 40])
+    run = Solver(
+        Problem(disc, uniform_ball(disc, [0.3, -0.2], 2.0), ATTENTION["softmax"](HEAD), 0.05)
+    ).run()
+    lattice, _ = face_points(disc, 0)
+    cut = measured_cut(run.final, disc, [lattice], CUT_A, direct=True)[0]
+    print(f"uniform disc after {run.steps} steps: largest cut {cut.max():.2e}")
+    assert cut.max() <= 1e-30
+
+
+def test_a_box_that_cuts_the_tilted_laws_stops_the_run():
+    """A fixed box (+-2.5, 32^2) that holds the mixture's mass (edge mass below
+    run.box_tolerance) but cuts its tilted laws stops box_limited on the cut; the indicator it
+    reports is at least the face-mass-weighted true share at t = 0 (the first stage's
+    evaluation), from plain sums. The same data on +-5 stay quiet."""
+    rows = []
+    for radius in (2.5, 5.0):
+        grid = Grid([-radius] * 2, [radius] * 2, [32, 32])
+        density = gaussian_mixture(grid, CUT_WEIGHTS, CUT_MEANS, CUT_COVS)
+        head = Head(CUT_A, -np.eye(2))
+        result = Solver(Problem(grid, density, ATTENTION["softmax"](head), 0.2)).run()
+        start = 0.0
+        for axis in range(2):
+            _, points = face_points(grid, axis)
+            faces = face_density(density, axis).reshape(-1)
+            share = reference_share(density, grid, points, CUT_A)
+            start = max(start, float(faces @ share / faces.sum()))
+        rows.append((radius, edge_mass(density), start, result.truncation, result.status))
+        print(f"\n+-{radius}: {result.status} at t = {result.status_time:.4g}")
+    print("  box   edge mass   share t=0   indicator   status")
+    for row in rows:
+        print(f"{row[0]:5.1f} {row[1]:11.2e} {row[2]:11.2e} {row[3]:11.2e}   {row[4]}")
+    tight, wide = rows
+    assert tight[1] < 1e-4 < tight[2]
+    assert tight[4] == "box_limited" and tight[3] >= 0.99 * tight[2]
+    assert wide[4] == "completed" and wide[3] < 1e-4
 
 
 def test_frame_follows_a_clustering_mixture_within_token_noise():

@@ -20,12 +20,13 @@ import numpy as np
 
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
+from tpde.schemes.frame import HELD_CUT
 
 from .engines.cache import Recent
 from .engines.direct import support_box
 from .parameters import L2Head, ParamSpec, as_param_spec, head_at
 from .softmax import TiltedMeanField, with_constant
-from .truncation import cut_lattices, gaussian_like, measured_cut
+from .truncation import MEASURED_HELD, cut_lattices, gaussian_like, measured_cut
 
 
 def key_weight(grid: Grid, K: np.ndarray) -> np.ndarray:
@@ -79,9 +80,12 @@ class L2Attention(TiltedMeanField):
 
     def _measured(self, weights, grid: Grid, lattices, coupling, shift=None) -> list[np.ndarray]:
         """The cut (:mod:`.truncation`) of the reweighted density's tilted laws: the
-        Gaussian surrogate's for Gaussian-like weights, else the measured one."""
+        Gaussian surrogate's for Gaussian-like weights, else the measured one (with the held
+        threshold of that cut in ``self.held_cut``)."""
         if gaussian_like(weights, grid):
+            self.held_cut = HELD_CUT
             return cut_lattices(weights, grid, lattices, coupling, shift)
+        self.held_cut = MEASURED_HELD
         direct = self.engine_for(grid) == "direct"
         return measured_cut(weights, grid, lattices, coupling, shift, direct=direct)
 

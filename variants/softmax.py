@@ -53,7 +53,7 @@ from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
 from .parameters import Head, ParamSpec, as_param_spec, params_at
-from .truncation import cut_lattices, gaussian_like, held_window, measured_cut
+from .truncation import MEASURED_HELD, cut_lattices, gaussian_like, held_window, measured_cut
 
 #: the warm start's mark of a grid and matrix whose tables the sheared passes could not
 #: resolve under the node cap (interpolated pointwise from then on): EnginePolicy.warm
@@ -258,7 +258,7 @@ class SoftmaxAttention(TiltedMeanField):
         for matrix in matrices:
             self._cut(density, grid, lattices, matrix, shift, moving, gaussian)
         if self.cut is not None:
-            moving = [m & (cut <= HELD_CUT) for m, cut in zip(moving, self.cut, strict=True)]
+            moving = [m & (cut <= self.held_cut) for m, cut in zip(moving, self.cut, strict=True)]
         windows = [held_window(m) for m in moving]
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
@@ -299,7 +299,9 @@ class SoftmaxAttention(TiltedMeanField):
         self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True
     ) -> None:
         """Take this head's cut (:mod:`.truncation`) into ``self.cut`` (the worst head):
-        the Gaussian surrogate's for Gaussian-like weights, else the measured one."""
+        the Gaussian surrogate's for Gaussian-like weights, else the measured one (with the
+        held threshold of that cut in ``self.held_cut``)."""
+        self.held_cut = HELD_CUT if gaussian else MEASURED_HELD
         cut = (
             cut_lattices(weights, grid, lattices, matrix, shift, where)
             if gaussian

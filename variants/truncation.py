@@ -7,9 +7,13 @@ and the velocity is wrong, however fine the grid. For a Gaussian ``w = N(mu, S)`
 law is exactly ``N(mu + S c, S)``. With the weights' own mean and covariance as that surrogate,
 a point whose tilted centre lies ``k`` standard deviations inside the nearest face has a mean
 moved by about ``phi(k) / Phi(k)`` standard deviations (the mean of a Gaussian cut at ``k``);
-that number is the point's *cut*. The solver weights it by the mass on the faces (the
-truncation indicator) and, in the co-moving frame, keeps points whose cut exceeds
-``HELD_CUT`` on the frame's affine fit (docs/theory.md, "The co-moving affine frame").
+that number is the point's *cut*. Weights the surrogate does not describe (:func:`gaussian_like`)
+get :func:`measured_cut` instead: the share of each tilted law in the box's outermost trusted
+cells. The solver weights the cut by the mass on the faces (the truncation indicator, against
+``run.box_tolerance``) and, in the co-moving frame, keeps points whose cut exceeds the field's
+``held_cut`` on the frame's affine fit: :data:`~tpde.schemes.frame.HELD_CUT` for the
+surrogate, :data:`MEASURED_HELD` for the measured share (docs/theory.md, "The co-moving affine
+frame").
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numba as nb
 import numpy as np
 
 from tpde.grid import Grid, gaussian, moments
-from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, TRANSPORT_FLOOR
+from tpde.schemes.frame import ACTIVE_FLOOR, TRANSPORT_FLOOR
 
 from .engines.direct import DirectSums, support_box
 from .engines.lagrange import ORDER
@@ -200,34 +204,33 @@ def held_window(held: np.ndarray) -> tuple[slice, ...] | None:
     return tuple(window)
 
 
-def boundary_band(weights: np.ndarray, grid: Grid) -> np.ndarray:
-    """The trusted weights (at least :data:`~tpde.schemes.frame.ACTIVE_FLOOR` of the largest,
-    those the sums keep) in the outermost cells of :func:`active_box` on each side that
-    :func:`open_faces` leaves open (where the weights go on below the floor, or the grid
-    ends), zero elsewhere: the last cells before what the sums leave out."""
-    trusted = np.where(weights >= ACTIVE_FLOOR * weights.max(), weights, 0.0)
-    lower, upper = open_faces(weights, grid)
-    band = np.zeros(weights.shape, bool)
+def left_out(weights: np.ndarray, grid: Grid) -> np.ndarray:
+    """The weights the box does not hold, zero elsewhere: every cell below
+    :data:`~tpde.schemes.frame.ACTIVE_FLOOR` of the largest (whose values the scheme no
+    longer keeps to relative accuracy, and which the frame's sums leave out), and the
+    outermost cells of the grid on every side (what lies beyond them the grid does not have,
+    and they stand for it). Compactly supported weights have zeros around their support and
+    leave nothing out there."""
+    positive = np.maximum(weights, 0.0)
+    out = positive < ACTIVE_FLOOR * positive.max()
     for a in range(grid.ndim):
-        rows = np.flatnonzero(
-            np.any(trusted > 0, axis=tuple(b for b in range(grid.ndim) if b != a))
-        )
-        for side, row in ((lower[a], rows[0]), (upper[a], rows[-1])):
-            if np.isfinite(side):
-                index = [slice(None)] * grid.ndim
-                index[a] = slice(int(row), int(row) + 1)
-                band[tuple(index)] = True
-    return np.where(band, trusted, 0.0)
+        for row in (0, grid.shape[a] - 1):
+            index = [slice(None)] * grid.ndim
+            index[a] = slice(row, row + 1)
+            out[tuple(index)] = True
+    return np.where(out, positive, 0.0)
 
 
 #: the log tables of :func:`measured_cut`: the largest change of ``c.y`` between neighbouring
 #: nodes (a cut needs log M to a few per cent, not the velocity tables' 1e-12)
 CUT_RESOLUTION = 2.0
-#: a point is held (:data:`~tpde.schemes.frame.HELD_CUT`) while at most this share of its
-#: tilted law lies in the band: the velocity then moves by about that share of the box, while
-#: the frame's fit it would otherwise keep is off by the whole residual for data that are not
-#: Gaussian (measured: with 1e-12 the held region of a clustering mixture frays its own tails
-#: and the run stops within t = 0.12). The measured cut is the share times HELD_CUT / this
+#: a point is held (``VelocityField.held_cut`` of a measured cut) while at most this share of
+#: its tilted law lies in the cells the box does not hold (:func:`left_out`): the velocity
+#: then moves by about that share of the box, while the frame's fit it would otherwise keep is
+#: off by the whole residual for data that are not Gaussian (measured with the earlier band
+#: share: with 1e-12 the held region of a clustering mixture frayed its own tails and the run
+#: stopped at t = 0.12). The cut itself is the share, unscaled: the truncation indicator
+#: weighs it against ``run.box_tolerance`` as it is
 MEASURED_HELD = 1e-8
 
 
@@ -242,14 +245,18 @@ def measured_cut(
 ) -> list[np.ndarray]:
     """The cut measured from the weights themselves, for laws the Gaussian surrogate of
     :func:`cut_lattices` does not describe: at every point of each lattice, the share of the
-    tilted law ``e^{c.y} w(y)``, ``c = matrix (x + shift)``, that lies in the
-    :func:`boundary_band` (the outermost trusted cells), ``M_band(c) / M(c)``, both
-    log-partition sums over the trusted weights on the same cells (dense sums with
-    ``direct``, else one separable log table each, interpolated pointwise). A tilted law that
-    reaches the band depends on what lies beyond it; one that does not is complete. Shapes
-    and ``where`` as :func:`cut_lattices` (points outside ``where`` report 1)."""
-    trusted = np.where(weights >= ACTIVE_FLOOR * weights.max(), weights, 0.0)
-    band = boundary_band(weights, grid)
+    tilted law ``e^{c.y} w(y)``, ``c = matrix (x + shift)``, that lies in the cells the box
+    does not hold (:func:`left_out`: below the trusted floor, or on the grid's outermost
+    cells), ``M_out(c) / M(c)``, two log-partition sums over the same cells (dense sums with
+    ``direct``, else one separable log table each, interpolated pointwise). The share is that
+    of the grid's own weights: a law whose tail goes on smoothly past the trusted floor or
+    the grid's face reports the part there (beyond the face, the outermost cells stand for
+    what the grid does not have), while a compactly supported law, whose values fall by
+    hundreds of decades past its edge, reports none. Shapes
+    and ``where`` as :func:`cut_lattices` (points outside ``where`` report 1). The share is
+    returned as it is; a point is held while it is at most :data:`MEASURED_HELD`."""
+    positive = np.maximum(weights, 0.0)
+    band = left_out(positive, grid)
     shapes = [tuple(len(x) for x in coords) for coords in lattices]
     masks = [
         np.ones(shape, bool) if where is None else np.asarray(where[i], bool)
@@ -266,15 +273,15 @@ def measured_cut(
         points.append(np.stack([m[mask] for m in mesh], axis=1))
     tilts = np.concatenate(points) @ np.asarray(matrix, float).T
     if direct:
-        log_all = DirectSums(trusted, grid, fields="log").log_partition(tilts)
+        log_all = DirectSums(positive, grid, fields="log").log_partition(tilts)
         log_band = DirectSums(band, grid, fields="log").log_partition(tilts)
     else:
         bounds = np.stack([tilts.min(axis=0), tilts.max(axis=0)], axis=1)
-        low, high = support_box(trusted, grid)
+        low, high = support_box(positive, grid)
         nodes = table_nodes(bounds, high - low, None, CUT_RESOLUTION, 2 * ORDER)
-        log_all = SeparableSums(trusted, grid, bounds, nodes, "log").log_partition(tilts)
+        log_all = SeparableSums(positive, grid, bounds, nodes, "log").log_partition(tilts)
         log_band = SeparableSums(band, grid, bounds, nodes, "log").log_partition(tilts)
-    share = np.exp(np.minimum(log_band - log_all, 0.0)) * (HELD_CUT / MEASURED_HELD)
+    share = np.exp(np.minimum(log_band - log_all, 0.0))
     start = 0
     for cut, mask in zip(out, masks, strict=True):
         count = int(mask.sum())
