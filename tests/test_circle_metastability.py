@@ -215,6 +215,12 @@ def test_staircase_grid_against_tokens_quick():
             assert row["E 256"] == pytest.approx(point_mass_energy(angles, masses, BETA), rel=2e-3)
 
 
+def test_merge_times_skip_the_formation():
+    counts = [0, 0, 6, 5, 4, 4, 4, 4, 4, 3, 3, 3, 1]
+    assert merge_times(np.arange(13.0), counts) == [9.0, 12.0, 12.0]
+    assert merge_times(np.arange(4.0), [0, 2, 1, 1]) == []
+
+
 def test_quantile_tokens_follow_their_law():
     theta = quantile_tokens(4000, MODES)
     c = np.exp(-1j * np.outer([3, 4, 5], theta)).mean(axis=1)
@@ -229,7 +235,8 @@ def test_staircase_grid_against_tokens():
     i.i.d. tokens for three seeds. Four clusters form by t = 10; the two nearest merge near
     t = 25 (mid tokens). 2048 cells follow the mid tokens through the merge, well within the
     seeds' spread; at 512 cells the collapsed clusters are pinned to their cells (their drift
-    is below h / 2 per unit contraction rate) and never merge."""
+    is below h / 2 per unit contraction rate) and never merge. Measured: merges at t = 27
+    (mid), 32 (2048 cells), 26, 21, 35 (seeds); W2 2048 <= 0.024."""
     study = metastability_study(
         BETA, MODES, 40.0, cells=(512, 2048), n=10_000, seeds=(0, 1, 2), snapshots=41, w2_every=10
     )
@@ -246,8 +253,11 @@ def test_staircase_grid_against_tokens():
         assert np.all(np.diff(energies) >= -1e-12 * energies[1:])
     for row in table:
         assert row["W2 2048"] < min(0.05, 0.25 * row["noise"])
-    assert len(merges["mid"]) == 1 and len(merges["2048"]) == 1
-    assert 0 <= merges["2048"][0] - merges["mid"][0] <= 5
+    # one merge each; the grid's is late (a collapsed cluster moves at about its drift less
+    # h / 2), and inside the seeds' spread of merge times
+    seeds = [merges[f"seed {s}"] for s in (0, 1, 2)]
+    assert len(merges["mid"]) == len(merges["2048"]) == 1 and all(len(m) == 1 for m in seeds)
+    assert merges["mid"][0] <= merges["2048"][0] <= max(m[0] for m in seeds)
     assert merges["512"] == []
     final = rows[-1]
     assert final["E 2048"] == pytest.approx(final["E mid"], rel=1e-3)

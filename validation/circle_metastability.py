@@ -271,14 +271,19 @@ def metastability_study(
     return out
 
 
-def merge_times(times: ArrayLike, counts: Sequence[int]) -> list[float]:
-    """The times at which a cluster count falls, once the clusters have formed (after its
-    maximum): the first snapshot with fewer clusters than the one before, one entry per
-    cluster lost."""
+def merge_times(times: ArrayLike, counts: Sequence[int], settle: int = 3) -> list[float]:
+    """The times at which a cluster count falls once the clusters have formed: from the
+    first snapshot after which the count stays the same for ``settle`` snapshots (while the
+    clusters form, the count of maxima flickers), the first snapshot with fewer clusters
+    than the one before, one entry per cluster lost."""
     t = np.asarray(times, float)
     c = np.asarray(counts, int)
+    formed = next(
+        (i for i in range(c.size - settle) if c[i] > 0 and np.all(c[i : i + settle + 1] == c[i])),
+        c.size,
+    )
     out: list[float] = []
-    for i in range(int(np.argmax(c)) + 1, c.size):
+    for i in range(formed + 1, c.size):
         out += [float(t[i])] * max(int(c[i - 1] - c[i]), 0)
     return out
 
