@@ -88,7 +88,7 @@ import os
 import time as _time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 import netCDF4
 import numpy as np
@@ -116,6 +116,8 @@ __all__ = [
     "Outcome",
     "OutputBusy",
     "OutputError",
+    "OutputWriter",
+    "Reopened",
     "SnapshotLike",
     "SnapshotWriter",
     "cell_measure",
@@ -127,10 +129,12 @@ __all__ = [
     "grid_from_dataset",
     "is_zarr",
     "netcdf_to_zarr",
+    "open_output",
     "outcome",
     "positions_from_dataset",
     "read",
     "renamed",
+    "reopen_output",
     "reordered",
     "resume_state",
     "staged_name",
@@ -1021,7 +1025,268 @@ def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any
 
 
 # ---- the writer -----------------------------------------------------------------------------
-class SnapshotWriter:
+def open_output(
+    path: str, overwrite: bool, create: Callable[[str], None], nbytes: int
+) -> tuple[_OutputLock, str, bool]:
+    """The start of a new output, whatever its layout: lock ``path`` (:class:`_OutputLock`),
+    check it (:class:`OutputError` when it exists without ``overwrite``), reserve ``nbytes``
+    (the header and a first record) and write the empty file with ``create(file)`` at
+    :func:`staged_name`. Without an existing file that name is renamed into place at once;
+    with one (``overwrite``) the new run stays there until it ends with a result
+    (:meth:`OutputWriter.close`). Returns the held lock, the file to append to and whether
+    it is staged; on any failure nothing is left and the lock is released."""
+    lock = _OutputLock(path)
+    _check_target(path, True)  # the directory; whether it exists is asked under the lock
+    lock.acquire()
+    temporary = staged_name(path)
+    try:
+        _check_target(path, overwrite)  # again, now that no other writer can create it
+        staged = os.path.exists(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)  # a stale partial run: its writer is gone (the lock)
+        try:
+            _reserve(temporary, nbytes, "the new file and its first snapshot")
+            create(temporary)
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, DiskFull):
+                raise
+            raise _space_error(temporary, exc, "the new file") or OutputError(
+                f"run.output: cannot write {path}: {exc}"
+            ) from None
+        if not staged:
+            os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        lock.release()
+        raise
+    return lock, temporary if staged else path, staged
+
+
+@dataclass
+class Reopened:
+    """An output reopened by :func:`reopen_output`: the held ``lock``, the ``file`` continued
+    (``staged``: the partial file of a run replacing ``path``), the global attributes as they
+    were, what ``read`` returned (``layout``), the complete records and the last one's time."""
+
+    lock: _OutputLock
+    file: str
+    staged: bool
+    attrs: dict
+    layout: Any
+    count: int
+    last: float | None
+
+
+def reopen_output(
+    path: str,
+    lock_timeout: float,
+    read: Callable[[netCDF4.Dataset, dict], Any],
+    accept: Callable[[dict], None] | None = None,
+    update: Callable[[netCDF4.Dataset, Any], None] | None = None,
+) -> Reopened:
+    """Lock an existing output and open it for appending after its last complete record,
+    whatever its layout (:meth:`SnapshotWriter.resume` tells the rest): ``read(nc, attrs)``
+    parses the layout of the file to continue (the staged partial file when there is one),
+    ``accept(state)`` may refuse (raise) before anything changes, then the status becomes
+    ``running`` with a ``resumed`` history line and ``update(nc, layout)`` may add what
+    the file lacks. On any failure the lock is released."""
+    lock = _OutputLock(path)
+    lock.acquire()
+    try:
+        staged = os.path.isfile(staged_name(path))
+        file = staged_name(path) if staged else path
+        if not os.path.isfile(file):
+            raise OutputError(
+                f"run.output: {path} does not exist; nothing to resume (drop "
+                "--resume to start a new run)"
+            )
+        with _opened(file, "r", lock_timeout) as nc:
+            attrs = _file_attributes(nc)
+            layout = read(nc, attrs)
+            count = _complete_in_file(nc)
+            last = float(nc["time"][count - 1]) if count else None
+        if accept is not None:
+            accept(
+                {
+                    "file": file,
+                    "config": str(attrs.get("config", "")),
+                    "outcome": Outcome.from_attributes(attrs),
+                    "snapshots": count,
+                    "time": last,
+                }
+            )
+        _reserve(file, RESERVE_MARGIN, "the resumed status")
+        with _opened(file, "a", lock_timeout) as nc:
+            nc.setncatts(
+                {
+                    "status": RUNNING,
+                    "status_time": math.nan,
+                    "status_message": f"resumed after {count} snapshots",
+                    "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
+                }
+            )
+            if update is not None:
+                update(nc, layout)
+    except BaseException:
+        lock.release()
+        raise
+    return Reopened(lock, file, staged, attrs, layout, count, last)
+
+
+class OutputWriter:
+    """What every durable writer of records shares, whatever the file's layout: the output's
+    lock, the staged file of an overwrite, one record appended per :meth:`_append` (room
+    reserved first: :class:`DiskFull` leaves the file untouched), the final status with
+    :meth:`close`. :class:`SnapshotWriter` (the grid runs) and ``tpde.sphere.SphereWriter``
+    (the cubed sphere) are its layouts: they create the file with :func:`open_output` or
+    continue it with :func:`reopen_output`, then call :meth:`_begin` and :meth:`_attach`."""
+
+    path: str
+    file: str
+    staged: bool
+    lock_timeout: float
+
+    def _begin(
+        self, path: str, count: int, last_time: float | None, lock_timeout: float, record: int
+    ) -> None:
+        """The state of a writer of ``path`` holding ``count`` records (the last at
+        ``last_time``), each needing at most ``record`` bytes."""
+        self.path = path
+        self.lock_timeout = float(lock_timeout)
+        self._count = count
+        self._last_time = last_time
+        self._closed = False
+        self._lock: _OutputLock | None = None
+        self.file = path
+        self.staged = False
+        self._record = int(record)
+
+    def _attach(self, lock: _OutputLock, file: str, staged: bool) -> None:
+        """The writer owns ``lock`` and writes its records to ``file`` (the staged partial
+        file when ``staged``: moved over :attr:`path` when the run ends with a result)."""
+        self._lock = lock
+        self.file = file
+        self.staged = staged
+
+    @property
+    def snapshots(self) -> int:
+        """Number of complete snapshots in the file."""
+        return self._count
+
+    @property
+    def last_time(self) -> float | None:
+        """Time of the last snapshot written (None before the first)."""
+        return self._last_time
+
+    def _check_time(self, t: float) -> float:
+        """``t`` as the next record's time: the writer open, finite, not before the last."""
+        if self._closed:
+            raise RuntimeError(
+                f"run.output: {self.path} was closed; use SnapshotWriter.resume to append again"
+            )
+        t = float(t)
+        if not math.isfinite(t):
+            raise ValueError(f"run.output: snapshot time must be finite, got {t}")
+        if self._last_time is not None and t < self._last_time:
+            raise ValueError(
+                f"run.output: snapshot time {t!r} is before the last written "
+                f"time {self._last_time!r}"
+            )
+        return t
+
+    def _append(self, t: float, store: Callable[[int], None]) -> None:
+        """Record number :attr:`snapshots` at time ``t``: reserve the room it may need, then
+        ``store(i)`` (open the file, write record ``i`` with its time last, close it)."""
+        i = self._count
+        what = f"snapshot {i + 1} (t = {t:.6g})"
+        _reserve(self.file, self._record, what)
+        try:
+            store(i)
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, DiskFull):
+                raise
+            space = _space_error(self.file, exc, what)
+            if space is None:
+                raise
+            raise space from None
+        self._count = i + 1
+        self._last_time = t
+
+    def close(
+        self,
+        status: str | Outcome = "completed",
+        status_time: float = math.nan,
+        status_message: str = "",
+        provenance: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record how the run ended (an :class:`Outcome`, or its status, time and message:
+        one of :data:`OUTCOMES`, the message made one line), release the lock, and, for a
+        run that replaces an existing file (``overwrite``), move it over that file when the
+        status is a result (:data:`RESULTS`); otherwise the old file stays and the new
+        records stay in :attr:`file` for ``resume``.
+
+        ``provenance``: global attributes stored with the status, e.g. ``threads`` and the
+        solver's counters ``steps``, ``rejected_steps``, ``wall_time`` (:data:`COUNTERS`:
+        added to the values a resumed file already holds, so they count the whole run).
+
+        Returns whether the status was stored: on a full disk it is not (the file then says
+        ``running``, which ``resume`` accepts), and a staged run is not published.
+        """
+        outcome = (
+            status if isinstance(status, Outcome) else Outcome(status, status_time, status_message)
+        )
+        if self._closed:
+            raise RuntimeError(f"run.output: {self.path} is already closed")
+        stored = False
+        try:
+            try:
+                _reserve(self.file, RESERVE_MARGIN, "the final status")
+                with _opened(self.file, "a", self.lock_timeout) as nc:
+                    nc.setncatts(
+                        {
+                            "status": outcome.status,
+                            "status_time": outcome.time,
+                            "status_message": outcome.message,
+                            **_provenance(nc, provenance or {}),
+                        }
+                    )
+                stored = True
+            except DiskFull:
+                pass
+            if stored and self.staged and outcome.result:
+                _fsync(self.file)
+                os.replace(self.file, self.path)
+                _fsync(os.path.dirname(os.path.abspath(self.path)))
+                self.file, self.staged = self.path, False
+        finally:
+            self._closed = True
+            if self._lock is not None:
+                self._lock.release()
+        return stored
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``error``."""
+        if self._closed:
+            return
+        last = math.nan if self._last_time is None else self._last_time
+        if exc_type is None:
+            self.close("completed", last)
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("interrupted", last, "interrupted by the user")
+        else:
+            self.close("error", last, f"{exc_type.__name__}: {exc}")
+
+    def __del__(self) -> None:
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.release()
+
+
+class SnapshotWriter(OutputWriter):
     """Append run snapshots to a NetCDF file, one durable record per :meth:`write`.
 
     Parameters
@@ -1086,38 +1351,16 @@ class SnapshotWriter:
                 f"run.output: expected tpde.grid.Positions or None for "
                 f"positions, got {type(positions).__name__}"
             )
-        lock = _OutputLock(path)
-        _check_target(path, True)  # the directory; whether it exists is asked under the lock
-        lock.acquire()
-        temporary = staged_name(path)
-        try:
-            _check_target(path, overwrite)  # again, now that no other writer can create it
-            staged = os.path.exists(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(temporary)  # a stale partial run: its writer is gone (the lock)
-            attributes = _global_attributes(
-                grid, str(config_text), str(title), str(history), positions
-            )
-            record = _record_bytes(grid, positions)
-            header = 64 * 1024 + 32 * sum(grid.cells) + 2 * len(str(config_text))
-            try:
-                _reserve(temporary, header + record, "the new file and its first snapshot")
-                _create(temporary, grid, attributes, positions)
-            except (OSError, RuntimeError) as exc:
-                if isinstance(exc, DiskFull):
-                    raise
-                raise _space_error(temporary, exc, "the new file") or OutputError(
-                    f"run.output: cannot write {path}: {exc}"
-                ) from None
-            if not staged:
-                os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
-            lock.release()
-            raise
+        attributes = _global_attributes(grid, str(config_text), str(title), str(history), positions)
+        header = 64 * 1024 + 32 * sum(grid.cells) + 2 * len(str(config_text))
+        lock, file, staged = open_output(
+            path,
+            overwrite,
+            lambda file: _create(file, grid, attributes, positions),
+            header + _record_bytes(grid, positions),
+        )
         self._setup(path, grid, 0, None, lock_timeout, positions, energies)
-        self._attach(lock, temporary if staged else path, staged)
+        self._attach(lock, file, staged)
 
     def _setup(
         self,
@@ -1135,30 +1378,15 @@ class SnapshotWriter:
                 f"run.output: energies must be a callable (density, t) -> dict, "
                 f"got {type(energies).__name__}"
             )
-        self.path = path
+        self._begin(path, count, last_time, lock_timeout, _record_bytes(grid, positions))
         self.grid = grid
         self.positions = positions
-        self.lock_timeout = float(lock_timeout)
         self.energies = energies
         self._energy_names = energy_names  # None until the records exist
-        self._count = count
-        self._last_time = last_time
-        self._closed = False
-        self._lock: _OutputLock | None = None
-        self.file = path
-        self.staged = False
-        self._record = _record_bytes(grid, positions)
         # the stored order of the density and the mean's name: those of this layout, or of
         # the file a resumed writer continues (an earlier layout keeps its own)
         self._stored = file_order(_density_dims(grid, positions))
         self._mean = MEAN
-
-    def _attach(self, lock: _OutputLock, file: str, staged: bool) -> None:
-        """The writer owns ``lock`` and writes its records to ``file`` (the staged partial
-        file when ``staged``: moved over :attr:`path` when the run ends with a result)."""
-        self._lock = lock
-        self.file = file
-        self.staged = staged
 
     @classmethod
     def resume(
@@ -1184,58 +1412,36 @@ class SnapshotWriter:
         (the last complete snapshot's, None without one); it raises to refuse the resume.
         """
         path = os.fspath(path)
-        lock = _OutputLock(path)
-        lock.acquire()
-        try:
-            staged = os.path.isfile(staged_name(path))
-            file = staged_name(path) if staged else path
-            if not os.path.isfile(file):
-                raise OutputError(
-                    f"run.output: {path} does not exist; nothing to resume (drop "
-                    "--resume to start a new run)"
-                )
-            with _opened(file, "r", lock_timeout) as nc:
-                attrs = _file_attributes(nc)
-                grid = _grid_from_attributes(attrs, path, _density_shape(nc))
-                positions = _positions_from_attributes(attrs, path)
-                count = _complete_in_file(nc)
-                stored = tuple(nc["density"].dimensions[1:])
-                mean_name = MEAN if MEAN in nc.variables else "mean"
-                last = float(nc["time"][count - 1]) if count else None
-            if accept is not None:
-                accept(
-                    {
-                        "file": file,
-                        "config": str(attrs.get("config", "")),
-                        "outcome": Outcome.from_attributes(attrs),
-                        "snapshots": count,
-                        "time": last,
-                    }
-                )
-            _reserve(file, RESERVE_MARGIN, "the resumed status")
-            with _opened(file, "a", lock_timeout) as nc:
-                nc.setncatts(
-                    {
-                        "status": RUNNING,
-                        "status_time": math.nan,
-                        "status_message": f"resumed after {count} snapshots",
-                        "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
-                    }
-                )
-                # a file of this layout from before the cell measure gets it (once)
-                current = stored == file_order(_density_dims(grid, positions))
-                if current and CELL_MEASURES[grid.ndim] not in nc.variables:
-                    frame = "frame_mean" in nc.variables
-                    _define_cell_measure(nc, grid, positions, frame)
-        except BaseException:
-            lock.release()
-            raise
+
+        def read(nc: netCDF4.Dataset, attrs: dict) -> tuple:
+            grid = _grid_from_attributes(attrs, path, _density_shape(nc))
+            positions = _positions_from_attributes(attrs, path)
+            mean_name = MEAN if MEAN in nc.variables else "mean"
+            return grid, positions, tuple(nc["density"].dimensions[1:]), mean_name
+
+        def update(nc: netCDF4.Dataset, layout: tuple) -> None:
+            grid, positions, stored, _ = layout
+            # a file of this layout from before the cell measure gets it (once)
+            current = stored == file_order(_density_dims(grid, positions))
+            if current and CELL_MEASURES[grid.ndim] not in nc.variables:
+                frame = "frame_mean" in nc.variables
+                _define_cell_measure(nc, grid, positions, frame)
+
+        opened = reopen_output(path, lock_timeout, read, accept, update)
+        grid, positions, stored, mean_name = opened.layout
         writer = cls.__new__(cls)
         writer._setup(
-            path, grid, count, last, lock_timeout, positions, energies, _energy_names(attrs)
+            path,
+            grid,
+            opened.count,
+            opened.last,
+            lock_timeout,
+            positions,
+            energies,
+            _energy_names(opened.attrs),
         )
         writer._stored, writer._mean = stored, mean_name
-        writer._attach(lock, file, staged)
+        writer._attach(opened.lock, opened.file, opened.staged)
         return writer
 
     @property
@@ -1243,35 +1449,14 @@ class SnapshotWriter:
         """Shape of a density: ``grid.shape``, or ``(positions.count, *grid.shape)``."""
         return self.grid.shape if self.positions is None else self.positions.shape(self.grid)
 
-    @property
-    def snapshots(self) -> int:
-        """Number of complete snapshots in the file."""
-        return self._count
-
-    @property
-    def last_time(self) -> float | None:
-        """Time of the last snapshot written (None before the first)."""
-        return self._last_time
-
     def _check_snapshot(self, snapshot: SnapshotLike) -> tuple[float, np.ndarray]:
-        if self._closed:
-            raise RuntimeError(
-                f"run.output: {self.path} was closed; use SnapshotWriter.resume to append again"
-            )
+        t = self._check_time(snapshot.time)
         density = np.asarray(snapshot.density, dtype=np.float64)
         if density.shape != self.shape:
             what = "" if self.positions is None else " (position slices, *grid.shape)"
             raise ValueError(
                 f"run.output: snapshot density has shape {density.shape}, "
                 f"expected {self.shape}{what}"
-            )
-        t = float(snapshot.time)
-        if not math.isfinite(t):
-            raise ValueError(f"run.output: snapshot time must be finite, got {t}")
-        if self._last_time is not None and t < self._last_time:
-            raise ValueError(
-                f"run.output: snapshot time {t!r} is before the last written "
-                f"time {self._last_time!r}"
             )
         return t, density
 
@@ -1297,20 +1482,9 @@ class SnapshotWriter:
         if frame is not None:  # mean and covariance stay physical
             mean, cov = frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
-        i = self._count
-        what = f"snapshot {i + 1} (t = {t:.6g})"
-        _reserve(self.file, self._record, what)
-        try:
-            self._write_record(i, t, snapshot, density, mass, mean, cov, energies)
-        except (OSError, RuntimeError) as exc:
-            if isinstance(exc, DiskFull):
-                raise
-            space = _space_error(self.file, exc, what)
-            if space is None:
-                raise
-            raise space from None
-        self._count = i + 1
-        self._last_time = t
+        self._append(
+            t, lambda i: self._write_record(i, t, snapshot, density, mass, mean, cov, energies)
+        )
         return True
 
     def _write_record(self, i, t, snapshot, density, mass, mean, cov, energies) -> None:
@@ -1428,78 +1602,6 @@ class SnapshotWriter:
         for name in self._energy_names:
             value = energies.get(name, math.nan)
             nc[f"energy_{name}"][i] = float(getattr(value, "value", value))
-
-    def close(
-        self,
-        status: str | Outcome = "completed",
-        status_time: float = math.nan,
-        status_message: str = "",
-        provenance: Mapping[str, Any] | None = None,
-    ) -> bool:
-        """Record how the run ended (an :class:`Outcome`, or its status, time and message:
-        one of :data:`OUTCOMES`, the message made one line), release the lock, and, for a
-        run that replaces an existing file (``overwrite``), move it over that file when the
-        status is a result (:data:`RESULTS`); otherwise the old file stays and the new
-        records stay in :attr:`file` for ``resume``.
-
-        ``provenance``: global attributes stored with the status, e.g. ``threads`` and the
-        solver's counters ``steps``, ``rejected_steps``, ``wall_time`` (:data:`COUNTERS`:
-        added to the values a resumed file already holds, so they count the whole run).
-
-        Returns whether the status was stored: on a full disk it is not (the file then says
-        ``running``, which ``resume`` accepts), and a staged run is not published.
-        """
-        outcome = (
-            status if isinstance(status, Outcome) else Outcome(status, status_time, status_message)
-        )
-        if self._closed:
-            raise RuntimeError(f"run.output: {self.path} is already closed")
-        stored = False
-        try:
-            try:
-                _reserve(self.file, RESERVE_MARGIN, "the final status")
-                with _opened(self.file, "a", self.lock_timeout) as nc:
-                    nc.setncatts(
-                        {
-                            "status": outcome.status,
-                            "status_time": outcome.time,
-                            "status_message": outcome.message,
-                            **_provenance(nc, provenance or {}),
-                        }
-                    )
-                stored = True
-            except DiskFull:
-                pass
-            if stored and self.staged and outcome.result:
-                _fsync(self.file)
-                os.replace(self.file, self.path)
-                _fsync(os.path.dirname(os.path.abspath(self.path)))
-                self.file, self.staged = self.path, False
-        finally:
-            self._closed = True
-            if self._lock is not None:
-                self._lock.release()
-        return stored
-
-    def __enter__(self) -> SnapshotWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``error``."""
-        if self._closed:
-            return
-        last = math.nan if self._last_time is None else self._last_time
-        if exc_type is None:
-            self.close("completed", last)
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.close("interrupted", last, "interrupted by the user")
-        else:
-            self.close("error", last, f"{exc_type.__name__}: {exc}")
-
-    def __del__(self) -> None:
-        lock = getattr(self, "_lock", None)
-        if lock is not None:
-            lock.release()
 
     def __repr__(self) -> str:
         extra = "" if self.positions is None else f", positions={self.positions!r}"

@@ -25,7 +25,15 @@ from . import io
 from .config import Config, ConfigError, build, canonical
 from .energies import run_energies
 
-__all__ = ["Interrupted", "Progress", "profiled", "run_config", "same_config", "simulate"]
+__all__ = [
+    "Interrupted",
+    "Progress",
+    "profiled",
+    "refuse_result",
+    "run_config",
+    "same_config",
+    "simulate",
+]
 
 
 class StatusLine:
@@ -295,17 +303,7 @@ def error_line(exc: BaseException) -> str:
 def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
     """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
     ``config``; returns its state plus the snapshot times still to come."""
-    outcome: io.Outcome = found["outcome"]
-    if outcome.status == "completed":
-        raise ConfigError(
-            f"run.output: {output} is already complete (t = {outcome.time:.6g}); nothing to resume"
-        )
-    if outcome.result:
-        raise ConfigError(
-            f"run.output: {output} ended with status {outcome.status} at t = "
-            f"{outcome.time:.6g}, a result of the dynamics, not an interruption; nothing to "
-            "resume (start a new run with --overwrite)"
-        )
+    refuse_result(output, found["outcome"])
     if not same_config(found["config"], config):
         raise ConfigError(
             f"run.output: {output} was written with a different config; "
@@ -318,6 +316,21 @@ def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
             f"run.output: {output} is already complete (t = {state['time']:.6g}); nothing to resume"
         )
     return {**state, "remaining": remaining}
+
+
+def refuse_result(output: Path, outcome: io.Outcome) -> None:
+    """Raise a one-line ConfigError when the file ``output`` ended with a result
+    (:data:`tpde.io.RESULTS`): a resume continues interruptions and errors only."""
+    if outcome.status == "completed":
+        raise ConfigError(
+            f"run.output: {output} is already complete (t = {outcome.time:.6g}); nothing to resume"
+        )
+    if outcome.result:
+        raise ConfigError(
+            f"run.output: {output} ended with status {outcome.status} at t = "
+            f"{outcome.time:.6g}, a result of the dynamics, not an interruption; nothing to "
+            "resume (start a new run with --overwrite)"
+        )
 
 
 def same_config(stored: str, config: Config) -> bool:
