@@ -338,7 +338,9 @@ def solve(
     of each step, cut to land on the ``snapshots`` equally spaced times (or at the given
     increasing times, the first one the start). ``velocity_at``: see
     :meth:`CubedSphereOperator.node_speeds`. ``on_snapshot(t, density, steps)`` is called with
-    every snapshot as it is reached (the initial one too)."""
+    every snapshot as it is reached (the initial one too). The state at a snapshot is its
+    density and time exactly: solving on from a snapshot's density, with the snapshot times
+    from there on, repeats the rest of the run bit for bit (a resumed run)."""
     density = np.asarray(density, float)
     if density.shape != grid.shape:
         raise ValueError(f"density: expected shape {grid.shape}, got {density.shape}")
@@ -396,6 +398,10 @@ def solve(
             t += dt
             steps += 1
         rho = grid.from_coordinate(q)
+        # the state at a snapshot is its density and time exactly (q from rho, t the target:
+        # each differs from the stepped value in the last bit), so a run restarted from a
+        # stored snapshot (tpde run --resume) continues bit for bit
+        q, t = grid.to_coordinate(rho), float(target)
         out.densities.append(rho)
         masses.append(grid.integrate(rho))
         if on_snapshot is not None:

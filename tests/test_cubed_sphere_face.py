@@ -13,7 +13,7 @@ import xarray as xr
 import tpde
 from tpde.config import ConfigError, build
 from tpde.grid import cubed_sphere as cs
-from tpde.sphere import SphereConfig, from_file
+from tpde.sphere import SphereConfig, from_file, panels
 
 RUN = """
 [grid]
@@ -118,8 +118,13 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     assert code == 0, err
     with xr.open_dataset(path) as ds:
         ds = ds.load()
-    assert ds["density"].dims == ("time", "panel", "j", "i")
-    assert ds.sizes["panel"] == 6 and ds.sizes["i"] == ds.sizes["j"] == 8 and ds.sizes["time"] == 4
+    assert ds["density"].dims == ("time", "cell") and ds["lat_bounds"].dims == ("cell", "nv")
+    assert ds.sizes["cell"] == 6 * 8 * 8 and ds.sizes["time"] == 4
+    # xarray users get (panel, j, i) back from the cells' integer coordinates
+    cube = panels(ds)
+    assert cube["density"].dims == ("time", "panel", "j", "i")
+    assert cube.sizes["panel"] == 6 and cube.sizes["j"] == cube.sizes["i"] == 8
+    assert np.array_equal(cube["density"].values.reshape(4, -1), ds["density"].values)
     assert (
         ds["lat"].attrs["units"] == "degrees_north"
         and ds["lon"].attrs["standard_name"] == "longitude"
@@ -127,10 +132,10 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     import netCDF4
 
     with netCDF4.Dataset(path) as nc:  # as stored (xarray moves "coordinates" to encoding)
-        assert nc["density"].coordinates == "lat lon" and nc["lat"].bounds == "lat_bounds"
-        assert nc["lon"].bounds == "lon_bounds" and nc["density"].cell_measures == "area: cell_area"
-    lat, lon = ds["lat"].values, ds["lon"].values
-    lat_b, lon_b = ds["lat_bounds"].values, ds["lon_bounds"].values
+        assert nc["density"].coordinates == "lat lon panel j i" and nc["lat"].bounds == "lat_bounds"
+        assert nc["lon"].bounds == "lon_bounds" and nc.dimensions["time"].isunlimited()
+    lat, lon = cube["lat"].values, cube["lon"].values
+    lat_b, lon_b = cube["lat_bounds"].values, cube["lon_bounds"].values
     print(
         f"\nlat {lat.min():.2f} .. {lat.max():.2f}, lon {lon.min():.2f} .. {lon.max():.2f}; "
         f"bounds lat {lat_b.min():.2f} .. {lat_b.max():.2f}, lon offsets up to "
@@ -180,7 +185,8 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
 
 def test_simulate_returns_the_dataset():
     ds = tpde.simulate(RUN)
-    assert ds["density"].shape == (4, 6, 8, 8) and ds.attrs["geometry"] == "sphere"
+    assert ds["density"].shape == (4, 6 * 8 * 8) and ds.attrs["geometry"] == "sphere"
+    assert panels(ds)["density"].shape == (4, 6, 8, 8)
 
 
 def test_clusters_and_noise():
@@ -199,30 +205,151 @@ def test_clusters_and_noise():
     assert abs(cs.zonal_projection(g, noise, 9, [0.3, 0.4, 0.5])) < 1e-4
 
 
-def test_vtk_reads_the_file_as_panels(tmp_path):
-    """ParaView's reader (vtkNetCDFCFReader) loads ``(panel, j, i)`` as an image of 6 layers of
-    n x n points with the density's values: readable, but not on a globe (the reader places
-    cells by 1-D or 2-D latitude / longitude only; docs/user-guide.md, 'The sphere')."""
+def _globe(path, dims: str | None):
+    """ParaView's CF reader (vtkNetCDFCFReader, spherical coordinates on, as ParaView opens a
+    file) with Dimensions ``dims`` chosen, or none (``None``: ParaView's default): the time
+    steps and the loaded data set."""
     vtk = pytest.importorskip("vtk", reason="the ParaView reader check needs vtk")
-    from vtkmodules.util.numpy_support import vtk_to_numpy
-
-    path = tmp_path / "run.nc"
-    tpde.simulate(RUN.replace("snapshots = 4", "snapshots = 2"), output=path)
     vtk.vtkObject.GlobalWarningDisplayOff()
     reader = vtk.vtkNetCDFCFReader()
     reader.SetFileName(str(path))
+    reader.SphericalCoordinatesOn()
     reader.UpdateMetaData()
     reader.UpdateInformation()
-    choices = reader.GetAllDimensions()
-    listed = [choices.GetValue(i) for i in range(choices.GetNumberOfValues())]
-    assert "(panel, j, i)" in listed
-    reader.SetDimensions("(panel, j, i)")
-    reader.UpdateInformation()
+    if dims is not None:
+        choices = reader.GetAllDimensions()
+        listed = [choices.GetValue(i) for i in range(choices.GetNumberOfValues())]
+        assert dims in listed, listed
+        reader.SetDimensions(dims)
+        reader.UpdateInformation()
+    info = reader.GetOutputInformation(0)
+    key = vtk.vtkStreamingDemandDrivenPipeline.TIME_STEPS()
+    steps = info.Get(key) if info.Has(key) else ()
     reader.Update()
-    out = reader.GetOutput()
-    values = vtk_to_numpy(out.GetPointData().GetArray("density"))
+    return tuple(steps or ()), reader.GetOutput()
+
+
+@pytest.mark.parametrize("dims", [None, "(cell)"])
+def test_paraview_reads_the_file_on_the_globe(tmp_path, dims):
+    """The user guide's recipe: ParaView's "NetCDF CF" reader, spherical coordinates on (its
+    default), Apply (``None``: no Dimensions chosen) or Dimensions "(cell)": an unstructured
+    grid of the 6 n^2 cells, every cell the quadrilateral of its 4 corners on the unit sphere
+    (the reader's p-sided cells from 1-D lat / lon with bounds), the density as cell data,
+    the file's time steps."""
+    from vtkmodules.util.numpy_support import vtk_to_numpy
+
+    path = tmp_path / "run.nc"
+    tpde.simulate(RUN, output=path)
+    steps, out = _globe(path, dims)
     with xr.open_dataset(path) as ds:
-        first = ds["density"].values[0]
-    print(f"\nvtkNetCDFCFReader: {out.GetClassName()} {out.GetDimensions()}, {values.size} values")
-    assert out.GetDimensions() == (8, 8, 6)
-    assert np.allclose(values, first.ravel(), rtol=1e-6)
+        times, first = ds["time"].values, ds["density"].values[0]
+    n, cells = 8, 6 * 8 * 8
+    points = vtk_to_numpy(out.GetPoints().GetData())
+    radius = np.linalg.norm(points, axis=1)
+    print(
+        f"\nvtkNetCDFCFReader, Dimensions {dims}: {out.GetClassName()}, "
+        f"{out.GetNumberOfCells()} cells, {out.GetNumberOfPoints()} points, radius "
+        f"{radius.min():.16f} .. {radius.max():.16f}, {len(steps)} time steps"
+    )
+    assert out.GetClassName() == "vtkUnstructuredGrid" and out.GetNumberOfCells() == cells
+    np.testing.assert_array_equal(steps, times)
+    assert np.abs(radius - 1).max() < 1e-14
+    values = vtk_to_numpy(out.GetCellData().GetArray("density"))
+    np.testing.assert_array_equal(values, first)
+    # cell (p n + j) n + i is panel p's cell (i, j): its corners, counter-clockwise
+    g = cs.cubed_sphere(n)
+    e = g.edges
+    p, j, i = np.indices(g.shape).reshape(3, -1)
+    corners = np.stack(
+        [cs.to_sphere(p, e[i + di], e[j + dj]) for di, dj in ((0, 0), (1, 0), (1, 1), (0, 1))],
+        axis=1,
+    )  # (cells, 4, 3)
+    ids = vtk_to_numpy(out.GetCells().GetConnectivityArray()).reshape(cells, 4)
+    placed = points[ids]  # the vertices of each cell, in the cell's order
+    gap = np.abs(placed - corners).max()
+    print(f"largest distance of a cell's vertex from its cubed-sphere corner {gap:.1e}")
+    assert placed.shape == (cells, 4, 3) and gap < 1e-13
+
+
+def test_cf_checker_finds_nothing_but_time_units(tmp_path):
+    """compliance-checker's cf:1.10 suite on a run's file: of high priority only the two
+    findings every tpde file has about Transformer time's ``units = "1"`` (tests/test_formats.py
+    says why no representation avoids them)."""
+    runner = pytest.importorskip("compliance_checker.runner")
+    path = tmp_path / "run.nc"
+    tpde.simulate(RUN.replace("snapshots = 4", "snapshots = 2"), output=path)
+    runner.CheckSuite.load_all_available_checkers()
+    checker = runner.CheckSuite()
+    groups, errors = checker.run_all(checker.load_dataset(str(path)), ["cf:1.10"], [])["cf:1.10"]
+    assert not errors
+    report = checker.build_structure("cf:1.10", groups, str(path), limit=1)
+    high = [m for group in report["high_priorities"] for m in group.msgs]
+    print(f"\ncf:1.10 {report['scored_points']}/{report['possible_points']}, high: {high}")
+    assert sorted(high) == sorted(
+        (
+            "time must be in a valid units format <unit> since <epoch> not 1",
+            "time does not have correct time units",
+        )
+    )
+
+
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
+    """A sphere run writes each snapshot as it is reached; replacing an existing file
+    (--overwrite) it writes ``.NAME.partial``, and an interruption (SIGINT right after the
+    second snapshot) leaves the old file as it was and the partial file with two snapshots,
+    status ``interrupted``. ``--resume`` continues it and replaces the old file at the end:
+    the same times, densities and step count as an uninterrupted run, bit for bit."""
+    import os
+    import signal
+
+    import netCDF4
+
+    from tpde.sphere import SphereWriter
+
+    config = tmp_path / "run.toml"
+    config.write_text(RUN)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
+    cut.write_bytes(full.read_bytes())  # an earlier file that the new run replaces
+    old = cut.read_bytes()
+    write = SphereWriter.write
+
+    def interrupting(self, t, density):
+        done = write(self, t, density)
+        if self.snapshots == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
+        return done
+
+    monkeypatch.setattr(SphereWriter, "write", interrupting)
+    code, _, err = cli(capsys, "run", config, "-o", cut, "--overwrite", "--quiet")
+    monkeypatch.undo()
+    partial = tmp_path / ".cut.nc.partial"
+    assert code == 130 and "--resume" in err, err
+    assert cut.read_bytes() == old and partial.is_file()
+    assert not (tmp_path / ".cut.nc.lock").exists()
+    with netCDF4.Dataset(partial) as nc:
+        assert nc.status == "interrupted" and len(nc.dimensions["time"]) == 2, nc.status
+        assert nc.status_time == pytest.approx(0.2)
+    code, out, _ = cli(capsys, "info", partial)
+    assert code == 0 and "status: interrupted" in out and "snapshots: 2" in out
+    assert cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")[0] == 0
+    assert not partial.exists()
+    with xr.open_dataset(cut) as resumed, xr.open_dataset(full) as reference, capsys.disabled():
+        print(
+            f"\nresumed from t = 0.2: max |resumed - uninterrupted| = "
+            f"{float(np.abs(resumed['density'] - reference['density']).max()):.1e}; steps "
+            f"{resumed.attrs['steps']} vs {reference.attrs['steps']}"
+        )
+        assert resumed.attrs["status"] == "completed" and "resumed" in resumed.attrs["history"]
+        np.testing.assert_array_equal(resumed["time"].values, reference["time"].values)
+        np.testing.assert_array_equal(resumed["density"].values, reference["density"].values)
+        np.testing.assert_array_equal(resumed["mass"].values, reference["mass"].values)
+        assert resumed.attrs["steps"] == reference.attrs["steps"]
+    code, _, err = cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")
+    assert code == 2 and "already complete" in err
+    other = tmp_path / "other.toml"
+    other.write_text(RUN.replace("t_end = 0.6", "t_end = 0.8"))
+    with netCDF4.Dataset(cut, "a") as nc:  # an interrupted file of the first config
+        nc.status = "interrupted"
+    code, _, err = cli(capsys, "run", other, "-o", cut, "--resume", "--quiet")
+    assert code == 2 and "different config" in err

@@ -409,10 +409,10 @@ def simulate(
 
 
 def _read(path: Path, config: Config):
-    """The output as a Dataset: :func:`tpde.io.read`, or the sphere's file as it is stored."""
+    """The output as a Dataset: :func:`tpde.io.read`, or the sphere's file as it is stored
+    (:func:`tpde.sphere.read_sphere`)."""
     if getattr(config, "geometry", None) == "sphere":
-        import xarray as xr
+        from .sphere import read_sphere
 
-        with xr.open_dataset(path) as ds:
-            return ds.load()
+        return read_sphere(path)
     return io.read(path)

@@ -4,12 +4,18 @@ docs/theory.md, 'The cubed sphere', 'General attention on the sphere' and 'Token
 sphere'; docs/user-guide.md, 'The sphere'. :func:`build_sphere` turns the raw tables of a
 sphere configuration into a :class:`SphereConfig`; ``tpde run`` (:func:`tpde.run.run_config`)
 hands it to :func:`run_sphere`, which runs :func:`tpde.schemes.cubed_sphere.solve` and writes
-a CF-1.10 NetCDF file that ParaView and xarray read on a globe: ``density (time, panel, j, i)``
-per unit area (cell averages; ``i`` along the panel's first local angle, fastest) with the
-auxiliary coordinates ``lat``, ``lon`` (cell centres, degrees_north / degrees_east) and their
-cell bounds ``lat_bounds``, ``lon_bounds`` (the 4 corners), ``cell_area`` (steradians),
-``mass (time)``, ``mean_vector (time, xyz)``, ``second_moment (time, xyz, xyz2)``; the file
-says ``geometry = "sphere"``. ``tpde info``, ``tpde plot`` and ``tpde particles`` know it.
+each snapshot as it is reached (:class:`SphereWriter`) to a CF-1.10 NetCDF file that ParaView
+and xarray read on a globe. The cells are one dimension, ``cell`` (6 n^2; cell number
+``(panel n + j) n + i``, ``i`` along the panel's first local angle): ``density (time, cell)``
+per unit area (cell averages) with the auxiliary coordinates ``lat``, ``lon`` (cell centres,
+degrees_north / degrees_east) and their cell bounds ``lat_bounds``, ``lon_bounds`` (``(cell,
+nv)``, the 4 corners counter-clockwise), the integer coordinates ``panel``, ``j``, ``i`` of
+each cell (:func:`panels` unstacks ``cell`` into ``(panel, j, i)`` with them),
+``cell_area (cell)`` (steradians), ``mass (time)``, ``mean_vector (time, xyz)``,
+``second_moment (time, xyz, xyz2)``; the file says ``geometry = "sphere"``. 1-D latitude and
+longitude with 4-corner bounds are what ParaView's CF reader (vtkNetCDFCFReader) turns into
+polygons on the unit sphere (its "p-sided cells"); a ``(panel, j, i)`` layout it loads as an
+image of panels instead. ``tpde info``, ``tpde plot`` and ``tpde particles`` know the file.
 
 Keys::
 
@@ -36,20 +42,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import netCDF4
 import numpy as np
 import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
 from tpde.variants.cubed_sphere import CubedSphereAttention
 
-from .config import ConfigError, _number, dumps
+from . import io
+from .config import ConfigError, _number, canonical, dumps, parse_toml
 
 __all__ = [
     "SphereConfig",
+    "SphereWriter",
     "build_sphere",
+    "grid_of",
     "is_sphere_file",
+    "panels",
     "particle_reference",
+    "read_sphere",
     "run_sphere",
+    "same_sphere_config",
     "sphere_dataset",
     "sphere_info",
     "write_dataset",
@@ -310,14 +323,42 @@ def build_sphere(raw: dict) -> SphereConfig:
 
 
 # ---- the file ---------------------------------------------------------------------------------
-def _to_file(density: np.ndarray) -> np.ndarray:
-    """``(..., 6, n, n)`` indexed ``[p, i, j]`` -> the file's ``(..., panel, j, i)``."""
-    return np.swapaxes(np.asarray(density, float), -1, -2)
+def _to_file(values: np.ndarray) -> np.ndarray:
+    """``(..., 6, n, n)`` indexed ``[p, i, j]`` -> the file's ``(..., cell)``, cell
+    ``(p n + j) n + i``."""
+    values = np.asarray(values)
+    return np.swapaxes(values, -1, -2).reshape(*values.shape[:-3], 6 * values.shape[-1] ** 2)
+
+
+def _file_geometry(values: np.ndarray) -> np.ndarray:
+    """The geography's ``(panel, j, i, ...)`` arrays (:func:`cs.cell_geography`) -> the
+    file's ``(cell, ...)``."""
+    values = np.asarray(values)
+    return values.reshape(-1, *values.shape[3:])
 
 
 def from_file(density: np.ndarray) -> np.ndarray:
-    """The file's ``(..., panel, j, i)`` -> tpde's ``(..., 6, n, n)`` indexed ``[p, i, j]``."""
-    return np.swapaxes(np.asarray(density, float), -1, -2)
+    """The file's ``(..., cell)`` -> tpde's ``(..., 6, n, n)`` indexed ``[p, i, j]``."""
+    density = np.asarray(density, float)
+    n = math.isqrt(density.shape[-1] // 6)
+    if 6 * n * n != density.shape[-1]:
+        raise ValueError(f"density: {density.shape[-1]} cells is not 6 n^2 (a cubed sphere)")
+    return np.swapaxes(density.reshape(*density.shape[:-1], 6, n, n), -1, -2)
+
+
+def grid_of(ds: xr.Dataset) -> cs.CubedSphere:
+    """The cubed sphere of a sphere file's dataset (its ``cell`` dimension, 6 n^2)."""
+    n = math.isqrt(int(ds.sizes["cell"]) // 6)
+    return cs.cubed_sphere(n)
+
+
+def panels(ds: xr.Dataset) -> xr.Dataset:
+    """A sphere file's dataset with ``cell`` unstacked into ``(panel, j, i)`` (``i`` fastest):
+    ``density (time, panel, j, i)``, ``lat (panel, j, i)``, ``lat_bounds (panel, j, i,
+    nv)``, ... (xarray's ``ds.set_index(cell=["panel", "j", "i"]).unstack("cell")``, the
+    dimensions put back in the file's order)."""
+    out = ds.set_index(cell=["panel", "j", "i"]).unstack("cell")
+    return out.transpose("time", "panel", "j", "i", ..., missing_dims="ignore")
 
 
 def sphere_dataset(
@@ -332,8 +373,9 @@ def sphere_dataset(
     from tpde import __version__
 
     geo = cs.cell_geography(grid)
-    dims = ("panel", "j", "i")
+    dims = ("cell",)
     rho = np.asarray(densities, float).reshape(-1, *grid.shape)
+    index = np.indices(grid.shape, dtype=np.int32)  # panel, j, i of each file cell
     means = np.array([cs.mean(grid, d) for d in rho]).reshape(-1, 3)
     seconds = np.array([cs.second_moment(grid, d) for d in rho]).reshape(-1, 3, 3)
     point = {"units": "1", "cell_methods": "time: point"}
@@ -345,8 +387,7 @@ def sphere_dataset(
                 {
                     "long_name": f"{what} per unit area on the sphere (cell averages)",
                     "units": "1",
-                    "coordinates": "lat lon",
-                    "cell_measures": "area: cell_area",
+                    "coordinates": "lat lon panel j i",
                     "cell_methods": "time: point area: mean",
                 },
             ),
@@ -355,8 +396,9 @@ def sphere_dataset(
                 _to_file(grid.areas),
                 {
                     "long_name": "cell area on the unit sphere",
-                    "standard_name": "cell_area",
                     "units": "sr",
+                    "comment": "mass = sum(density * cell_area). Not a CF cell_measures "
+                    "variable (CF asks m2 of those; the sphere is the unit sphere)",
                 },
             ),
             "mass": (
@@ -386,20 +428,20 @@ def sphere_dataset(
                     "long_name": "layer depth (Transformer time)",
                 },
             ),
-            "panel": ("panel", np.arange(6, dtype=np.int32), {"long_name": "cubed-sphere panel"}),
+            "panel": (dims, index[0].ravel(), {"long_name": "cubed-sphere panel of the cell"}),
             "j": (
-                "j",
-                np.arange(grid.n, dtype=np.int32),
+                dims,
+                index[1].ravel(),
                 {"long_name": "cell index along the panel's second local angle"},
             ),
             "i": (
-                "i",
-                np.arange(grid.n, dtype=np.int32),
+                dims,
+                index[2].ravel(),
                 {"long_name": "cell index along the panel's first local angle"},
             ),
             "lat": (
                 dims,
-                geo["lat"],
+                _file_geometry(geo["lat"]),
                 {
                     "standard_name": "latitude",
                     "long_name": "latitude of the cell centre",
@@ -409,7 +451,7 @@ def sphere_dataset(
             ),
             "lon": (
                 dims,
-                geo["lon"],
+                _file_geometry(geo["lon"]),
                 {
                     "standard_name": "longitude",
                     "long_name": "longitude of the cell centre",
@@ -421,8 +463,12 @@ def sphere_dataset(
             "xyz2": ("xyz2", np.array(["x", "y", "z"]), {"long_name": "Cartesian component"}),
         },
     )
-    ds["lat_bounds"] = ((*dims, "nv"), geo["lat_bounds"], {"units": "degrees_north"})
-    ds["lon_bounds"] = ((*dims, "nv"), geo["lon_bounds"], {"units": "degrees_east"})
+    ds["lat_bounds"] = (
+        (*dims, "nv"),
+        _file_geometry(geo["lat_bounds"]),
+        {"units": "degrees_north"},
+    )
+    ds["lon_bounds"] = ((*dims, "nv"), _file_geometry(geo["lon_bounds"]), {"units": "degrees_east"})
     ds = ds.set_coords(["lat_bounds", "lon_bounds"])
     ds.attrs = {
         "Conventions": "CF-1.10",
@@ -437,19 +483,62 @@ def sphere_dataset(
     return ds
 
 
-def write_dataset(ds: xr.Dataset, path: str | Path) -> None:
-    """Write ``ds`` to ``path`` (staged to a hidden name, then renamed): no ``_FillValue`` on
-    coordinates and bounds, text as fixed-length characters."""
-    path = Path(path)
+def _encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
+    """How a sphere dataset is stored: no ``_FillValue`` on coordinates and bounds (NaN on
+    the float records: a record not yet complete), text as fixed-length characters, the
+    density chunked by snapshot in tiles of the cells, as the grid runs'
+    (:func:`tpde.io.spatial_chunks`), and deflated; the other records in chunks of at most
+    64 KiB."""
     encoding: dict[str, dict[str, Any]] = {}
-    for name, var in ds.variables.items():
-        if var.dtype.kind in "fc" and (name in ds.coords or str(name).endswith("_bounds")):
-            encoding[str(name)] = {"_FillValue": None}
+    for key, var in ds.variables.items():
+        name = str(key)
+        if var.dtype.kind in "fci" and (name in ds.coords or name.endswith("_bounds")):
+            encoding[name] = {"_FillValue": None}
         elif var.dtype.kind == "U":
-            encoding[str(name)] = {"dtype": "S1"}
+            encoding[name] = {"dtype": "S1"}
+        if "time" in var.dims and name != "time":
+            inner = tuple(int(n) for n in var.shape[1:])
+            per_record = math.prod(inner)  # moments: up to _TIME_CHUNK records, 64 KiB
+            records = max(1, min(_TIME_CHUNK, 8192 // max(1, per_record)))
+            chunks = io.spatial_chunks(inner, 1) if name == "density" else (records, *inner)
+            encoding.setdefault(name, {})["chunksizes"] = chunks
+    if "density" in ds:
+        encoding["density"].update(zlib=True, complevel=4, shuffle=True)
+    if "time" in ds.variables:
+        encoding.setdefault("time", {})["chunksizes"] = (_TIME_CHUNK,)
+    return encoding
+
+
+_TIME_CHUNK = 256
+
+
+def write_dataset(ds: xr.Dataset, path: str | Path) -> None:
+    """Write ``ds`` to ``path`` (staged to a hidden name, then renamed) in the layout of the
+    sphere's files (:func:`_encoding`; ``time`` unlimited, as a run's file)."""
+    path = Path(path)
     staged = path.with_name(f".{path.name}.tmp")
-    ds.to_netcdf(staged, engine="netcdf4", encoding=encoding)
+    _write(ds, staged)
     os.replace(staged, path)
+
+
+def _write(ds: xr.Dataset, path: str | Path) -> None:
+    ds.to_netcdf(
+        path,
+        engine="netcdf4",
+        format="NETCDF4",
+        encoding=_encoding(ds),
+        unlimited_dims=["time"] if "time" in ds.dims else None,
+    )
+
+
+def read_sphere(path: str | Path) -> xr.Dataset:
+    """A sphere file, loaded and closed, without a trailing incomplete record (a run killed
+    while writing one: its ``time`` is written last, :func:`tpde.io.complete_records`)."""
+    with xr.open_dataset(path, decode_times=False) as opened:
+        ds = opened.load()
+    if "time" in ds.dims:
+        ds = ds.isel(time=slice(0, io.complete_records(ds["time"].values)))
+    return ds
 
 
 def is_sphere_file(path: str | Path) -> bool:
@@ -464,6 +553,128 @@ def is_sphere_file(path: str | Path) -> bool:
 
 
 # ---- running ---------------------------------------------------------------------------------
+class SphereWriter(io.OutputWriter):
+    """Append the snapshots of a sphere run to its NetCDF file (module docstring), one durable
+    record per :meth:`write`, with the grid runs' machinery (:class:`tpde.io.OutputWriter`):
+    the output's lock from creation (or :meth:`resume`) to :meth:`close`, the file closed
+    between records, ``time`` written last (a record without it is incomplete and dropped on
+    read and resume), room reserved before each record (:class:`tpde.io.DiskFull` leaves the
+    file as it was), and with ``overwrite`` the new run staged in ``.<name>.partial`` until it
+    ends with a result. The header is the dataset of :func:`sphere_dataset` without records
+    and with ``status = "running"``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        grid: cs.CubedSphere,
+        config_text: str = "",
+        title: str = "tpde run on the sphere",
+        overwrite: bool = False,
+        history: str = "",
+        lock_timeout: float = io.LOCK_TIMEOUT,
+    ):
+        path = os.fspath(path)
+        header = sphere_dataset(grid, np.empty(0), np.empty((0, *grid.shape)), config_text, title)
+        created = f"{io._now()}: created by tpde {header.attrs['tpde_version']}"
+        header.attrs.update(
+            history=created + (f": {history}" if history else ""),
+            status=io.RUNNING,
+            status_time=math.nan,
+            status_message="",
+        )
+        record = self._record_bytes(grid)
+        nbytes = 64 * 1024 + 80 * 6 * grid.n**2 + 2 * len(str(config_text)) + record
+        lock, file, staged = io.open_output(
+            path, overwrite, lambda file: _write(header, file), nbytes
+        )
+        self.grid = grid
+        self._begin(path, 0, None, lock_timeout, record)
+        self._attach(lock, file, staged)
+
+    @staticmethod
+    def _record_bytes(grid: cs.CubedSphere) -> int:
+        """What one record may add: the density (deflate may grow it a little), an index entry
+        per density tile, a new chunk of each moment record, and the reserve margin."""
+        cells = 6 * grid.n**2
+        tiles = -(-cells // io.spatial_chunks((cells,), 1)[1])
+        return int(1.05 * 8 * cells) + 128 * tiles + 8 * _TIME_CHUNK * 14 + io.RESERVE_MARGIN
+
+    @classmethod
+    def resume(
+        cls,
+        path: str | os.PathLike,
+        lock_timeout: float = io.LOCK_TIMEOUT,
+        accept: Any = None,
+    ) -> SphereWriter:
+        """Reopen a sphere run's file after its last complete snapshot (the staged partial file
+        of a run that was replacing ``path``, if any), as :meth:`tpde.io.SnapshotWriter.resume`:
+        ``accept(state)`` (``file``, ``config``, ``outcome``, ``snapshots``, ``time``) may
+        refuse before anything changes."""
+        path = os.fspath(path)
+
+        def read(nc: netCDF4.Dataset, attrs: dict) -> cs.CubedSphere:
+            if attrs.get("geometry") != "sphere" or "cell" not in nc.dimensions:
+                raise io.OutputError(
+                    f"run.output: {path} is not the file of a sphere run; choose another output"
+                )
+            n = math.isqrt(len(nc.dimensions["cell"]) // 6)
+            return cs.cubed_sphere(n)
+
+        opened = io.reopen_output(path, lock_timeout, read, accept)
+        writer = cls.__new__(cls)
+        writer.grid = opened.layout
+        writer._begin(path, opened.count, opened.last, lock_timeout, cls._record_bytes(writer.grid))
+        writer._attach(opened.lock, opened.file, opened.staged)
+        return writer
+
+    def last_density(self) -> np.ndarray:
+        """The density of the last complete snapshot (tpde's ``(6, n, n)``)."""
+        if not self._count:
+            raise io.OutputError(f"run.output: {self.path} holds no complete snapshot")
+        with io._opened(self.file, "r", self.lock_timeout) as nc:
+            nc.set_auto_mask(False)
+            return from_file(np.array(nc["density"][self._count - 1, :], dtype=np.float64))
+
+    def write(self, t: float, density: np.ndarray) -> bool:
+        """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass and
+        moments; a snapshot at the time of the last record is skipped (returns False)."""
+        t = self._check_time(t)
+        rho = np.asarray(density, dtype=np.float64)
+        if rho.shape != self.grid.shape:
+            raise ValueError(
+                f"run.output: snapshot density has shape {rho.shape}, expected {self.grid.shape}"
+            )
+        if self._last_time is not None and t == self._last_time:
+            return False
+        grid = self.grid
+        mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
+
+        def store(i: int) -> None:
+            with io._opened(self.file, "a", self.lock_timeout) as nc:
+                nc["density"][i, :] = _to_file(rho)
+                nc["mass"][i] = mass
+                nc["mean_vector"][i, :] = mean
+                nc["second_moment"][i, :, :] = second
+                nc.sync()  # the record on disk before its time (tpde.io.SnapshotWriter)
+                nc["time"][i] = t
+
+        self._append(t, store)
+        return True
+
+    def __repr__(self) -> str:
+        return f"SphereWriter({self.path!r}, n={self.grid.n}, snapshots={self._count})"
+
+
+def same_sphere_config(stored: str, config: SphereConfig) -> bool:
+    """Whether the config text stored in a sphere file has the values of ``config`` (both
+    resolved by :func:`build_sphere`; ``run.output`` does not count)."""
+    try:
+        other = build_sphere(parse_toml(stored, "config"))
+    except (ConfigError, ValueError):
+        return False
+    return canonical(other.text) == canonical(config.text)
+
+
 def run_sphere(
     config: SphereConfig,
     output: str | Path,
@@ -472,74 +683,113 @@ def run_sphere(
     quiet: bool = True,
     history: str = "",
 ) -> Path:
-    """Run a sphere configuration and write its NetCDF file (module docstring). The file is
-    written when the run ends (completed; interrupted or failed: the snapshots reached, status
-    ``interrupted`` / ``error``); not resumable."""
+    """Run a sphere configuration writing every snapshot to ``output`` as it is reached
+    (:class:`SphereWriter`), as :func:`tpde.run.run_config` does for the grid runs: the
+    file records how the run ended (``completed``; ``interrupted`` by SIGINT, SIGTERM or
+    SIGHUP, its time the last complete snapshot's; ``error`` for any exception, raised again
+    after the file says so), ``overwrite`` replaces an existing file only with a completed
+    run, and ``resume`` continues an interrupted file from its last snapshot, bit for bit
+    (:func:`tpde.schemes.cubed_sphere.solve`)."""
     from tpde.schemes.cubed_sphere import solve
 
-    from .run import Interrupted, _Signals, error_line
+    from .run import Interrupted, _Signals, _writer, error_line, refuse_result
 
     output = Path(output)
-    if resume:
+    if io.is_zarr(output):
         raise ConfigError(
-            "run: --resume is not available on the sphere; run again with --overwrite"
+            f"run.output: {output}: the sphere writes NetCDF only; choose a name ending in .nc"
         )
-    if output.exists() and not overwrite:
-        raise ConfigError(f"run.output: {output} exists; pass --overwrite to replace it")
-    if not output.parent.exists():
-        raise ConfigError(
-            f"run.output: cannot write {output}: directory {output.parent} does not exist"
-        )
-    times: list[float] = []
-    densities: list[np.ndarray] = []
-    start = _time.perf_counter()
-    steps = [0]
+    times, density = np.asarray(config.times, float), config.density
+    signals = _Signals()
+    with signals:
+        if resume:
 
-    def on_snapshot(t: float, density: np.ndarray, count: int) -> None:
-        times.append(t)
-        densities.append(density.copy())
-        steps[0] = count
-        if not quiet:
-            print(
-                f"t = {t:.4g}/{config.t_end:.4g}  steps {count}  min rho {density.min():.1e}  "
-                f"mass {config.grid.integrate(density):.15f}  {_time.perf_counter() - start:.1f} s",
-                file=sys.stderr,
+            def accept(found: dict) -> None:
+                refuse_result(output, found["outcome"])
+                if not same_sphere_config(found["config"], config):
+                    raise ConfigError(
+                        f"run.output: {output} was written with a different config; "
+                        "resume with the config stored in the file (tpde info shows it)"
+                    )
+                if not found["snapshots"]:
+                    raise ConfigError(
+                        f"run.output: {output} holds no complete snapshot; start a new run "
+                        "with --overwrite"
+                    )
+                if not np.any(times > found["time"] * (1 + 1e-14) + 1e-300):
+                    raise ConfigError(
+                        f"run.output: {output} is already complete (t = {found['time']:.6g}); "
+                        "nothing to resume"
+                    )
+
+            writer = _writer(lambda: SphereWriter.resume(output, accept=accept))
+            assert writer.last_time is not None  # (accept refused a file without records)
+            start_time = writer.last_time
+            density = writer.last_density()
+            times = np.concatenate(([start_time], times[times > start_time * (1 + 1e-14) + 1e-300]))
+        else:
+            writer = _writer(
+                lambda: SphereWriter(
+                    output, config.grid, config.text, overwrite=overwrite, history=history
+                )
             )
+        start = _time.perf_counter()
+        steps = [0]
+        skip_first = resume  # the state a resumed run starts from is already stored
 
-    status, message = "error", "the run did not start"
-    try:
-        with _Signals():
+        def on_snapshot(t: float, rho: np.ndarray, count: int) -> None:
+            nonlocal skip_first
+            steps[0] = count
+            if skip_first:
+                skip_first = False
+                return
+            with signals.held():
+                writer.write(t, rho)
+            if not quiet:
+                print(
+                    f"t = {t:.4g}/{config.t_end:.4g}  steps {count}  min rho {rho.min():.1e}  "
+                    f"mass {config.grid.integrate(rho):.15f}  "
+                    f"{_time.perf_counter() - start:.1f} s",
+                    file=sys.stderr,
+                )
+
+        outcome = io.Outcome("error", times[0], "the run did not start")
+        try:
             solve(
                 config.grid,
-                config.density,
+                density,
                 config.field,
-                config.t_end,
-                snapshots=config.times,
+                float(times[-1]),
+                snapshots=times,
                 on_snapshot=on_snapshot,
                 **config.scheme,
             )
-        status, message = "completed", ""
-    except KeyboardInterrupt as exc:
-        name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-        status, message = "interrupted", f"interrupted by {name}; run again to continue"
-        raise
-    except BaseException as exc:
-        status, message = "error", error_line(exc)
-        raise
-    finally:
-        if densities:
-            ds = sphere_dataset(
-                config.grid, np.array(times), densities, config.text, "tpde run on the sphere"
+            outcome = io.Outcome("completed", times[-1])
+        except KeyboardInterrupt as exc:
+            name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+            last = writer.last_time if writer.last_time is not None else times[0]
+            outcome = io.Outcome(
+                "interrupted",
+                last,
+                f"interrupted by {name}; snapshots up to t = {last:.6g} are complete; "
+                "continue with --resume",
             )
-            ds.attrs.update(
-                status=status,
-                status_time=float(times[-1]),
-                status_message=message,
-                steps=int(steps[0]),
-                wall_time=_time.perf_counter() - start,
-                history=history,
+            raise
+        except BaseException as exc:
+            last = writer.last_time
+            outcome = io.Outcome(
+                "error",
+                times[0] if last is None else last,
+                error_line(exc)
+                + ("" if last is None else f" (snapshots up to t = {last:.6g} are complete)"),
             )
-            write_dataset(ds, output)
+            raise
+        finally:
+            with signals.held(deliver=False):
+                writer.close(
+                    outcome,
+                    provenance={"steps": steps[0], "wall_time": _time.perf_counter() - start},
+                )
     return output
 
 
@@ -619,9 +869,9 @@ def particle_reference(
 
 def sphere_info(path: str | Path) -> list[str]:
     """The lines ``tpde info`` prints for a sphere file."""
-    with xr.open_dataset(path) as opened:
-        ds = opened.load()
-    n = int(ds.sizes["i"])
+    ds = read_sphere(path)
+    grid = grid_of(ds)
+    n = grid.n
     times = ds["time"].values
     what = "token system" if "tokens" in ds else "grid run"
     lines = [
@@ -640,7 +890,6 @@ def sphere_info(path: str | Path) -> list[str]:
         lines.append(
             f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
         )
-        grid = cs.cubed_sphere(n)
         centres, masses = cs.clusters(grid, from_file(ds["density"].values[-1]))
         lines.append(f"  clusters at the last snapshot (> 2x uniform): {len(masses)}")
         for x, mass in list(zip(centres, masses, strict=True))[:12]:

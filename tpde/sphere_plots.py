@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
 
@@ -45,15 +44,14 @@ def plot_sphere(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .sphere import from_file
+    from .sphere import from_file, grid_of, read_sphere
 
-    with xr.open_dataset(path) as opened:
-        ds = opened.load()
+    ds = read_sphere(path)
     if ds.sizes.get("time", 0) == 0:
         raise ValueError(f"plot: {path} has no snapshots")
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    grid = cs.cubed_sphere(int(ds.sizes["i"]))
+    grid = grid_of(ds)
     all_times = ds["time"].values
     if times:
         picks = sorted({int(np.argmin(np.abs(all_times - t))) for t in times})
