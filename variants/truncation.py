@@ -294,7 +294,8 @@ def measured_cut(
         scale = float(values.max())
         scaled = values / scale
         scaled[scaled < np.finfo(float).tiny] = 0.0
-        if direct:
+        sums: DirectSums | SeparableSums
+        if nodes is None:
             sums = DirectSums(scaled, grid, fields="log")
         else:
             sums = SeparableSums(scaled, grid, bounds, nodes, "log")
