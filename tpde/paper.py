@@ -6,11 +6,13 @@ The authors integrate only the covariance ODE of Gaussian initial data (``2d_plo
 ``histograms.py``; docs/theory.md gives the matrices, re-derived from their seeds). Here each
 experiment evolves a set of initial covariances twice: by the Gaussian ODE (tpde.validation.
 gaussian, DOP853) and by the grid solver from the Gaussian density N(0, Sigma_0) (WENO5-Z,
-SSP-RK3, on the box fitted to the ODE solution, tpde.studies.fitted_box), and draws both in the
+SSP-RK3, in the co-moving affine frame, or with ``frame=False`` on the box fitted to the ODE
+solution, tpde.studies.fitted_box), and draws both in the
 authors' coordinates: (x, y, z) = (a - b, 2c, a + b) for Sigma = [[a, c], [c, b]], where the PSD
 cone is z >= sqrt(x^2 + y^2) and its boundary the rank-1 matrices, and the trace-normalised
 (a - b, 2c) / tr Sigma in the unit disc (the unit circle: rank 1). Blow-up (tr Sigma > 1e3, the
-authors' rule, or the ODE's blow-up event) is marked where it is detected; grid runs of
+authors' rule, or the ODE's blow-up event) is marked where it is detected; frame runs go
+until the truncation monitor stops them (``Trajectory.grid_status``), fixed-box runs of
 blowing-up data stop at half the blow-up time (every discretisation departs near it,
 docs/theory.md, 'Blow-up and tails').
 
