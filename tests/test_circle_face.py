@@ -62,7 +62,7 @@ def test_circle_config_builds_the_circle_problem():
     "change, message",
     [
         (("grid", "geometry", "torus"), "grid.geometry: unknown 'torus'"),
-        (("grid", "lower", [0.0]), "grid.lower: not a key of the circle"),
+        (("grid", "lower", [0.0]), "grid.lower: unknown key of the circle"),
         (("initial", "kind", "gaussian"), "initial.kind: unknown 'gaussian'"),
         (("attention", "variant", "l2"), "attention.variant"),
         (("attention", "engine", "separable"), "attention.engine"),

@@ -87,7 +87,7 @@ def test_sphere_config_round_trip():
             ("means = [[1, 0, 0], [0, 0.6, -0.8]]", "means = [[1, 0], [0, 0.6, -0.8]]"),
             "initial.means[0]",
         ),
-        (("A = [[1.0, 0.35, -0.2],", "A = [[1.0, 0.35],"), "attention.A[0]"),
+        (("A = [[1.0, 0.35, -0.2],", "A = [[1.0, 0.35],"), "attention.A: expected"),
         (("[attention]", '[attention]\nvariant = "l2"'), "attention.variant"),
         (("[attention]", "[attention]\nbeta = 2.0"), "attention.A"),
         (("[run]", '[scheme]\nvelocity_at = "corners"\n[run]'), "scheme.velocity_at"),

@@ -38,14 +38,19 @@ from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
 from .config import (
+    SECTIONS,
     Config,
     ConfigError,
+    _matrix,
     _number,
     _run_settings,
     build_positions,
     build_scheme,
+    check_keys,
     dumps,
     make_problem,
+    numbers,
+    section_errors,
 )
 
 __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise"]
@@ -58,36 +63,6 @@ KEYS = {
     "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine", "masked"},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
-
-
-def _numbers(key: str, value: Any, count: int | None = None) -> list[float]:
-    if not isinstance(value, list) or (count is not None and len(value) != count):
-        what = f"a list of {count} numbers" if count is not None else "a list of numbers"
-        raise ConfigError(f"{key}: expected {what}, got {value!r:.60}")
-    return [_number(f"{key}[{i}]", v) for i, v in enumerate(value)]
-
-
-def _matrix(key: str, value: Any) -> np.ndarray:
-    rows = value if isinstance(value, list) and len(value) == 2 else None
-    if rows is None:
-        raise ConfigError(f"{key}: expected a 2 x 2 matrix [[a, b], [c, d]], got {value!r:.60}")
-    return np.array([_numbers(f"{key}[{i}]", row, 2) for i, row in enumerate(rows)])
-
-
-def _check_keys(raw: Mapping) -> None:
-    for section, keys in KEYS.items():
-        table = raw.get(section, {})
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{section}: expected a [{section}] table")
-        for key in table:
-            if key not in keys:
-                raise ConfigError(
-                    f"{section}.{key}: not a key of the circle geometry; "
-                    f"choose from {', '.join(sorted(keys))}"
-                )
-    for section in ("grid", "attention", "run"):
-        if section not in raw:
-            raise ConfigError(f"{section}: missing section [{section}]")
 
 
 def _grid(table: Mapping) -> geo.CircleGrid:
@@ -108,14 +83,14 @@ def _initial(table: Mapping, grid: geo.CircleGrid) -> np.ndarray:
             f"initial.kind: unknown {kind!r} on the circle; choose one of "
             f"{', '.join(INITIAL_KINDS)}"
         )
-    try:
+    with section_errors("initial"):
         if kind == "uniform":
             modes = table.get("modes", [])
             if not isinstance(modes, list):
                 raise ConfigError("initial.modes: expected [[k, amplitude, phase], ...]")
             triples = []
             for i, mode in enumerate(modes):
-                k, amplitude, phase = _numbers(f"initial.modes[{i}]", mode, 3)
+                k, amplitude, phase = numbers(f"initial.modes[{i}]", mode, 3)
                 triples.append((int(k), amplitude, phase))
             return geo.uniform_modes(grid, triples)
         if kind == "noise":
@@ -134,22 +109,15 @@ def _initial(table: Mapping, grid: geo.CircleGrid) -> np.ndarray:
         for key in ("weights", "means", "kappas"):
             if key not in table:
                 raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
-        weights = _numbers("initial.weights", table["weights"])
-        means = _numbers("initial.means", table["means"], len(weights))
-        kappas = _numbers("initial.kappas", table["kappas"], len(weights))
+        weights = numbers("initial.weights", table["weights"])
+        means = numbers("initial.means", table["means"], len(weights))
+        kappas = numbers("initial.kappas", table["kappas"], len(weights))
         if min(weights, default=0.0) <= 0:
             raise ConfigError(f"initial.weights: must be > 0, got {weights}")
         total = sum(weights)
         return geo.von_mises_mixture(
             grid, [(w / total, m, k) for w, m, k in zip(weights, means, kappas, strict=True)]
         )
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        message = str(exc).splitlines()[0]
-        raise ConfigError(
-            message if message.startswith("initial") else f"initial: {message}"
-        ) from None
 
 
 def _attention(table: Mapping) -> CircleAttention:
@@ -168,9 +136,9 @@ def _attention(table: Mapping) -> CircleAttention:
     else:
         if "A" not in table:
             raise ConfigError("attention.beta: missing (A = beta I), or give attention.A")
-        A = _matrix("attention.A", table["A"])
-        V = _matrix("attention.V", table.get("V", [[1.0, 0.0], [0.0, 1.0]]))
-    W = _matrix("attention.W", table["W"]) if "W" in table else None
+        A = _matrix("attention.A", table["A"], (2, 2))
+        V = _matrix("attention.V", table.get("V", [[1.0, 0.0], [0.0, 1.0]]), (2, 2))
+    W = _matrix("attention.W", table["W"], (2, 2)) if "W" in table else None
     normalised = table.get("normalised", True)
     if not isinstance(normalised, bool):
         raise ConfigError(f"attention.normalised: expected true or false, got {normalised!r}")
@@ -195,7 +163,9 @@ def build_circle(raw: dict) -> Config:
         raise ConfigError(
             f"grid.geometry: unknown {geometry!r}; choose one of {', '.join(GEOMETRIES)}"
         )
-    _check_keys(raw)
+    # [scheme] and [run] are the flat geometry's
+    sections = {**KEYS, "scheme": SECTIONS["scheme"], "run": SECTIONS["run"]}
+    check_keys(raw, sections, "circle", required=("grid", "attention", "run"))
     grid = _grid(raw["grid"])
     field = _attention(raw["attention"])
     try:

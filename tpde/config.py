@@ -296,20 +296,56 @@ def _choice(key: str, value: Any, choices) -> str:
 MAX_DEPTH = 8
 
 
-def check_keys(raw: dict) -> None:
-    """Every section and key known to the schema (SECTIONS), nesting within MAX_DEPTH."""
+def check_keys(
+    raw: Mapping,
+    sections: Mapping[str, Any] = SECTIONS,
+    geometry: str | None = None,
+    required: Sequence[str] = (),
+) -> None:
+    """Every section and key known to the schema (``sections``: the flat one, or that of a
+    ``geometry``, named in the messages), nesting within MAX_DEPTH, every ``required``
+    section present."""
+    where = f" of the {geometry} geometry" if geometry else ""
     for section, table in raw.items():
-        if section not in SECTIONS:
-            raise ConfigError(f"{section}: unknown section; expected {', '.join(sorted(SECTIONS))}")
-        if not isinstance(table, dict):
+        if section not in sections:
+            raise ConfigError(
+                f"{section}: unknown section{where}; expected {', '.join(sorted(sections))}"
+            )
+        if not isinstance(table, Mapping):
             raise ConfigError(f"{section}: expected a table [{section}]")
         for key in table:
-            if key not in SECTIONS[section]:
+            if key not in sections[section]:
                 raise ConfigError(
-                    f"{section}.{key}: unknown key; expected one of "
-                    f"{', '.join(sorted(SECTIONS[section]))}"
+                    f"{section}.{key}: unknown key{where}; expected one of "
+                    f"{', '.join(sorted(sections[section]))}"
                 )
             _check_depth(f"{section}.{key}", table[key], 1)
+    for section in required:
+        if section not in raw:
+            raise ConfigError(f"{section}: missing section [{section}]")
+
+
+def numbers(key: str, value: Any, count: int | None = None) -> list[float]:
+    """``value`` as a list of (``count``) finite numbers, each checked by name."""
+    if not isinstance(value, list) or (count is not None and len(value) != count):
+        what = f"a list of {count} numbers" if count is not None else "a list of numbers"
+        raise ConfigError(f"{key}: expected {what}, got {value!r:.60}")
+    return [_number(f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+@contextlib.contextmanager
+def section_errors(section: str):
+    """Turn a ValueError raised while building ``section`` into one ConfigError line that
+    names the section (a ConfigError passes unchanged)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        message = str(exc).splitlines()[0]
+        raise ConfigError(
+            message if message.startswith(section) else f"{section}: {message}"
+        ) from None
 
 
 def _check_depth(key: str, value: Any, depth: int) -> None:

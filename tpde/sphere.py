@@ -50,7 +50,17 @@ from tpde.grid import cubed_sphere as cs
 from tpde.variants.cubed_sphere import CubedSphereAttention
 
 from . import io
-from .config import ConfigError, _number, canonical, dumps, parse_toml
+from .config import (
+    ConfigError,
+    _matrix,
+    _number,
+    canonical,
+    check_keys,
+    dumps,
+    numbers,
+    parse_toml,
+    section_errors,
+)
 
 __all__ = [
     "SphereConfig",
@@ -104,43 +114,11 @@ class SphereConfig:
         return float(self.times[-1])
 
 
-def _numbers(key: str, value: Any, count: int | None = None) -> list[float]:
-    if not isinstance(value, list) or (count is not None and len(value) != count):
-        what = f"a list of {count} numbers" if count is not None else "a list of numbers"
-        raise ConfigError(f"{key}: expected {what}, got {value!r:.60}")
-    return [_number(f"{key}[{i}]", v) for i, v in enumerate(value)]
-
-
-def _matrix(key: str, value: Any) -> np.ndarray:
-    if not (isinstance(value, list) and len(value) == 3):
-        raise ConfigError(f"{key}: expected a 3 x 3 matrix [[..3..], [..3..], [..3..]]")
-    return np.array([_numbers(f"{key}[{i}]", row, 3) for i, row in enumerate(value)])
-
-
 def _vector(key: str, value: Any) -> list[float]:
-    v = _numbers(key, value, 3)
+    v = numbers(key, value, 3)
     if not math.hypot(*v) > 0:
         raise ConfigError(f"{key}: expected a non-zero 3-vector, got {value!r:.60}")
     return v
-
-
-def _check_keys(raw: Mapping) -> None:
-    for section, table in raw.items():
-        if section not in KEYS:
-            raise ConfigError(
-                f"{section}: not a section of the sphere geometry; choose from {', '.join(KEYS)}"
-            )
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{section}: expected a [{section}] table")
-        for key in table:
-            if key not in KEYS[section]:
-                raise ConfigError(
-                    f"{section}.{key}: not a key of the sphere geometry; "
-                    f"choose from {', '.join(sorted(KEYS[section]))}"
-                )
-    for section in ("grid", "attention", "run"):
-        if section not in raw:
-            raise ConfigError(f"{section}: missing section [{section}]")
 
 
 def _grid(table: Mapping) -> cs.CubedSphere:
@@ -161,7 +139,7 @@ def _initial(table: Mapping, grid: cs.CubedSphere) -> np.ndarray:
             f"initial.kind: unknown {kind!r} on the sphere; choose one of "
             f"{', '.join(INITIAL_KINDS)}"
         )
-    try:
+    with section_errors("initial"):
         if kind == "uniform":
             modes = table.get("modes", [])
             if not isinstance(modes, list):
@@ -169,7 +147,7 @@ def _initial(table: Mapping, grid: cs.CubedSphere) -> np.ndarray:
             axis = _vector("initial.axis", table.get("axis", [0.0, 0.0, 1.0]))
             density = np.full(grid.shape, 1.0 / cs.FOUR_PI)
             for i, mode in enumerate(modes):
-                l, amplitude = _numbers(f"initial.modes[{i}]", mode, 2)
+                l, amplitude = numbers(f"initial.modes[{i}]", mode, 2)
                 if int(l) != l or l < 1:
                     raise ConfigError(f"initial.modes[{i}]: the degree l must be an integer >= 1")
                 density += cs.harmonic_mode(grid, int(l), amplitude, axis) - 1.0 / cs.FOUR_PI
@@ -192,24 +170,17 @@ def _initial(table: Mapping, grid: cs.CubedSphere) -> np.ndarray:
                 _number("initial.kappa", table.get("kappa", 1.0), positive=True),
             )
         return cs.mixture(grid, _components(table))
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        message = str(exc).splitlines()[0]
-        raise ConfigError(
-            message if message.startswith("initial") else f"initial: {message}"
-        ) from None
 
 
 def _components(table: Mapping) -> list[tuple[float, list[float], float]]:
     for key in ("weights", "means", "kappas"):
         if key not in table:
             raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
-    weights = _numbers("initial.weights", table["weights"])
+    weights = numbers("initial.weights", table["weights"])
     means = table["means"]
     if not isinstance(means, list) or len(means) != len(weights):
         raise ConfigError(f"initial.means: expected {len(weights)} 3-vectors, one per weight")
-    kappas = _numbers("initial.kappas", table["kappas"], len(weights))
+    kappas = numbers("initial.kappas", table["kappas"], len(weights))
     if min(weights, default=0.0) <= 0:
         raise ConfigError(f"initial.weights: must be > 0, got {weights}")
     if min(kappas) <= 0:
@@ -243,9 +214,9 @@ def _attention(table: Mapping) -> CubedSphereAttention:
     else:
         if "A" not in table:
             raise ConfigError("attention.beta: missing (A = beta I), or give attention.A")
-        kwargs = {"A": _matrix("attention.A", table["A"])}
+        kwargs = {"A": _matrix("attention.A", table["A"], (3, 3))}
         if "V" in table:
-            kwargs["V"] = _matrix("attention.V", table["V"])
+            kwargs["V"] = _matrix("attention.V", table["V"], (3, 3))
     try:
         return CubedSphereAttention(
             nodes=nodes, cache_entries=60_000_000, normalised=normalised, **kwargs
@@ -288,7 +259,7 @@ def _times(table: Mapping) -> np.ndarray:
     t_end = _number("run.t_end", table["t_end"], positive=True)
     snapshots = table.get("snapshots", 41)
     if isinstance(snapshots, list):
-        times = np.array(_numbers("run.snapshots", snapshots))
+        times = np.array(numbers("run.snapshots", snapshots))
         if times.size < 2 or times[0] != 0 or np.any(np.diff(times) <= 0) or times[-1] > t_end:
             raise ConfigError("run.snapshots: expected increasing times from 0 up to run.t_end")
         return times if times[-1] == t_end else np.append(times, t_end)
@@ -300,7 +271,7 @@ def _times(table: Mapping) -> np.ndarray:
 
 def build_sphere(raw: dict) -> SphereConfig:
     """The :class:`SphereConfig` of a sphere configuration (raw TOML tables)."""
-    _check_keys(raw)
+    check_keys(raw, KEYS, "sphere", required=("grid", "attention", "run"))
     grid = _grid(raw["grid"])
     attention = _attention(raw["attention"])
     scheme = _scheme(raw.get("scheme", {}))
