@@ -58,7 +58,9 @@ __all__ = [
     "clusters",
     "cubed_sphere",
     "halo_matrix",
+    "harmonic_amplitudes",
     "harmonic_mode",
+    "harmonic_power",
     "lat_lon",
     "legendre_moment",
     "mass",
@@ -377,6 +379,40 @@ def zonal_projection(
     int rho dA``."""
     moment = legendre_moment(grid, density, l, axis, nodes)
     return (2 * l + 1) * moment / grid.integrate(density)
+
+
+def harmonic_power(points: np.ndarray, masses: np.ndarray, l_max: int) -> np.ndarray:
+    """``P_l = sum_m |c_lm|^2``, ``l = 0 .. l_max``, of the discrete measure
+    ``sum_k masses_k delta_{points_k}``: ``c_lm = sum_k masses_k Y_lm(points_k)`` with the
+    spherical harmonics orthonormal on the unit sphere (``scipy.special.sph_harm_y``; for a real
+    measure ``|c_{l,-m}| = |c_lm|``). ``P_l`` is rotation invariant (the degree-``l`` part of
+    the measure in ``L^2``)."""
+    from scipy.special import sph_harm_y
+
+    if isinstance(l_max, bool) or int(l_max) != l_max or l_max < 0:
+        raise ValueError(f"harmonics.l_max: expected an integer >= 0, got {l_max!r}")
+    x = np.asarray(points, float).reshape(-1, 3)
+    w = np.asarray(masses, float).reshape(-1)
+    theta = np.arccos(np.clip(x[:, 2], -1.0, 1.0))
+    phi = np.arctan2(x[:, 1], x[:, 0])
+    out = np.zeros(int(l_max) + 1)
+    for l in range(int(l_max) + 1):
+        for m in range(l + 1):
+            c = w @ sph_harm_y(l, m, theta, phi)
+            out[l] += (1.0 if m == 0 else 2.0) * float(abs(c) ** 2)
+    return out
+
+
+def harmonic_amplitudes(grid: CubedSphere, density, l_max: int = 8, nodes: int = 4) -> np.ndarray:
+    """The amplitude of every degree ``l = 0 .. l_max`` of a density, ``A_l = sqrt(4 pi
+    (2 l + 1) P_l) / m`` (:func:`harmonic_power` of the density at ``nodes^2`` Gauss nodes a
+    cell from the fifth-order reconstruction, ``m`` its mass): ``(m / 4 pi)(1 + a
+    P_l(<axis, x>))`` has ``A_l = |a|`` about any axis (``A_0 = 1``), so ``A_l`` is the
+    rotation-invariant :func:`zonal_projection`."""
+    points, values, weights = point_values(grid, density, nodes)
+    power = harmonic_power(points, values * weights, l_max)
+    l = np.arange(power.size)
+    return np.sqrt(FOUR_PI * (2 * l + 1) * power) / grid.integrate(density)
 
 
 # ---- connectivity and halo ---------------------------------------------------------------------

@@ -37,16 +37,20 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tpde.grid.cubed_sphere import CubedSphere, metric, to_sphere
+from tpde.grid.cubed_sphere import CubedSphere, harmonic_power, metric, to_sphere
 
 __all__ = [
     "SphereTokens",
+    "fibonacci_tokens",
     "rotate_tokens",
     "sample_cell_tokens",
     "sample_mixture",
     "sample_von_mises_fisher",
     "sphere_token_velocity",
+    "token_amplitudes",
+    "token_energy",
     "token_moments",
+    "zonal_mode_tokens",
 ]
 
 _BLOCK = 1024
@@ -171,6 +175,101 @@ def token_moments(x: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.
     mean = np.einsum("...nk,n->...k", x, w)
     second = np.einsum("...nk,...nl,n->...kl", x, x, w)
     return mean, second
+
+
+def _token_weights(n: int, weights) -> np.ndarray:
+    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, float).reshape(-1)
+    if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"tokens.weights: expected {n} non-negative weights, positive sum")
+    return w / w.sum()
+
+
+def token_energy(x: np.ndarray, beta: float, weights: np.ndarray | None = None) -> float:
+    """The tokens' exact interaction energy ``1/(2 beta) sum_ij w_i w_j e^{beta <x_i, x_j>}``
+    (pairs ``i = j`` included: the energy of the empirical measure), the double sum blocked,
+    each term scaled by ``e^{-beta}``."""
+    x = np.asarray(x, float).reshape(-1, 3)
+    w = _token_weights(x.shape[0], weights)
+    beta = float(beta)
+    if not (math.isfinite(beta) and 0 < beta <= 300):
+        raise ValueError(f"beta: expected a number in (0, 300], got {beta!r}")
+    total = 0.0
+    for start in range(0, x.shape[0], _BLOCK):
+        rows = slice(start, start + _BLOCK)
+        exponent = beta * (x[rows] @ x.T - 1.0)
+        total += float(w[rows] @ (np.exp(exponent, out=exponent) @ w))
+    return total * math.exp(beta) / (2.0 * beta)
+
+
+def token_amplitudes(x: np.ndarray, l_max: int = 8, weights: np.ndarray | None = None):
+    """The degree amplitudes ``A_l = sqrt(4 pi (2 l + 1) sum_m |c_lm|^2)``, ``l = 0 .. l_max``,
+    of the tokens' empirical measure (:func:`tpde.grid.cubed_sphere.harmonic_amplitudes` for a
+    density); ``x (..., n, 3)`` gives ``(..., l_max + 1)``."""
+    x = np.asarray(x, float)
+    w = _token_weights(x.shape[-2], weights)
+    flat = x.reshape(-1, x.shape[-2], 3)
+    l = np.arange(int(l_max) + 1)
+    out = np.array(
+        [np.sqrt(4.0 * math.pi * (2 * l + 1) * harmonic_power(p, w, l_max)) for p in flat]
+    )
+    return out.reshape(*x.shape[:-2], l.size)
+
+
+def fibonacci_tokens(n: int) -> np.ndarray:
+    """The Fibonacci lattice of ``n`` points: heights ``z_i = 1 - (2 i + 1) / n`` (the
+    mid-quantiles of the uniform law of ``z``), azimuths ``i`` times the golden angle."""
+    i = np.arange(int(n))
+    z = 1.0 - (2.0 * i + 1.0) / n
+    phi = math.pi * (3.0 - math.sqrt(5.0)) * i
+    r = np.sqrt(1.0 - z * z)
+    return np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=1)
+
+
+def zonal_mode_tokens(
+    n: int, modes: Sequence[tuple[int, float]], seed: int | None = None
+) -> np.ndarray:
+    """``n`` tokens of the law ``(1 + sum_j a_j P_{l_j}(z)) / (4 pi)``: the tokens of
+    :func:`fibonacci_tokens` (``seed = None``) or ``n`` i.i.d. uniform points (``seed``) moved
+    in height by the map ``z -> F^{-1}((1 + z) / 2)`` (``F`` the law's CDF in ``z``, solved
+    by safeguarded Newton steps to round-off), the azimuth kept: the law pushed forward
+    exactly (an i.i.d. sample of it for a seed)."""
+    from scipy.special import eval_legendre
+
+    if sum(abs(a) for _, a in modes) >= 1:
+        raise ValueError("tokens.modes: the amplitudes sum to 1 or more (negative density)")
+    if seed is None:
+        x = fibonacci_tokens(n)
+    else:
+        x = np.random.default_rng(seed).normal(size=(int(n), 3))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    u = 0.5 * (1.0 + x[:, 2])
+
+    def cdf(z: np.ndarray) -> np.ndarray:
+        out = 0.5 * (1.0 + z)
+        for l, a in modes:  # int_{-1}^z P_l = (P_{l+1} - P_{l-1}) / (2 l + 1)
+            out = out + 0.5 * a * (eval_legendre(l + 1, z) - eval_legendre(l - 1, z)) / (2 * l + 1)
+        return out
+
+    def pdf(z: np.ndarray) -> np.ndarray:
+        return 0.5 * (1.0 + sum(a * eval_legendre(l, z) for l, a in modes))
+
+    lo, hi = np.full(u.size, -1.0), np.ones(u.size)
+    z = x[:, 2].copy()
+    for _ in range(100):
+        f = cdf(z) - u
+        lo = np.where(f < 0, z, lo)
+        hi = np.where(f > 0, z, hi)
+        step = f / pdf(z)
+        new = z - step
+        outside = (new <= lo) | (new >= hi)
+        z = np.where(outside, 0.5 * (lo + hi), new)
+        if np.abs(step).max() < 1e-15 and not outside.any():
+            break
+    r_old = np.hypot(x[:, 0], x[:, 1])
+    scale = np.divide(
+        np.sqrt(np.maximum(1.0 - z * z, 0.0)), r_old, out=np.zeros_like(z), where=r_old > 0
+    )
+    return np.stack([x[:, 0] * scale, x[:, 1] * scale, z], axis=1)
 
 
 def _unit(v: Sequence[float]) -> np.ndarray:

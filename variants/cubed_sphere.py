@@ -26,7 +26,7 @@ import numpy as np
 
 from tpde.grid.cubed_sphere import CubedSphere, point_values
 
-__all__ = ["SolidRotation", "CubedSphereAttention", "rotate"]
+__all__ = ["SolidRotation", "CubedSphereAttention", "interaction_energy", "rotate"]
 
 
 def rotate(x: np.ndarray, axis: np.ndarray, angle: float) -> np.ndarray:
@@ -155,3 +155,26 @@ class CubedSphereAttention:
         if not self.identity_v:
             gamma = gamma @ self.V.T
         return gamma - np.sum(gamma * points, axis=1)[:, None] * points
+
+
+def interaction_energy(
+    density, grid: CubedSphere, beta: float, nodes: int = 3, block: int = 2048
+) -> float:
+    """``E = 1/(2 beta) iint e^{beta <x, y>} rho(x) rho(y) dA dA`` from the cell averages by
+    the attention's quadrature: the density at the ``nodes x nodes`` Gauss nodes of every cell
+    from the fifth-order reconstruction (negatives set to zero), weights ``J w h^2``, the
+    double sum over node pairs (blocked, each term scaled by ``e^{-beta}``). The uniform
+    probability has ``E = sinh(beta) / (2 beta^2)``, a point mass ``e^beta / (2 beta)``
+    (docs/theory.md, 'Energy, harmonics and W2 on the sphere')."""
+    beta = float(beta)
+    if not (math.isfinite(beta) and 0 < beta <= 300):
+        raise ValueError(f"attention.beta: expected a number in (0, 300], got {beta!r}")
+    y, values, weights = point_values(grid, density, int(nodes))
+    sources = y.reshape(-1, 3)
+    mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+    total = 0.0
+    for start in range(0, sources.shape[0], int(block)):
+        rows = slice(start, start + int(block))
+        exponent = beta * (sources[rows] @ sources.T - 1.0)
+        total += float(mass[rows] @ (np.exp(exponent, out=exponent) @ mass))
+    return total * math.exp(beta) / (2.0 * beta)

@@ -1,0 +1,126 @@
+"""Diagnostics on S^2: the interaction energy, the degree amplitudes, their token versions
+(docs/theory.md, 'Energy, harmonics and W2 on the sphere')."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.integrate import quad
+
+from tpde.grid import cubed_sphere as cs
+from tpde.schemes.cubed_sphere import solve
+from tpde.validation.s2_tokens import (
+    SphereTokens,
+    fibonacci_tokens,
+    token_amplitudes,
+    token_energy,
+    zonal_mode_tokens,
+)
+from tpde.validation.sphere_rates import funk_hecke
+from tpde.variants.cubed_sphere import CubedSphereAttention, interaction_energy
+
+AXIS = (0.3, -0.5, 0.8)
+
+
+def uniform_energy(beta):
+    """int e^{beta <x, y>} dsigma(y) = sinh(beta) / beta, so E = sinh(beta) / (2 beta^2)."""
+    return math.sinh(beta) / (2.0 * beta * beta)
+
+
+def vmf_energy(kappa, beta):
+    """E of vMF(m, kappa), independent of any grid: int e^{beta <x, y>} vMF(y) dA(y) =
+    kappa sinh(r) / (r sinh kappa), r = |kappa m + beta x|, then the law of t = <m, x>,
+    kappa e^{kappa t} / (2 sinh kappa), by adaptive quadrature."""
+
+    def f(t):
+        r = math.sqrt(kappa * kappa + beta * beta + 2.0 * kappa * beta * t)
+        law = kappa * math.exp(kappa * (t - 1.0)) / -math.expm1(-2.0 * kappa)
+        return law * kappa * math.sinh(r) / (r * math.sinh(kappa))
+
+    return quad(f, -1.0, 1.0, epsabs=0.0, epsrel=1e-13, limit=200)[0] / (2.0 * beta)
+
+
+def test_grid_energy_against_closed_forms():
+    rows = []
+    for n, bound_uniform, bound_vmf in ((8, 3e-9, 4e-6), (16, 5e-11, 3e-7)):
+        grid = cs.cubed_sphere(n)
+        uniform = np.full(grid.shape, 1.0 / cs.FOUR_PI)
+        vmf = cs.von_mises_fisher(grid, AXIS, 3.0)
+        for beta in (1.0, 4.0, 16.0):
+            eu = abs(interaction_energy(uniform, grid, beta) / uniform_energy(beta) - 1.0)
+            ev = abs(interaction_energy(vmf, grid, beta) / vmf_energy(3.0, beta) - 1.0)
+            rows.append((n, beta, eu, ev))
+            assert eu < bound_uniform and ev < bound_vmf
+    print("\n| n | beta | uniform rel. error | vMF(kappa = 3) rel. error |\n|---|---|---|---|")
+    for n, beta, eu, ev in rows:
+        print(f"| {n} | {beta:g} | {eu:.1e} | {ev:.1e} |")
+
+
+def test_token_energy_closed_forms_and_harmonic_series():
+    beta = 4.0
+    point = np.tile([[0.0, 0.6, 0.8]], (5, 1))
+    assert token_energy(point, beta) == pytest.approx(math.exp(beta) / (2 * beta), rel=1e-15)
+    pair = np.array([[0.0, 0.0, 1.0], [0.0, 0.6, 0.8]])
+    two = (math.exp(beta) + math.exp(0.8 * beta)) / (4.0 * beta)
+    assert token_energy(pair, beta) == pytest.approx(two, rel=1e-15)
+    # Funk-Hecke: E = 1/(2 beta) sum_l kappa_l 4 pi sum_m |c_lm|^2 (an independent path)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(700, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    w = rng.random(700)
+    power = cs.harmonic_power(x, w / w.sum(), 40)
+    kappa = np.array([funk_hecke(l, beta, 3) for l in range(41)])
+    series = float(np.sum(kappa * 4.0 * math.pi * power)) / (2.0 * beta)
+    gap = abs(token_energy(x, beta, w) / series - 1.0)
+    print(f"\npair sum vs Funk-Hecke series (700 weighted tokens, beta = 4): {gap:.1e}")
+    assert gap < 1e-13
+    lattice = fibonacci_tokens(10_000)
+    for beta, bound in ((1.0, 3e-12), (4.0, 3e-11), (16.0, 5e-10)):
+        gap = abs(token_energy(lattice, beta) / uniform_energy(beta) - 1.0)
+        print(f"Fibonacci 10^4 vs sinh(beta)/(2 beta^2), beta = {beta:g}: {gap:.1e}")
+        assert gap < bound
+
+
+def test_amplitudes_on_exact_data():
+    """(1/4 pi)(1 + a P_l(<m, x>)) about a tilted axis: amplitude a at degree l only."""
+    grid = cs.cubed_sphere(16)
+    a = 1e-3
+    print("\n| l | A_l / a - 1 | largest other A_k / a |\n|---|---|---|")
+    for l in range(1, 9):
+        amplitudes = cs.harmonic_amplitudes(grid, cs.harmonic_mode(grid, l, a, AXIS), 10)
+        other = np.delete(amplitudes, [0, l]).max() / a
+        print(f"| {l} | {amplitudes[l] / a - 1:.1e} | {other:.1e} |")
+        assert abs(amplitudes[0] - 1) < 1e-8 * a  # Gauss nodes vs exact cell sums
+        assert abs(amplitudes[l] / a - 1) < 4e-4 and other < 3e-4
+        # the same number as the zonal projection about the axis
+        zonal = cs.zonal_projection(grid, cs.harmonic_mode(grid, l, a, AXIS), l, AXIS)
+        assert abs(amplitudes[l] - abs(zonal)) < 1e-8 * a
+    # tokens: the exact law pushed onto the Fibonacci lattice carries the mode
+    tokens = token_amplitudes(zonal_mode_tokens(10_000, [(3, a)]), 8)
+    lattice = token_amplitudes(fibonacci_tokens(10_000), 8)
+    print("tokens (10^4, Fibonacci, a = 1e-3 at l = 3):", " ".join(f"{v:.2e}" for v in tokens))
+    print("lattice alone:                               ", " ".join(f"{v:.2e}" for v in lattice))
+    assert abs(tokens[3] / a - 1) < 2e-4 and np.delete(tokens, [0, 3]).max() < 1e-4
+
+
+def test_energy_grows_along_the_flow():
+    beta = 4.0
+    grid = cs.cubed_sphere(8)
+    result = solve(
+        grid, cs.noise(grid, 0.5, 4, seed=3), CubedSphereAttention(beta), 12.0, snapshots=25
+    )
+    energy = np.array([interaction_energy(d, grid, beta) for d in result.densities])
+    print("\ngrid n = 8, beta = 4:", " ".join(f"{e:.5f}" for e in energy[::4]))
+    assert np.all(np.diff(energy) >= -1e-12 * energy[1:])
+    assert energy[-1] > 3 * energy[0]  # clusters formed (a point mass: e^4 / 8 = 6.82)
+    x = np.random.default_rng(0).normal(size=(400, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for normalised in (True, False):
+        path = SphereTokens(x, beta * np.eye(3), normalised=normalised).integrate(
+            np.linspace(0.0, 6.0, 61), 0.05
+        )
+        tokens = np.array([token_energy(p, beta) for p in path])
+        print(f"400 tokens, normalised {normalised}:", " ".join(f"{e:.5f}" for e in tokens[::12]))
+        assert np.all(np.diff(tokens) >= -1e-12 * tokens[1:])
