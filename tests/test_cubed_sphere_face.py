@@ -167,6 +167,7 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     code, out, _ = cli(capsys, "info", path)
     assert code == 0 and "grid run on the sphere" in out
     assert "clusters at the last snapshot" in out
+    assert "interaction energy" not in out  # a general A: no E of this form
     code, _, err = cli(capsys, "plot", path, "-o", tmp_path / "figs")
     assert code == 0, err
     assert (tmp_path / "figs" / "density.png").stat().st_size > 10_000
@@ -353,3 +354,21 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
         nc.status = "interrupted"
     code, _, err = cli(capsys, "run", other, "-o", cut, "--resume", "--quiet")
     assert code == 2 and "different config" in err
+
+
+def test_info_prints_the_interaction_energy(tmp_path, capsys):
+    from tpde.variants.cubed_sphere import interaction_energy
+
+    text = RUN.split("[attention]")[0] + "[attention]\nbeta = 4.0\n\n[run]\nt_end = 0.2\n"
+    config = tmp_path / "beta.toml"
+    config.write_text(text + "snapshots = 2\n")
+    path = tmp_path / "beta.nc"
+    code, _, err = cli(capsys, "run", config, "-o", path, "--quiet")
+    assert code == 0, err
+    code, out, _ = cli(capsys, "info", path)
+    with xr.open_dataset(path) as ds:
+        rho = from_file(ds["density"].values[-1])
+    energy = interaction_energy(rho, cs.cubed_sphere(8), 4.0)
+    print(next(line for line in out.splitlines() if "interaction energy" in line))
+    assert code == 0
+    assert f"interaction energy at the last snapshot (beta = 4): {energy:.10g}" in out

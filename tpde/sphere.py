@@ -838,6 +838,16 @@ def particle_reference(
     return ds
 
 
+def _config_beta(text: str) -> float | None:
+    """``beta`` of a stored sphere config with ``A = beta I``, ``V = I``, normalised or not
+    (the interaction energy's case), else None."""
+    try:
+        field = build_sphere(parse_toml(text, "config")).field
+    except (ConfigError, ValueError):
+        return None
+    return field.beta if field.identity_v else None
+
+
 def sphere_info(path: str | Path) -> list[str]:
     """The lines ``tpde info`` prints for a sphere file."""
     ds = read_sphere(path)
@@ -866,6 +876,16 @@ def sphere_info(path: str | Path) -> list[str]:
         for x, mass in list(zip(centres, masses, strict=True))[:12]:
             lat, lon = cs.lat_lon(x)
             lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
+        beta = _config_beta(str(ds.attrs.get("config", "")))
+        if beta is not None and "tokens" not in ds:
+            from tpde.variants.cubed_sphere import interaction_energy
+
+            energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+            lines.append(
+                f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
+                f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "
+                f"point mass {math.exp(beta) / (2 * beta):.6g})"
+            )
     wall = float(ds.attrs.get("wall_time", float("nan")))
     source = ds.attrs.get("source", "tpde ?")
     steps = ds.attrs.get("steps", "?")
