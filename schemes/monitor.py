@@ -12,7 +12,8 @@ the covariance is blowing up, and when it collapses to a lower rank.
   ``P(t) = P(0) - v t (A + A^T)``); the predicted blow-up time is where ``P`` first becomes
   singular. A run that stops on truncation while the covariance has grown and a blow-up is
   predicted ends as ``blowup``, with the prediction in its message.
-* **Resolution** (an ``under_resolved`` event, the run goes on). The share of the mass the
+* **Resolution** (an ``under_resolved`` event and the run goes on, or with
+  ``resolution_action = "stop"`` the status ``under_resolved``). The share of the mass the
   fifth-order reconstruction misplaces per unit time (:func:`reconstruction_error_rate`, at
   the start of every step) is integrated over the run; when it passes
   ``resolution_tolerance`` the event records the time. No box measure sees this: a law that
@@ -160,24 +161,27 @@ class Monitor:
     #: (the share of the mass the reconstruction has misplaced), carried over resumes
     reconstruction_error: float = 0.0
     resolution_warned: bool = False
+    #: "warn" (record an ``under_resolved`` event, go on) or "stop" (end the run so)
+    resolution_action: str = "warn"
 
-    def add_reconstruction_error(self, amount: float, t: float) -> None:
-        """Add ``amount`` (rate times step) to the estimate at time t; record one
-        ``under_resolved`` event when it first exceeds the tolerance (the run goes on)."""
+    def add_reconstruction_error(self, amount: float, t: float) -> tuple[str, str] | None:
+        """Add ``amount`` (rate times step) to the estimate at time t. When it first exceeds
+        the tolerance: with ``resolution_action = "stop"`` return the status that ends the
+        run (``under_resolved``) and its message, else record one event (the run goes on)."""
         self.reconstruction_error += amount
         if self.resolution_warned or not self.reconstruction_error > self.resolution_tolerance:
-            return
+            return None
         self.resolution_warned = True
-        self.events.append(
-            Event(
-                "under_resolved",
-                t,
-                f"the grid no longer resolves the dynamics at t = {t:.6g}: estimated "
-                f"reconstruction error {self.reconstruction_error:.2e} of the mass > "
-                f"run.resolution_tolerance = {self.resolution_tolerance:g} (refine the grid, "
-                'or follow the law with scheme.frame = "affine")',
-            )
+        message = (
+            f"the grid no longer resolves the dynamics at t = {t:.6g}: estimated "
+            f"reconstruction error {self.reconstruction_error:.2e} of the mass > "
+            f"run.resolution_tolerance = {self.resolution_tolerance:g} (refine the grid, "
+            'or follow the law with scheme.frame = "affine")'
         )
+        if self.resolution_action == "stop":
+            return "under_resolved", message
+        self.events.append(Event("under_resolved", t, message))
+        return None
 
     def record(self, t: float, covariance: np.ndarray) -> None:
         """Keep the physical covariance at time t (the last three) and record collapses."""

@@ -53,6 +53,7 @@ STATUSES = (
     "completed",
     "blowup",
     "box_limited",
+    "under_resolved",
     "mass_left_domain",
     "interrupted",
     "failed",
@@ -195,8 +196,9 @@ class Problem:
         eigenvalue ratio falls below this (default 1e-4).
     resolution_tolerance : record an ``under_resolved`` event when the estimated share of the
         mass the reconstruction has misplaced since t = 0 exceeds this (default 1e-4;
-        :mod:`.monitor`). initial_reconstruction_error : that estimate at t_start (a resumed
-        run).
+        :mod:`.monitor`). resolution_action : "warn" (default: the event, and the run goes
+        on) | "stop" (the run ends with status ``under_resolved``).
+        initial_reconstruction_error : that estimate at t_start (a resumed run).
     """
 
     grid: Grid
@@ -215,6 +217,7 @@ class Problem:
     box_action: str = "stop"
     collapse_ratio: float = 1e-4
     resolution_tolerance: float = 1e-4
+    resolution_action: str = "warn"
     initial_reconstruction_error: float = 0.0
 
     def __post_init__(self) -> None:
@@ -234,6 +237,11 @@ class Problem:
         if not (math.isfinite(self.resolution_tolerance) and self.resolution_tolerance > 0):
             raise ValueError(
                 f"run.resolution_tolerance: must be > 0, got {self.resolution_tolerance!r}"
+            )
+        if self.resolution_action not in BOX_ACTIONS:
+            raise ValueError(
+                f"run.resolution_action: unknown {self.resolution_action!r}; choose one of "
+                f"{', '.join(BOX_ACTIONS)}"
             )
         if self.box_action not in BOX_ACTIONS:
             raise ValueError(
@@ -386,6 +394,7 @@ class Solver:
         self.truncation = 0.0
         self.monitor = Monitor(problem.box_tolerance, problem.box_action, problem.collapse_ratio)
         self.monitor.resolution_tolerance = problem.resolution_tolerance
+        self.monitor.resolution_action = problem.resolution_action
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
         # the reconstruction error rate of the last measured evaluation (monitor)
         self.reconstruction_rate = 0.0
@@ -638,7 +647,10 @@ class Solver:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
             if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
-            self.monitor.add_reconstruction_error(rate * dt, self.t)
+            unresolved = self.monitor.add_reconstruction_error(rate * dt, self.t)
+            if unresolved is not None:
+                self.status_message = unresolved[1]
+                return unresolved[0]
             if self.outflow > self.problem.max_outflow * self.mass0:
                 self.status_message = (
                     f"outflow {self.outflow:.3e} exceeds "

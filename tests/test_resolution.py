@@ -115,3 +115,31 @@ def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
     print(f"frame 48^2: estimate {framed.reconstruction_error:.2e}, events {framed.events}")
     assert framed.status == "completed"
     assert not [e for e in framed.events if e.kind == "under_resolved"]
+
+
+def test_the_stop_action_ends_the_run_before_its_error_grows():
+    """run.resolution_action = "stop": the same fixed E5 run ends with status under_resolved,
+    its covariance within 1e-3 of the closed form up to there."""
+    t_star = softmax_blowup_time(E5_COV, E5_A, 1.0)
+    params = Head(E5_A, np.eye(2))
+    solution = solve("softmax", np.zeros(2), E5_COV, params, 0.9 * t_star)
+    box = Grid(*fitted_box(solution, 0.9 * t_star, 7.0), [64, 64])
+    result = Solver(
+        Problem(
+            box,
+            gaussian(box, np.zeros(2), E5_COV),
+            ATTENTION["softmax"](params),
+            0.5 * t_star,
+            snapshots=list(np.linspace(0.0, 0.5 * t_star, 51)),
+            resolution_action="stop",
+        )
+    ).run()
+    exact = softmax_scalar_v_covariance(E5_COV, E5_A, 1.0, result.status_time)
+    error = float(
+        np.linalg.norm(moments(result.snapshots[-1].density, box)[2] - exact, 2)
+        / np.linalg.norm(exact, 2)
+    )
+    print(f"\nstopped {result.status} at {result.status_time / t_star:.4f} t*: error {error:.2e}")
+    assert result.status == "under_resolved"
+    assert result.snapshots[-1].time == result.status_time
+    assert error <= 1e-3

@@ -122,6 +122,7 @@ SECTIONS = {
         "box_action",
         "collapse_ratio",
         "resolution_tolerance",
+        "resolution_action",
     },
 }
 
@@ -937,6 +938,9 @@ def _run_settings(run: dict) -> dict:
         "resolution_tolerance": _number(
             "run.resolution_tolerance", run.get("resolution_tolerance", 1e-4)
         ),
+        "resolution_action": _choice(
+            "run.resolution_action", run.get("resolution_action", "warn"), BOX_ACTIONS
+        ),
     }
     snapshots = run.get("snapshots", 41)
     if isinstance(snapshots, list):
@@ -1020,6 +1024,7 @@ def make_problem(
             box_action=run["box_action"],
             collapse_ratio=run["collapse_ratio"],
             resolution_tolerance=run["resolution_tolerance"],
+            resolution_action=run["resolution_action"],
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

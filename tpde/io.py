@@ -222,7 +222,7 @@ class SnapshotLike(Protocol):
 # ---- how a run ends ----------------------------------------------------------------------------
 #: statuses that are results of the dynamics: the run reached its end (``completed``) or
 #: stopped for a physical reason; a resume refuses them, an overwrite publishes them
-RESULTS = ("completed", "mass_left_domain", "box_limited", "blowup")
+RESULTS = ("completed", "mass_left_domain", "box_limited", "blowup", "under_resolved")
 #: every status a finished writer records: the results, ``interrupted`` (SIGINT, SIGTERM,
 #: SIGHUP: ``status_time`` is the last complete snapshot) and ``error`` (any exception)
 OUTCOMES = (*RESULTS, "interrupted", "error")

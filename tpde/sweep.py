@@ -84,7 +84,7 @@ __all__ = [
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
 TERMINAL = io.RESULTS  # statuses a rerun skips: results of the dynamics
-OUTCOMES = ("converged", "blowup", "mass_left", "box_limited", "failed")
+OUTCOMES = ("converged", "blowup", "mass_left", "box_limited", "failed", "under_resolved")
 DEFAULT_TOLERANCE = 0.05
 #: the most runs a sweep may hold without --force (force=True): a bigger grid is usually a
 #: mistake (one more parameter list than meant) and takes minutes to even enumerate
@@ -445,6 +445,8 @@ def classify(
         out.update(outcome="mass_left", event_time=float(status_time))
     elif status == "box_limited":
         out.update(outcome="box_limited", event_time=float(status_time))
+    elif status == "under_resolved":
+        out.update(outcome="under_resolved", event_time=float(status_time))
     elif status == "error" and BLOWUP_MESSAGE.search(message or ""):
         at = _AT_TIME.search(message)
         out.update(outcome="blowup", event_time=float(at.group(1)) if at else last_time)
@@ -1082,6 +1084,7 @@ _STYLES = {
     "blowup": ("X", "tab:red"),
     "mass_left": ("^", "tab:orange"),
     "box_limited": ("v", "tab:purple"),
+    "under_resolved": ("D", "tab:brown"),
     "failed": ("s", "0.55"),
 }
 
