@@ -35,6 +35,26 @@ t_end = 0.6
 snapshots = 4
 """
 
+#: A = beta I, V = I (the interaction energy's case), from (1 + a P_3(<axis, x>)) / 4 pi
+BETA, MODE, AMPLITUDE = 4.0, 3, 0.2
+BETA_RUN = f"""
+[grid]
+geometry = "sphere"
+cells = 8
+
+[initial]
+kind = "uniform"
+modes = [[{MODE}, {AMPLITUDE}]]
+axis = [0.3, -0.5, 0.8]
+
+[attention]
+beta = {BETA}
+
+[run]
+t_end = 0.6
+snapshots = 4
+"""
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -168,6 +188,7 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     assert code == 0 and "grid run on the sphere" in out
     assert "clusters at the last snapshot" in out
     assert "interaction energy" not in out  # a general A: no E of this form
+    assert "energy_interaction" not in ds and ds["harmonic_amplitude"].dims == ("time", "degree")
     code, _, err = cli(capsys, "plot", path, "-o", tmp_path / "figs")
     assert code == 0, err
     assert (tmp_path / "figs" / "density.png").stat().st_size > 10_000
@@ -272,13 +293,15 @@ def test_paraview_reads_the_file_on_the_globe(tmp_path, dims):
     assert placed.shape == (cells, 4, 3) and gap < 1e-13
 
 
-def test_cf_checker_finds_nothing_but_time_units(tmp_path):
-    """compliance-checker's cf:1.10 suite on a run's file: of high priority only the two
-    findings every tpde file has about Transformer time's ``units = "1"`` (tests/test_formats.py
-    says why no representation avoids them)."""
+@pytest.mark.parametrize("text", [RUN, BETA_RUN], ids=["general", "beta"])
+def test_cf_checker_finds_nothing_but_time_units(tmp_path, text):
+    """compliance-checker's cf:1.10 suite on a run's file (with ``A = beta I``, ``V = I`` it
+    has the energy record too): of high priority only the two findings every tpde file has
+    about Transformer time's ``units = "1"`` (tests/test_formats.py says why no
+    representation avoids them)."""
     runner = pytest.importorskip("compliance_checker.runner")
     path = tmp_path / "run.nc"
-    tpde.simulate(RUN.replace("snapshots = 4", "snapshots = 2"), output=path)
+    tpde.simulate(text.replace("snapshots = 4", "snapshots = 2"), output=path)
     runner.CheckSuite.load_all_available_checkers()
     checker = runner.CheckSuite()
     groups, errors = checker.run_all(checker.load_dataset(str(path)), ["cf:1.10"], [])["cf:1.10"]
@@ -294,12 +317,14 @@ def test_cf_checker_finds_nothing_but_time_units(tmp_path):
     )
 
 
-def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("text", [RUN, BETA_RUN], ids=["general", "beta"])
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text):
     """A sphere run writes each snapshot as it is reached; replacing an existing file
     (--overwrite) it writes ``.NAME.partial``, and an interruption (SIGINT right after the
     second snapshot) leaves the old file as it was and the partial file with two snapshots,
     status ``interrupted``. ``--resume`` continues it and replaces the old file at the end:
-    the same times, densities and step count as an uninterrupted run, bit for bit."""
+    the same times, densities, energies, amplitudes and step count as an uninterrupted run,
+    bit for bit."""
     import os
     import signal
 
@@ -308,7 +333,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
     from tpde.sphere import SphereWriter
 
     config = tmp_path / "run.toml"
-    config.write_text(RUN)
+    config.write_text(text)
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
     cut.write_bytes(full.read_bytes())  # an earlier file that the new run replaces
@@ -346,14 +371,71 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
         np.testing.assert_array_equal(resumed["density"].values, reference["density"].values)
         np.testing.assert_array_equal(resumed["mass"].values, reference["mass"].values)
         assert resumed.attrs["steps"] == reference.attrs["steps"]
+        records = ["harmonic_amplitude"] + (["energy_interaction"] if text is BETA_RUN else [])
+        assert sorted(records) == sorted(k for k in resumed.data_vars if k in RECORDS)
+        for name in records:  # continued past the interruption, as the uninterrupted run's
+            assert resumed[name].sizes["time"] == 4 and not resumed[name].isnull().any()
+            np.testing.assert_array_equal(resumed[name].values, reference[name].values)
     code, _, err = cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")
     assert code == 2 and "already complete" in err
     other = tmp_path / "other.toml"
-    other.write_text(RUN.replace("t_end = 0.6", "t_end = 0.8"))
+    other.write_text(text.replace("t_end = 0.6", "t_end = 0.8"))
     with netCDF4.Dataset(cut, "a") as nc:  # an interrupted file of the first config
         nc.status = "interrupted"
     code, _, err = cli(capsys, "run", other, "-o", cut, "--resume", "--quiet")
     assert code == 2 and "different config" in err
+
+
+RECORDS = ("energy_interaction", "harmonic_amplitude")
+
+
+def test_run_records_energy_and_amplitudes(tmp_path, capsys):
+    """``energy_interaction (time)`` and ``harmonic_amplitude (time, degree)``: at t = 0 the
+    closed forms of ``(1 + a P_3(<axis, x>)) / 4 pi`` (Funk-Hecke: ``E = 1/(2 beta) (kappa_0 +
+    kappa_3 a^2 / 7)``, ``kappa_0 = sinh(beta) / beta``; ``A_0 = 1``, ``A_3 = a``, the others
+    0), then E non-decreasing (the Lyapunov function of A = beta I, V = I) and the mode
+    growing; the tokens' file has their exact values."""
+    from tpde.validation.s2_tokens import token_energy
+    from tpde.validation.sphere_rates import funk_hecke
+
+    config, path = tmp_path / "beta.toml", tmp_path / "beta.nc"
+    config.write_text(BETA_RUN)
+    code, _, err = cli(capsys, "run", config, "-o", path, "--quiet")
+    assert code == 0, err
+    with xr.open_dataset(path) as ds:
+        ds = ds.load()
+    energy, amplitude = ds["energy_interaction"], ds["harmonic_amplitude"]
+    assert energy.dims == ("time",) and amplitude.dims == ("time", "degree")
+    assert ds["degree"].values.tolist() == list(range(9))
+    for var in (energy, amplitude, ds["degree"]):
+        assert var.attrs["units"] == "1" and var.attrs["long_name"]
+    assert energy.attrs["beta"] == BETA and energy.attrs["monotone"] == "increasing"
+    kappa = [funk_hecke(l, BETA, 3) for l in (0, MODE)]
+    assert kappa[0] == pytest.approx(math.sinh(BETA) / BETA, rel=1e-14)
+    closed = (kappa[0] + kappa[1] * AMPLITUDE**2 / (2 * MODE + 1)) / (2 * BETA)
+    e = energy.values
+    print(f"\nE(0) {e[0]:.12g} vs {closed:.12g}; E(t) {e}; A_3(t) {amplitude.values[:, MODE]}")
+    assert e[0] == pytest.approx(closed, rel=1e-6)  # n = 8 quadrature: 2e-7
+    assert np.all(np.diff(e) > 0) and e[-1] < math.exp(BETA) / (2 * BETA)
+    a = amplitude.values
+    assert np.abs(a[:, 0] - 1).max() < 1e-8  # the nodes' quadrature of the mass
+    assert a[0, MODE] == pytest.approx(AMPLITUDE, abs=1e-3)
+    others = np.delete(a[0], [0, MODE])
+    assert others.max() < 2e-3 and np.all(np.diff(a[:, MODE]) > 0)
+    code, out, _ = cli(capsys, "info", path)
+    assert code == 0 and f"(beta = 4): {e[-1]:.10g}" in out
+    code, _, err = cli(capsys, "plot", path, "-o", tmp_path / "figs")
+    assert code == 0, err
+    assert (tmp_path / "figs" / "moments.png").stat().st_size > 10_000
+    tokens = tmp_path / "tokens.nc"
+    code, _, err = cli(capsys, "particles", config, "--tokens", "300", "-o", tokens)
+    assert code == 0, err
+    with xr.open_dataset(tokens) as t:
+        x = t["tokens"].values
+        assert t["energy_interaction"].values[-1] == pytest.approx(
+            token_energy(x[-1], BETA), rel=1e-14
+        )
+        assert np.abs(t["harmonic_amplitude"].values[:, 0] - 1).max() < 1e-12
 
 
 def test_info_prints_the_interaction_energy(tmp_path, capsys):

@@ -12,7 +12,10 @@ degrees_north / degrees_east) and their cell bounds ``lat_bounds``, ``lon_bounds
 nv)``, the 4 corners counter-clockwise), the integer coordinates ``panel``, ``j``, ``i`` of
 each cell (:func:`panels` unstacks ``cell`` into ``(panel, j, i)`` with them),
 ``cell_area (cell)`` (steradians), ``mass (time)``, ``mean_vector (time, xyz)``,
-``second_moment (time, xyz, xyz2)``; the file says ``geometry = "sphere"``. 1-D latitude and
+``second_moment (time, xyz, xyz2)``, the degree amplitudes ``harmonic_amplitude (time,
+degree)`` (``l = 0 .. 8``) and, for ``A = beta I``, ``V = I`` (where it is the Lyapunov
+function), the interaction energy ``energy_interaction (time)`` (:func:`diagnostics`); the
+file says ``geometry = "sphere"``. 1-D latitude and
 longitude with 4-corner bounds are what ParaView's CF reader (vtkNetCDFCFReader) turns into
 polygons on the unit sphere (its "p-sided cells"); a ``(panel, j, i)`` layout it loads as an
 image of panels instead. ``tpde info``, ``tpde plot`` and ``tpde particles`` know the file.
@@ -339,8 +342,16 @@ def sphere_dataset(
     text: str,
     title: str,
     what: str = "density",
+    beta: float | None = None,
+    degrees: int | None = None,
+    energy: np.ndarray | None = None,
+    amplitudes: np.ndarray | None = None,
 ) -> xr.Dataset:
-    """The CF dataset of densities on the cubed sphere (module docstring)."""
+    """The CF dataset of densities on the cubed sphere (module docstring). ``beta`` (``A =
+    beta I``, ``V = I``) adds ``energy_interaction (time)``, ``degrees`` (``L``) adds
+    ``harmonic_amplitude (time, degree)``, ``l = 0 .. L`` (:func:`diagnostics` of each
+    density, unless ``energy`` / ``amplitudes`` give the values, as the tokens' exact
+    ones)."""
     from tpde import __version__
 
     geo = cs.cell_geography(grid)
@@ -387,6 +398,7 @@ def sphere_dataset(
                 seconds,
                 {"long_name": "second moment int x x^T rho dA", **point},
             ),
+            **_diagnostic_variables(grid, rho, beta, degrees, energy, amplitudes),
         },
         coords={
             "time": (
@@ -432,6 +444,17 @@ def sphere_dataset(
             ),
             "xyz": ("xyz", np.array(["x", "y", "z"]), {"long_name": "Cartesian component"}),
             "xyz2": ("xyz2", np.array(["x", "y", "z"]), {"long_name": "Cartesian component"}),
+            **(
+                {}
+                if degrees is None
+                else {
+                    "degree": (
+                        "degree",
+                        np.arange(int(degrees) + 1, dtype=np.int32),
+                        {"long_name": "degree l of the spherical harmonics", "units": "1"},
+                    )
+                }
+            ),
         },
     )
     ds["lat_bounds"] = (
@@ -452,6 +475,75 @@ def sphere_dataset(
         "config": text,
     }
     return ds
+
+
+#: the degrees ``l = 0 .. DEGREES`` whose amplitudes a sphere run records
+DEGREES = 8
+#: Gauss nodes a cell axis of the recorded energy (:func:`interaction_energy`'s quadrature)
+ENERGY_NODES = 3
+
+
+def diagnostics(
+    grid: cs.CubedSphere, density: np.ndarray, beta: float | None, degrees: int | None
+) -> tuple[float | None, np.ndarray | None]:
+    """The interaction energy ``E = 1/(2 beta) iint e^{beta <x, y>} rho rho dA dA`` (None
+    without ``beta``; :func:`tpde.variants.cubed_sphere.interaction_energy`, 3 x 3 Gauss nodes
+    a cell) and the degree amplitudes ``A_l``, ``l = 0 .. degrees`` (None without ``degrees``;
+    :func:`tpde.grid.cubed_sphere.harmonic_amplitudes`) of one density (tpde's ``(6, n,
+    n)``)."""
+    from tpde.variants.cubed_sphere import interaction_energy
+
+    energy = None if beta is None else interaction_energy(density, grid, beta, ENERGY_NODES)
+    amplitudes = None if degrees is None else cs.harmonic_amplitudes(grid, density, int(degrees))
+    return energy, amplitudes
+
+
+def _diagnostic_variables(
+    grid: cs.CubedSphere,
+    rho: np.ndarray,
+    beta: float | None,
+    degrees: int | None,
+    energy: np.ndarray | None,
+    amplitudes: np.ndarray | None,
+) -> dict[str, tuple]:
+    """``energy_interaction (time)`` and ``harmonic_amplitude (time, degree)`` of
+    :func:`sphere_dataset`."""
+    out: dict[str, tuple] = {}
+    if beta is not None:
+        if energy is None:
+            energy = np.array([diagnostics(grid, d, beta, None)[0] for d in rho], dtype=float)
+        out["energy_interaction"] = (
+            ("time",),
+            np.asarray(energy, float).reshape(-1),
+            _energy_attributes(float(beta)),
+        )
+    if degrees is not None:
+        if amplitudes is None:
+            amplitudes = np.array([diagnostics(grid, d, None, degrees)[1] for d in rho])
+        out["harmonic_amplitude"] = (
+            ("time", "degree"),
+            np.asarray(amplitudes, float).reshape(-1, int(degrees) + 1),
+            {
+                "long_name": "amplitude of the degree-l spherical harmonics of the density "
+                "relative to the mass, sqrt(4 pi (2 l + 1) sum_m |c_lm|^2) / mass",
+                "units": "1",
+                "cell_methods": "time: point",
+            },
+        )
+    return out
+
+
+def _energy_attributes(beta: float) -> dict[str, Any]:
+    """The attributes of ``energy_interaction``: those of the grid runs' ``energy_<name>``
+    records (:mod:`tpde.io`) and ``beta``."""
+    return {
+        "long_name": "interaction energy on the sphere",
+        "formula": "1/(2 beta) iint exp(beta <x, y>) dmu(x) dmu(y)",
+        "units": "1",
+        "monotone": "increasing",
+        "beta": beta,
+        "cell_methods": "time: point",
+    }
 
 
 def _encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
@@ -532,7 +624,9 @@ class SphereWriter(io.OutputWriter):
     read and resume), room reserved before each record (:class:`tpde.io.DiskFull` leaves the
     file as it was), and with ``overwrite`` the new run staged in ``.<name>.partial`` until it
     ends with a result. The header is the dataset of :func:`sphere_dataset` without records
-    and with ``status = "running"``."""
+    and with ``status = "running"``; ``beta`` (``A = beta I``, ``V = I``) adds the interaction
+    energy's record and ``degrees`` the degree amplitudes' (:func:`diagnostics`, evaluated
+    before a record is stored: at about the cost of one evaluation of the field)."""
 
     def __init__(
         self,
@@ -543,9 +637,19 @@ class SphereWriter(io.OutputWriter):
         overwrite: bool = False,
         history: str = "",
         lock_timeout: float = io.LOCK_TIMEOUT,
+        beta: float | None = None,
+        degrees: int | None = DEGREES,
     ):
         path = os.fspath(path)
-        header = sphere_dataset(grid, np.empty(0), np.empty((0, *grid.shape)), config_text, title)
+        header = sphere_dataset(
+            grid,
+            np.empty(0),
+            np.empty((0, *grid.shape)),
+            config_text,
+            title,
+            beta=beta,
+            degrees=degrees,
+        )
         created = f"{io._now()}: created by tpde {header.attrs['tpde_version']}"
         header.attrs.update(
             history=created + (f": {history}" if history else ""),
@@ -553,22 +657,28 @@ class SphereWriter(io.OutputWriter):
             status_time=math.nan,
             status_message="",
         )
-        record = self._record_bytes(grid)
+        record = self._record_bytes(grid, degrees)
         nbytes = 64 * 1024 + 80 * 6 * grid.n**2 + 2 * len(str(config_text)) + record
         lock, file, staged = io.open_output(
             path, overwrite, lambda file: _write(header, file), nbytes
         )
-        self.grid = grid
+        self.grid, self.beta, self.degrees = grid, beta, degrees
         self._begin(path, 0, None, lock_timeout, record)
         self._attach(lock, file, staged)
 
     @staticmethod
-    def _record_bytes(grid: cs.CubedSphere) -> int:
+    def _record_bytes(grid: cs.CubedSphere, degrees: int | None = None) -> int:
         """What one record may add: the density (deflate may grow it a little), an index entry
-        per density tile, a new chunk of each moment record, and the reserve margin."""
+        per density tile, a new chunk of each moment record (mass, mean, second moment, energy
+        and the ``degrees + 1`` amplitudes), and the reserve margin."""
         cells = 6 * grid.n**2
         tiles = -(-cells // io.spatial_chunks((cells,), 1)[1])
-        return int(1.05 * 8 * cells) + 128 * tiles + 8 * _TIME_CHUNK * 14 + io.RESERVE_MARGIN
+        return (
+            int(1.05 * 8 * cells)
+            + 128 * tiles
+            + 8 * _TIME_CHUNK * (16 + (degrees or 0))
+            + io.RESERVE_MARGIN
+        )
 
     @classmethod
     def resume(
@@ -583,18 +693,24 @@ class SphereWriter(io.OutputWriter):
         refuse before anything changes."""
         path = os.fspath(path)
 
-        def read(nc: netCDF4.Dataset, attrs: dict) -> cs.CubedSphere:
+        def read(nc: netCDF4.Dataset, attrs: dict) -> tuple:
             if attrs.get("geometry") != "sphere" or "cell" not in nc.dimensions:
                 raise io.OutputError(
                     f"run.output: {path} is not the file of a sphere run; choose another output"
                 )
             n = math.isqrt(len(nc.dimensions["cell"]) // 6)
-            return cs.cubed_sphere(n)
+            # the records the file has (none in files of tpde before them)
+            energy = nc.variables.get("energy_interaction")
+            beta = None if energy is None else float(energy.getncattr("beta"))
+            amplitudes = "harmonic_amplitude" in nc.variables
+            degrees = len(nc.dimensions["degree"]) - 1 if amplitudes else None
+            return cs.cubed_sphere(n), beta, degrees
 
         opened = io.reopen_output(path, lock_timeout, read, accept)
         writer = cls.__new__(cls)
-        writer.grid = opened.layout
-        writer._begin(path, opened.count, opened.last, lock_timeout, cls._record_bytes(writer.grid))
+        writer.grid, writer.beta, writer.degrees = opened.layout
+        record = cls._record_bytes(writer.grid, writer.degrees)
+        writer._begin(path, opened.count, opened.last, lock_timeout, record)
         writer._attach(opened.lock, opened.file, opened.staged)
         return writer
 
@@ -607,8 +723,9 @@ class SphereWriter(io.OutputWriter):
             return from_file(np.array(nc["density"][self._count - 1, :], dtype=np.float64))
 
     def write(self, t: float, density: np.ndarray) -> bool:
-        """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass and
-        moments; a snapshot at the time of the last record is skipped (returns False)."""
+        """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass,
+        moments, interaction energy and degree amplitudes (those the file has); a snapshot at
+        the time of the last record is skipped (returns False)."""
         t = self._check_time(t)
         rho = np.asarray(density, dtype=np.float64)
         if rho.shape != self.grid.shape:
@@ -619,6 +736,7 @@ class SphereWriter(io.OutputWriter):
             return False
         grid = self.grid
         mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
+        energy, amplitudes = diagnostics(grid, rho, self.beta, self.degrees)
 
         def store(i: int) -> None:
             with io._opened(self.file, "a", self.lock_timeout) as nc:
@@ -626,6 +744,10 @@ class SphereWriter(io.OutputWriter):
                 nc["mass"][i] = mass
                 nc["mean_vector"][i, :] = mean
                 nc["second_moment"][i, :, :] = second
+                if energy is not None:
+                    nc["energy_interaction"][i] = energy
+                if amplitudes is not None:
+                    nc["harmonic_amplitude"][i, :] = amplitudes
                 nc.sync()  # the record on disk before its time (tpde.io.SnapshotWriter)
                 nc["time"][i] = t
 
@@ -701,7 +823,12 @@ def run_sphere(
         else:
             writer = _writer(
                 lambda: SphereWriter(
-                    output, config.grid, config.text, overwrite=overwrite, history=history
+                    output,
+                    config.grid,
+                    config.text,
+                    overwrite=overwrite,
+                    history=history,
+                    beta=config.field.beta if config.field.identity_v else None,
                 )
             )
         start = _time.perf_counter()
@@ -769,13 +896,16 @@ def particle_reference(
 ) -> xr.Dataset:
     """``n`` tokens from the initial law moved by the CF4 token system
     (:mod:`tpde.validation.s2_tokens`), at the run's snapshot times: ``tokens (time, token,
-    xyz)``, their histogram ``density`` on the run's cells, mass and moments of all tokens.
+    xyz)``, their histogram ``density`` on the run's cells, mass, moments, interaction
+    energy (``A = beta I``, ``V = I``) and degree amplitudes of all tokens (exact sums).
     vMF and mixture starts are sampled exactly; other kinds from the cell averages."""
     from tpde.validation.s2_tokens import (
         SphereTokens,
         sample_cell_tokens,
         sample_mixture,
         sample_von_mises_fisher,
+        token_amplitudes,
+        token_energy,
         token_moments,
     )
 
@@ -809,6 +939,7 @@ def particle_reference(
             for f in flat
         ]
     )
+    beta = field.beta if field.identity_v else None
     ds = sphere_dataset(
         grid,
         config.times,
@@ -816,6 +947,10 @@ def particle_reference(
         config.text,
         f"tpde tokens on the sphere, n = {n}",
         "token histogram",
+        beta=beta,
+        degrees=DEGREES,
+        energy=None if beta is None else np.array([token_energy(x, beta) for x in path]),
+        amplitudes=token_amplitudes(path, DEGREES),
     )
     mean, second = token_moments(path)
     ds["mean_vector"].values[:] = mean
@@ -876,11 +1011,18 @@ def sphere_info(path: str | Path) -> list[str]:
         for x, mass in list(zip(centres, masses, strict=True))[:12]:
             lat, lon = cs.lat_lon(x)
             lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
-        beta = _config_beta(str(ds.attrs.get("config", "")))
-        if beta is not None and "tokens" not in ds:
-            from tpde.variants.cubed_sphere import interaction_energy
+        beta: float | None = None
+        energy = math.nan
+        if "energy_interaction" in ds:  # recorded at every snapshot (grid or tokens)
+            beta = float(ds["energy_interaction"].attrs["beta"])
+            energy = float(ds["energy_interaction"].values[-1])
+        elif "tokens" not in ds:  # a file of tpde before the record
+            beta = _config_beta(str(ds.attrs.get("config", "")))
+            if beta is not None:
+                from tpde.variants.cubed_sphere import interaction_energy
 
-            energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+                energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+        if beta is not None:
             lines.append(
                 f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
                 f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "

@@ -5,7 +5,9 @@
 scale per snapshot, in units of the uniform density), the
 clusters of the last one marked (local maxima above twice the uniform density,
 :func:`tpde.grid.cubed_sphere.clusters`, with their masses); ``moments.png``: the mean vector,
-its length and the eigenvalues of the second moment over time.
+its length and the eigenvalues of the second moment over time, and, when the file records them,
+the interaction energy (its staircase) and the degree amplitudes ``A_l``, ``l >= 1`` (log
+scale: the modes' growth).
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def plot_sphere(
     fig.savefig(out[0], dpi=110)
     plt.close(fig)
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    recorded = [name for name in ("energy_interaction", "harmonic_amplitude") if name in ds]
+    rows = 2 if recorded else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.6 * rows), layout="constrained", squeeze=False)
+    left, right = axes[0]
     mean = ds["mean_vector"].values
     for c, name in enumerate("xyz"):
         left.plot(all_times, mean[:, c], label=f"mean {name}")
@@ -93,6 +98,20 @@ def plot_sphere(
     right.plot(all_times, eig)
     right.set_xlabel("t")
     right.set_title("eigenvalues of int x x^T dmu", fontsize=10)
+    for ax, name in zip(axes[1], recorded, strict=False):
+        if name == "energy_interaction":
+            beta = float(ds[name].attrs.get("beta", float("nan")))
+            ax.plot(all_times, ds[name].values, "k")
+            ax.set_title(f"interaction energy E (beta = {beta:g})", fontsize=10)
+        else:
+            amplitudes = ds[name].values
+            for l in range(1, amplitudes.shape[1]):
+                ax.semilogy(all_times, np.maximum(amplitudes[:, l], 1e-300), label=f"l = {l}")
+            ax.set_title("degree amplitudes A_l", fontsize=10)
+            ax.legend(fontsize=7, ncol=2)
+        ax.set_xlabel("t")
+    if len(recorded) == 1:
+        axes[1, 1].set_visible(False)
     out.append(outdir / "moments.png")
     fig.savefig(out[1], dpi=110)
     plt.close(fig)
