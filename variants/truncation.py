@@ -29,7 +29,7 @@ from tpde.schemes.frame import ACTIVE_FLOOR, TRANSPORT_FLOOR
 
 from .engines.direct import DirectSums, support_box
 from .engines.lagrange import ORDER
-from .engines.separable import SeparableSums, table_nodes
+from .engines.separable import SeparableSums, TiltTable, table_nodes
 
 
 def active_box(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +260,8 @@ def measured_cut(
     tilted law ``e^{c.y} w(y)``, ``c = matrix (x + shift)``, that lies in the cells the box
     does not hold (:func:`left_out`: below the trusted floor, or on the grid's outermost
     cells), ``M_out(c) / M(c)``, two log-partition sums over the same cells (dense sums with
-    ``direct``, else one separable log table each, interpolated pointwise). The share is that
+    ``direct``, else one separable log table each on shared nodes, their difference taken to
+    each lattice's window of measured points by the sheared passes). The share is that
     of the grid's own weights: a law whose tail goes on smoothly past the trusted floor or
     the grid's face reports the part there (beyond the face, the outermost cells stand for
     what the grid does not have), while a compactly supported law, whose values fall by
@@ -278,38 +279,72 @@ def measured_cut(
     if not band.any() or not any(mask.any() for mask in masks):
         return out
     offset = np.zeros(grid.ndim) if shift is None else np.asarray(shift, float)
-    points = []
-    for coords, mask in zip(lattices, masks, strict=True):
-        shifted = [np.asarray(x) + s for x, s in zip(coords, offset, strict=True)]
-        mesh = np.meshgrid(*shifted, indexing="ij")
-        points.append(np.stack([m[mask] for m in mesh], axis=1))
-    tilts = np.concatenate(points) @ np.asarray(matrix, float).T
+    matrix = np.asarray(matrix, float)
+    if direct:
+        points = []
+        for coords, mask in zip(lattices, masks, strict=True):
+            shifted = [np.asarray(x) + s for x, s in zip(coords, offset, strict=True)]
+            mesh = np.meshgrid(*shifted, indexing="ij")
+            points.append(np.stack([m[mask] for m in mesh], axis=1))
+        tilts = np.concatenate(points) @ matrix.T
+        logs = []
+        for values in (positive, band):
+            scaled, log_scale = _unit_scaled(values)
+            logs.append(DirectSums(scaled, grid, fields="log").log_partition(tilts) + log_scale)
+        share = _share(logs[1] - logs[0])
+        start = 0
+        for cut, mask in zip(out, masks, strict=True):
+            count = int(mask.sum())
+            cut[mask] = share[start : start + count]
+            start += count
+        return out
+    # the tables reach the window of measured points of each lattice by the sheared passes
+    # (the tables padded for them, refined along the pass-2 axis, formed only on the nodes
+    # they read): ORDER multiply-adds per point instead of a pointwise ORDER^d stencil
+    windows = {i: w for i, mask in enumerate(masks) if (w := held_window(mask)) is not None}
+    subs = {
+        i: [np.asarray(x)[w] + s for x, w, s in zip(lattices[i], windows[i], offset, strict=True)]
+        for i in windows
+    }
+    # c = matrix x is linear: its range over a tensor lattice is that over the lattice's corners
+    lower, upper = np.full(grid.ndim, np.inf), np.full(grid.ndim, -np.inf)
+    for sub in subs.values():
+        ends = [np.multiply.outer(matrix[:, b], x[[0, -1]]) for b, x in enumerate(sub)]
+        lower = np.minimum(lower, sum(e.min(axis=1) for e in ends))
+        upper = np.maximum(upper, sum(e.max(axis=1) for e in ends))
+    bounds = np.stack([lower, upper], axis=1)
     low, high = support_box(positive, grid)
-    bounds = np.stack([tilts.min(axis=0), tilts.max(axis=0)], axis=1)
-    nodes = None if direct else table_nodes(bounds, high - low, None, CUT_RESOLUTION, 2 * ORDER)
-
-    def log_sums(values: np.ndarray) -> np.ndarray:
-        # each sum on weights scaled to a largest of 1, subnormal ones dropped (the left-out
-        # cells lie 40 and more decades down; subnormal weights made the tables NaN)
-        scale = float(values.max())
-        scaled = values / scale
-        scaled[scaled < np.finfo(float).tiny] = 0.0
-        sums: DirectSums | SeparableSums
-        if nodes is None:
-            sums = DirectSums(scaled, grid, fields="log")
-        else:
-            sums = SeparableSums(scaled, grid, bounds, nodes, "log")
-        return sums.log_partition(tilts) + math.log(scale)
-
-    log_all, log_band = log_sums(positive), log_sums(band)
-    with np.errstate(invalid="ignore"):
-        share = np.exp(np.minimum(log_band - log_all, 0.0))
-    # a left-out sum that underflows in every term is an empty share (log -inf, share 0); one
-    # the tables could not form (NaN) is not measured, and counts as fully cut
-    share[np.isnan(share)] = 1.0
-    start = 0
-    for cut, mask in zip(out, masks, strict=True):
-        count = int(mask.sum())
-        cut[mask] = share[start : start + count]
-        start += count
+    extent = np.asarray(high - low, float)
+    nodes = table_nodes(bounds, extent, matrix, CUT_RESOLUTION, 2 * ORDER)
+    served = list(subs.values())
+    logs = []
+    for values in (positive, band):
+        scaled, log_scale = _unit_scaled(values)
+        sums = SeparableSums(scaled, grid, bounds, nodes, "log", matrix, served, extent)
+        logs.append(sums.values + log_scale)
+    # the interpolant is linear in the table: one table of log M_out - log M on the same
+    # nodes gives the difference of the two interpolants, in one pass per lattice
+    ratio = TiltTable(logs[1] - logs[0], sums.start, sums.step, True, extent)
+    for i, sub in subs.items():
+        share = _share(ratio.on_lattice(sub, matrix, 0)).reshape(tuple(len(x) for x in sub))
+        np.copyto(out[i][windows[i]], share, where=masks[i][windows[i]])
     return out
+
+
+def _unit_scaled(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weights scaled to a largest of 1, subnormal ones dropped (the left-out cells lie 40 and
+    more decades down; subnormal weights made the tables NaN), and the log of the scale."""
+    scale = float(values.max())
+    scaled = values / scale
+    scaled[scaled < np.finfo(float).tiny] = 0.0
+    return scaled, math.log(scale)
+
+
+def _share(log_ratio: np.ndarray) -> np.ndarray:
+    """The share ``exp(log M_out - log M)``, at most 1. A left-out sum that underflows in every
+    term is an empty share (log -inf, share 0); one the tables could not form (NaN) is not
+    measured, and counts as fully cut."""
+    with np.errstate(invalid="ignore"):
+        share = np.exp(np.minimum(log_ratio, 0.0))
+    share[np.isnan(share)] = 1.0
+    return share
