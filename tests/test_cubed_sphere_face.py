@@ -5,6 +5,7 @@ against tokens."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -454,3 +455,40 @@ def test_info_prints_the_interaction_energy(tmp_path, capsys):
     print(next(line for line in out.splitlines() if "interaction energy" in line))
     assert code == 0
     assert f"interaction energy at the last snapshot (beta = 4): {energy:.10g}" in out
+
+
+def test_user_guide_snippet_reads_the_diagnostics(tmp_path, capsys):
+    """The xarray snippet of docs/user-guide.md ('The sphere', Diagnostics), run as printed
+    on a small file of the uniform law with ``beta = 4`` (stationary): ``E(t) = sinh(beta) /
+    (2 beta^2)`` at every snapshot, ``A_l = 0`` for ``l >= 1``, no clusters, and a W2 from the
+    density to 300 tokens sampled from it of the order of their sampling noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide.md").read_text()
+    section = guide.split("\n## The sphere\n")[1].split("\n## ")[0]
+    snippet = section.split("```python\n")[1].split("```")[0]
+    assert "energy_interaction" in snippet and "sphere_w2" in snippet
+    run, tokens, config = tmp_path / "run.nc", tmp_path / "tokens.nc", tmp_path / "u.toml"
+    uniform = BETA_RUN.replace(f"modes = [[{MODE}, {AMPLITUDE}]]\n", "")
+    config.write_text(uniform.replace("t_end = 0.6", "t_end = 0.4"))
+    assert cli(capsys, "run", config, "-o", run, "--quiet")[0] == 0
+    assert cli(capsys, "particles", config, "--tokens", "300", "-o", tokens)[0] == 0
+    names: dict = {}
+    exec(
+        snippet.replace("out/clusters_s2.nc", str(run)).replace("out/tokens.nc", str(tokens)), names
+    )
+    plt.close("all")
+    ds = names["ds"]
+    closed = math.sinh(BETA) / (2 * BETA**2)
+    e, a = ds["energy_interaction"].values, ds["harmonic_amplitude"].values
+    print(
+        f"\nE - closed {np.abs(e - closed).max():.1e}; max A_l, l > 0: "
+        f"{a[:, 1:].max():.1e}; W2 {names['w2']:.3f}"
+    )
+    assert e.shape == (4,) and np.abs(e / closed - 1).max() < 3e-9
+    assert a.shape == (4, 9) and a[:, 1:].max() < 1e-6
+    assert names["masses"].size == 0 and names["centres"].shape == (0, 3)
+    assert 0.01 < names["w2"] < 0.5
