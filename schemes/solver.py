@@ -428,8 +428,8 @@ class Solver:
         weights = [w for _, w in self.nodes]
         if self.interpolate_faces:  # normal components at the face centres, then along faces
             centres = [np.where(np.arange(d) == a, 0.5, 0.0) for a in range(d)]
+            field.measure_cut = measure
             if frame is None:
-                field.measure_cut = measure
                 normal = field.components(density, self.grid, t, centres, list(range(d)))
             else:
                 normal = field.frame_components(

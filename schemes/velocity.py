@@ -54,8 +54,10 @@ class VelocityField:
     #: deviations for the Gaussian surrogate (``HELD_CUT``), the share of a tilted law in the
     #: cells the box does not hold for the measured cut (:mod:`tpde.variants.truncation`)
     held_cut: float = HELD_CUT
-    #: set by the solver before an evaluation in a fixed box: whether to measure ``cut``
-    #: (once per step is enough for the truncation indicator; the frame needs it always)
+    #: set by the solver before an evaluation: whether to measure ``cut`` (at the first stage of
+    #: each step: once per step is enough for the truncation indicator; in the co-moving frame,
+    #: where the fit needs a cut at every stage, a field may keep the first stage's for the
+    #: step's later stages)
     measure_cut: bool = True
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:

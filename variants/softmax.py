@@ -104,6 +104,8 @@ class TiltedMeanField(VelocityField):
                 f"choose one of {', '.join(self.engines)}"
             )
         self.policy = EnginePolicy(engine, nodes, block)
+        #: the co-moving frame's cut of a step's first stage, kept for its later stages
+        self._step_cut: tuple[list[np.ndarray], float] | None = None
 
     @property
     def engine(self) -> str:
@@ -124,6 +126,7 @@ class TiltedMeanField(VelocityField):
 
     def reset(self) -> None:
         self.policy.reset()
+        self._step_cut = None
 
     def engine_for(self, grid: Grid) -> str:
         return self.policy.engine_for(grid)
@@ -253,10 +256,16 @@ class SoftmaxAttention(TiltedMeanField):
         # the frame's affine fit (schemes.frame), so neither the cut nor the tables need
         # span the tilts of the far tails
         moving = [transported(density, offset) for offset in offsets]
-        self.cut = None
-        gaussian = gaussian_like(density, grid)  # else the cut is measured (.truncation)
-        for matrix in matrices:
-            self._cut(density, grid, lattices, matrix, shift, moving, gaussian)
+        kept = self._step_cut
+        shapes = [tuple(len(x) for x in coords) for coords in lattices]
+        if self.measure_cut or kept is None or [c.shape for c in kept[0]] != shapes:
+            self.cut = None
+            gaussian = gaussian_like(density, grid)  # else the cut is measured (.truncation)
+            for matrix in matrices:
+                self._cut(density, grid, lattices, matrix, shift, moving, gaussian)
+            self._step_cut = None if self.cut is None else (self.cut, self.held_cut)
+        else:  # a later stage of the step: the first stage's cut (the tilts barely move)
+            self.cut, self.held_cut = kept
         if self.cut is not None:
             moving = [m & (cut <= self.held_cut) for m, cut in zip(moving, self.cut, strict=True)]
         windows = [held_window(m) for m in moving]
