@@ -207,6 +207,54 @@ def _rate_sphere(l: int, beta: float, eps: float | None, normalised: bool, m: in
     return float(growth / norm)
 
 
+def _record(key: str, mode: int, beta: float, rate: float, measured: float, **extra) -> dict:
+    """One row of a rate table: the mode (under ``key``, "k" or "l"), beta, the formula's
+    rate, the measured one, their relative error, then ``extra``."""
+    return {
+        key: int(mode),
+        "beta": float(beta),
+        "formula": rate,
+        "measured": measured,
+        "error": abs(measured / rate - 1.0),
+        **extra,
+    }
+
+
+def _run_record(
+    key: str,
+    mode: int,
+    beta: float,
+    rate: float,
+    times,
+    amplitudes,
+    t_end: float,
+    steps: int,
+    masses,
+    **extra,
+) -> dict:
+    """The row of a solver run: the rate fitted to the mode's ``amplitudes`` at ``times``,
+    the horizon, the amplitude's growth, the steps and the relative mass change."""
+    amplitudes = np.asarray(amplitudes, float)
+    return _record(
+        key,
+        mode,
+        beta,
+        rate,
+        fit_rate(times, amplitudes),
+        t_end=float(t_end),
+        growth=float(amplitudes[-1] / amplitudes[0]),
+        steps=steps,
+        mass_change=_relative_change(masses),
+        **extra,
+    )
+
+
+def _relative_change(masses) -> float:
+    """The largest change of the mass over a run, relative to its start."""
+    masses = np.asarray(masses, float)
+    return float(np.abs(masses - masses[0]).max() / masses[0])
+
+
 def fit_rate(times: np.ndarray, amplitudes: np.ndarray) -> float:
     """Least-squares slope of ``log |amplitude|`` against time."""
     t = np.asarray(times, float)
@@ -272,22 +320,21 @@ def circle_grid_rate(
         snapshots=snapshots,
     )
     result = Solver(problem).run()
-    amplitudes = np.array([mode_amplitude(s.density, grid, k) for s in result.snapshots])
-    measured = fit_rate(result.times, amplitudes)
-    masses = np.array([s.mass for s in result.snapshots])
-    return {
-        "k": int(k),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": measured,
-        "error": abs(measured / rate - 1.0),
-        "t_end": float(t_end),
-        "growth": float(amplitudes[-1] / amplitudes[0]),
-        "steps": result.steps,
-        "mass_change": float(np.abs(masses - masses[0]).max() / masses[0]),
-        "cells": int(cells),
-        "copies": copies,
-    }
+    amplitudes = [mode_amplitude(s.density, grid, k) for s in result.snapshots]
+    masses = [s.mass for s in result.snapshots]
+    return _run_record(
+        "k",
+        k,
+        beta,
+        rate,
+        result.times,
+        amplitudes,
+        t_end,
+        result.steps,
+        masses,
+        cells=int(cells),
+        copies=copies,
+    )
 
 
 def circle_token_rate(
@@ -317,15 +364,15 @@ def circle_token_rate(
     angles = tokens.integrate(times, step / fastest)
     amplitudes = np.abs(token_modes(angles, None, k)[:, k])
     measured = fit_rate(times, amplitudes)
-    return {
-        "k": int(k),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": measured,
-        "error": abs(measured / rate - 1.0),
-        "t_end": float(t_end),
-        "growth": float(amplitudes[-1] / amplitudes[0]),
-    }
+    return _record(
+        "k",
+        k,
+        beta,
+        rate,
+        measured,
+        t_end=float(t_end),
+        growth=float(amplitudes[-1] / amplitudes[0]),
+    )
 
 
 def circle_sampled_token_rates(
@@ -355,16 +402,7 @@ def circle_sampled_token_rates(
     for k in ks:
         rate = linear_rate(k, beta)
         measured = fit_rate(times, modes[:, k])
-        rows.append(
-            {
-                "k": int(k),
-                "beta": float(beta),
-                "formula": rate,
-                "measured": measured,
-                "error": abs(measured / rate - 1.0),
-                "initial": float(modes[0, k]),
-            }
-        )
+        rows.append(_record("k", k, beta, rate, measured, initial=float(modes[0, k])))
     return rows
 
 
@@ -402,20 +440,9 @@ def sphere_grid_rate(
         snapshots=snapshots,
     )
     result = Solver(problem).run()
-    amplitudes = np.array([zonal_amplitude(s.density, grid, l) for s in result.snapshots])
-    measured = fit_rate(result.times, amplitudes)
-    masses = np.array([s.mass for s in result.snapshots])
-    return {
-        "l": int(l),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": measured,
-        "error": abs(measured / rate - 1.0),
-        "t_end": float(t_end),
-        "growth": float(amplitudes[-1] / amplitudes[0]),
-        "steps": result.steps,
-        "mass_change": float(np.abs(masses - masses[0]).max() / masses[0]),
-    }
+    amplitudes = [zonal_amplitude(s.density, grid, l) for s in result.snapshots]
+    masses = [s.mass for s in result.snapshots]
+    return _run_record("l", l, beta, rate, result.times, amplitudes, t_end, result.steps, masses)
 
 
 # ---- the cubed sphere ------------------------------------------------------------------------
@@ -443,14 +470,7 @@ def cubed_sphere_rate(l: int, beta: float, n: int = 12, nodes: int = 3, eps: flo
     change = (derivative(uniform + eps * mode) - derivative(uniform - eps * mode)) / (2 * eps)
     measured = cs.legendre_moment(grid, change, l) / cs.legendre_moment(grid, mode, l)
     rate = linear_rate(l, beta, 3)
-    return {
-        "l": int(l),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": float(measured),
-        "error": abs(measured / rate - 1.0),
-        "mass_change": abs(grid.integrate(change)),
-    }
+    return _record("l", l, beta, rate, float(measured), mass_change=abs(grid.integrate(change)))
 
 
 def cubed_sphere_fitted_rate(
@@ -484,19 +504,10 @@ def cubed_sphere_fitted_rate(
         dt_max=step / fastest,
         snapshots=snapshots,
     )
-    amplitudes = np.array([cs.zonal_projection(grid, d, l) for d in result.densities])
-    measured = fit_rate(result.times, amplitudes)
-    return {
-        "l": int(l),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": measured,
-        "error": abs(measured / rate - 1.0),
-        "t_end": float(t_end),
-        "growth": float(amplitudes[-1] / amplitudes[0]),
-        "steps": result.steps,
-        "mass_change": float(np.abs(result.masses - result.masses[0]).max() / result.masses[0]),
-    }
+    amplitudes = [cs.zonal_projection(grid, d, l) for d in result.densities]
+    return _run_record(
+        "l", l, beta, rate, result.times, amplitudes, t_end, result.steps, result.masses
+    )
 
 
 # ---- tokens on S^2 ---------------------------------------------------------------------------
@@ -521,13 +532,7 @@ def sphere_token_slope(l: int, beta: float, n: int = 10_000, eps: float = 1e-3) 
         moments.append(float(np.mean(p)))
         derivatives.append(float(np.mean(dp * v[:, 2])))
     measured = (derivatives[0] - derivatives[1]) / (moments[0] - moments[1])
-    return {
-        "l": int(l),
-        "beta": float(beta),
-        "formula": rate,
-        "measured": measured,
-        "error": abs(measured / rate - 1.0),
-    }
+    return _record("l", l, beta, rate, measured)
 
 
 def sphere_token_rates(
@@ -561,15 +566,6 @@ def sphere_token_rates(
     for l in ls:
         rate = linear_rate(l, beta, 3)
         measured = fit_rate(times, amplitudes[:, l])
-        rows.append(
-            {
-                "l": l,
-                "beta": float(beta),
-                "formula": rate,
-                "measured": measured,
-                "error": abs(measured / rate - 1.0),
-                "initial": float(amplitudes[0, l]),
-                "growth": float(amplitudes[-1, l] / amplitudes[0, l]),
-            }
-        )
+        initial, growth = float(amplitudes[0, l]), float(amplitudes[-1, l] / amplitudes[0, l])
+        rows.append(_record("l", l, beta, rate, measured, initial=initial, growth=growth))
     return rows
