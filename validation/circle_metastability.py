@@ -37,7 +37,7 @@ from tpde.grid import Grid
 from tpde.grid.circle import TWO_PI, circle_copies, circle_grid, clusters, uniform_modes
 
 from .circle_transport import circle_w2
-from .sphere_tokens import CircleTokens, _truncation, circle_token_velocity
+from .sphere_tokens import CircleTokens, _truncation, circle_token_velocity, inverse_cdf
 
 __all__ = [
     "energy_rate",
@@ -152,19 +152,7 @@ def quantile_tokens(
             out = out + a * np.cos(k * (th - p))
         return out / TWO_PI
 
-    lo, hi = np.zeros(n), np.full(n, TWO_PI)
-    th = TWO_PI * u
-    for _ in range(100):
-        f = cdf(th) - u
-        lo = np.where(f < 0, th, lo)
-        hi = np.where(f > 0, th, hi)
-        step = f / pdf(th)
-        new = th - step
-        out = (new <= lo) | (new >= hi)
-        th = np.where(out, 0.5 * (lo + hi), new)
-        if np.abs(step).max() < 1e-15 and not out.any():
-            break
-    return th
+    return inverse_cdf(cdf, pdf, u, 0.0, TWO_PI, TWO_PI * u)
 
 
 def histogram(theta: ArrayLike, grid: Grid, weights: ArrayLike | None = None) -> np.ndarray:

@@ -39,6 +39,8 @@ from numpy.typing import ArrayLike
 
 from tpde.grid.cubed_sphere import CubedSphere, harmonic_power, metric, to_sphere
 
+from .sphere_tokens import inverse_cdf, march
+
 __all__ = [
     "SphereTokens",
     "fibonacci_tokens",
@@ -147,23 +149,7 @@ class SphereTokens:
         self.x = rotate_tokens(first, (-f1 + 2.0 * f2 + 2.0 * f3 + 3.0 * f4) / 12.0)
 
     def integrate(self, times: ArrayLike, dt: float) -> np.ndarray:
-        times = np.asarray(times, float).reshape(-1)
-        if not (math.isfinite(dt) and dt > 0):
-            raise ValueError(f"tokens.dt: expected a positive number, got {dt!r}")
-        if np.any(np.diff(times) < 0) or times[0] < self.t:
-            raise ValueError("tokens.times: expected increasing times from the current time")
-        out = np.empty((times.size, *self.x.shape))
-        for i, target in enumerate(times):
-            while self.t < target:
-                h = target - self.t
-                if h > dt * (1.0 + 1e-9):
-                    h = min(dt, 0.5 * h) if h < 2.0 * dt else dt  # no sliver before target
-                self.step(h)
-                self.t += h
-                if abs(self.t - target) <= 1e-12 * max(1.0, abs(target)):
-                    self.t = float(target)
-            out[i] = self.x
-        return out
+        return march(self, times, dt, self.step, lambda: self.x)
 
 
 def token_moments(x: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
@@ -253,18 +239,7 @@ def zonal_mode_tokens(
     def pdf(z: np.ndarray) -> np.ndarray:
         return 0.5 * (1.0 + sum(a * eval_legendre(l, z) for l, a in modes))
 
-    lo, hi = np.full(u.size, -1.0), np.ones(u.size)
-    z = x[:, 2].copy()
-    for _ in range(100):
-        f = cdf(z) - u
-        lo = np.where(f < 0, z, lo)
-        hi = np.where(f > 0, z, hi)
-        step = f / pdf(z)
-        new = z - step
-        outside = (new <= lo) | (new >= hi)
-        z = np.where(outside, 0.5 * (lo + hi), new)
-        if np.abs(step).max() < 1e-15 and not outside.any():
-            break
+    z = inverse_cdf(cdf, pdf, u, -1.0, 1.0, x[:, 2])
     r_old = np.hypot(x[:, 0], x[:, 1])
     scale = np.divide(
         np.sqrt(np.maximum(1.0 - z * z, 0.0)), r_old, out=np.zeros_like(z), where=r_old > 0

@@ -25,6 +25,7 @@ Sums (``method=``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -122,6 +123,55 @@ def _fourier(theta, weights, head: Head, normalised: bool) -> np.ndarray:
     return np.clip(numerator / z_val, -bound, bound)
 
 
+def march(tokens, times: ArrayLike, dt: float, step: Callable[[float], None], state) -> np.ndarray:
+    """Advance ``tokens`` (an object whose ``t`` is its time) through the increasing
+    ``times``, by ``step(h)`` with ``h <= dt`` landing on each time exactly (no sliver step
+    before it), and return ``state()`` at each: (len(times), *state().shape)."""
+    times = np.asarray(times, float).reshape(-1)
+    if not (math.isfinite(dt) and dt > 0):
+        raise ValueError(f"tokens.dt: expected a positive number, got {dt!r}")
+    if np.any(np.diff(times) < 0) or times[0] < tokens.t:
+        raise ValueError("tokens.times: expected increasing times from the current time")
+    out = np.empty((times.size, *np.shape(state())))
+    for i, target in enumerate(times):
+        while tokens.t < target:
+            h = target - tokens.t
+            if h > dt * (1.0 + 1e-9):
+                h = min(dt, 0.5 * h) if h < 2.0 * dt else dt  # no sliver before target
+            step(h)
+            tokens.t += h
+            if abs(tokens.t - target) <= 1e-12 * max(1.0, abs(target)):
+                tokens.t = float(target)
+        out[i] = state()
+    return out
+
+
+def inverse_cdf(
+    cdf: Callable[[np.ndarray], np.ndarray],
+    pdf: Callable[[np.ndarray], np.ndarray],
+    u: np.ndarray,
+    lower: float,
+    upper: float,
+    start: np.ndarray,
+) -> np.ndarray:
+    """``F^{-1}(u)`` per entry of ``u`` for a monotone ``cdf`` on ``[lower, upper]`` with
+    density ``pdf``: Newton steps from ``start``, each kept inside the bracket that the signs
+    of ``F - u`` have left (else bisected), until a step is below 1e-15 (100 at most)."""
+    lo, hi = np.full(u.size, float(lower)), np.full(u.size, float(upper))
+    x = np.asarray(start, float).copy()
+    for _ in range(100):
+        f = cdf(x) - u
+        lo = np.where(f < 0, x, lo)
+        hi = np.where(f > 0, x, hi)
+        step = f / pdf(x)
+        new = x - step
+        outside = (new <= lo) | (new >= hi)
+        x = np.where(outside, 0.5 * (lo + hi), new)
+        if np.abs(step).max() < 1e-15 and not outside.any():
+            break
+    return x
+
+
 def _direct(theta, weights, head: Head, normalised: bool) -> np.ndarray:
     y = np.stack([np.cos(theta), np.sin(theta)], axis=1)
     tangents = np.stack([-np.sin(theta), np.cos(theta)], axis=1)
@@ -176,23 +226,7 @@ class CircleTokens:
         return circle_token_velocity(theta, self.weights, head, self.normalised, self.method)
 
     def integrate(self, times: ArrayLike, dt: float) -> np.ndarray:
-        times = np.asarray(times, float).reshape(-1)
-        if not (math.isfinite(dt) and dt > 0):
-            raise ValueError(f"tokens.dt: expected a positive number, got {dt!r}")
-        if np.any(np.diff(times) < 0) or times[0] < self.t:
-            raise ValueError("tokens.times: expected increasing times from the current time")
-        out = np.empty((times.size, self.theta.size))
-        for i, target in enumerate(times):
-            while self.t < target:
-                h = target - self.t
-                if h > dt * (1.0 + 1e-9):
-                    h = min(dt, 0.5 * h) if h < 2.0 * dt else dt  # no sliver before target
-                self._rk4(h)
-                self.t += h
-                if abs(self.t - target) <= 1e-12 * max(1.0, abs(target)):
-                    self.t = float(target)
-            out[i] = np.mod(self.theta, TWO_PI)
-        return out
+        return march(self, times, dt, self._rk4, lambda: np.mod(self.theta, TWO_PI))
 
     def _rk4(self, h: float) -> None:
         th, t = self.theta, self.t
