@@ -27,9 +27,10 @@ def average_to_point_weights(offset: float, radius: int = 2) -> np.ndarray:
     return np.linalg.solve(moments, float(offset) ** degree)
 
 
-def ghost_index_map(n: int, mode: str) -> np.ndarray:
-    """Source cell of each padded position -3 .. n + 2 (int64, length n + 6)."""
-    pos = np.arange(-GHOSTS, n + GHOSTS)
+def ghost_index_map(n: int, mode: str, ghosts: int = GHOSTS) -> np.ndarray:
+    """Source cell of each padded position -ghosts .. n + ghosts - 1 (int64, length
+    n + 2 ghosts; the schemes' stencils need 3)."""
+    pos = np.arange(-ghosts, n + ghosts)
     if mode == "periodic":
         return np.mod(pos, n).astype(np.int64)
     if mode == "noflux":  # even reflection about the boundary faces

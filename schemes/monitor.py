@@ -13,11 +13,13 @@ the covariance is blowing up, and when it collapses to a lower rank.
   singular. A run that stops on truncation while the covariance has grown and a blow-up is
   predicted ends as ``blowup``, with the prediction in its message.
 * **Resolution** (an ``under_resolved`` event and the run goes on, or with
-  ``resolution_action = "stop"`` the status ``under_resolved``). The share of the mass the
-  fifth-order reconstruction misplaces per unit time (:func:`reconstruction_error_rate`, at
-  the start of every step) is integrated over the run; when it passes
-  ``resolution_tolerance`` the event records the time. No box measure sees this: a law that
-  thins (clustering) or a grid too coarse for its data loses accuracy while it stays inside.
+  ``resolution_action = "stop"`` the status ``under_resolved``). The relative error the
+  scheme's reconstruction makes per unit time (:func:`reconstruction_error_rate`: the larger
+  of the share of the mass it misplaces and the relative drift of the covariance it causes,
+  at the start of every step) is integrated over the run; before a step that would take it
+  past ``resolution_tolerance`` the event records the time (or the run ends there). No box
+  measure sees this: a law that thins (clustering) or a grid too coarse for its data loses
+  accuracy while it stays inside.
 * **Collapse** (an event, the run goes on). When the ratio of the smallest to the largest
   covariance eigenvalue first falls below ``collapse_ratio``, the time and the rank (the
   eigenvalues above that fraction of the largest) are recorded; then again at each lower rank.
@@ -28,9 +30,13 @@ docs/theory.md, "The co-moving affine frame" and docs/user-guide.md, "How a run 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from tpde.grid import Grid
+from tpde.grid.stencils import ghost_index_map
 
 #: cells along each face whose mass counts as reaching the box
 EDGE_CELLS = 1
@@ -64,57 +70,106 @@ def edge_mass(
     return max(0.0, (total - float(inner.sum())) / total)
 
 
-#: linear upwind face values from cell averages, for the face between cells j and j + 1 from
-#: the upwind side: fifth order (cells j-2..j+2), seventh order (cells j-3..j+3)
-FIFTH = np.array([2.0, -13.0, 47.0, 27.0, -3.0]) / 60.0
+#: the seventh-order linear upwind face value from cell averages, for the face between cells
+#: j and j + 1 from the upwind (left) side: cells j-3..j+3
 SEVENTH = np.array([-3.0, 25.0, -101.0, 319.0, 214.0, -38.0, 4.0]) / 420.0
+#: ghost cells the seventh-order stencil needs on each side
+SEVENTH_GHOSTS = 4
 
 
-def _upwind_difference(padded: np.ndarray, faces: int) -> np.ndarray:
-    """(fifth - seventh)-order upwind face values from the left, for ``faces`` faces, of an
-    array padded with 4 cells on each side along axis 0 (face f lies between padded cells
-    f + 3 and f + 4)."""
-    fifth = sum(w * padded[1 + k : 1 + k + faces] for k, w in enumerate(FIFTH))
-    seventh = sum(w * padded[k : k + faces] for k, w in enumerate(SEVENTH))
-    return fifth - seventh
+def _seventh_from_left(padded: np.ndarray, faces: int) -> np.ndarray:
+    """Seventh-order upwind face values from the left, for ``faces`` faces, of an array
+    padded with 4 cells on each side along axis 0 (face f lies between padded cells f + 3 and
+    f + 4)."""
+    return sum(w * padded[k : k + faces] for k, w in enumerate(SEVENTH))
+
+
+FaceStates = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
 
 def reconstruction_error_rate(
-    density: np.ndarray,
-    spacing: tuple[float, ...],
-    normal: list[np.ndarray],
-    periodic: tuple[bool, ...],
+    density: np.ndarray, grid: Grid, normal: list[np.ndarray], face_states: FaceStates
 ) -> float:
-    """The share of the mass the reconstruction misplaces per unit time: the L1 norm of the
-    divergence of the flux error ``u_n (q5 - q7) |face|``, over the total mass, with q5, q7 the
-    fifth- and seventh-order linear upwind face values of the cell averages (their difference
-    is the leading error of a fifth-order reconstruction of smooth data; docs/theory.md,
-    'The resolution monitor').
+    """The relative error the reconstruction makes per unit time: the larger of
 
-    density: grid.shape cell averages; spacing: cell widths; normal[a]: the normal velocity at
-    the face centres of axis a (cells + 1 along a, as the solver's face lattices); periodic:
-    per axis (wrapped), else the cells beyond the box count as empty."""
+    * the share of the mass it misplaces, ``sum_c |div dF| / sum_c rho``, and
+    * the relative drift of the covariance it causes,
+      ``|| sum_f dF_f Delta_f[(x - m)(x - m)^T] || / (||Sigma|| sum_c rho)``
+      (spectral norms; ``Delta_f`` the difference across face f of the cell-centre values),
+
+    with the flux error ``dF = u_n (q - q7) / h`` at every face: q the scheme's own upwind face
+    state (``face_states(axis)`` returns the left and right states at the faces normal to
+    ``axis``, the operator's reconstruction, nonlinear weights and boundary ghosts included),
+    q7 the seventh-order linear one from the same cell averages. Their difference is the
+    leading error of the scheme's face values on smooth data (docs/theory.md, 'The resolution
+    monitor'); the covariance term is the one a second moment amplifies: the misplaced mass
+    of a law's flanks moves its covariance most.
+
+    density: grid.shape cell averages (``m``, ``Sigma`` their mean and covariance, cell
+    centres ``x``); normal[a]: the normal velocity at the face centres of axis a (cells + 1
+    along a, as the solver's face lattices)."""
     total = float(density.sum())
     if not total > 0:
         return 0.0
+    d = grid.ndim
+    # the covariance drift needs coordinates: none on a periodic axis
+    moments = not any(mode == "periodic" for mode in grid.boundary)
+    offsets = []
+    for a in range(d):
+        marginal = density.sum(axis=tuple(b for b in range(d) if b != a))
+        x = grid.centres(a)
+        offsets.append(x - float(marginal @ x) / total)
     divergence = np.zeros(density.shape)
+    drift = np.zeros((d, d))
     for a, u in enumerate(normal):
+        n, h = grid.cells[a], grid.spacing[a]
         cells = np.moveaxis(density, a, 0)
-        n = cells.shape[0]
+        padded = np.take(cells, ghost_index_map(n, grid.boundary[a], SEVENTH_GHOSTS), axis=0)
         u_faces = np.moveaxis(u, a, 0)[: n + 1]
-        if periodic[a]:
-            padded = np.concatenate([cells[-4:], cells, cells[:4]])
-        else:
-            empty = np.zeros((4,) + cells.shape[1:])
-            padded = np.concatenate([empty, cells, empty])
-        faces = n + 1
-        from_left = _upwind_difference(padded, faces)
-        from_right = _upwind_difference(padded[::-1], faces)[::-1]
-        flux = u_faces * np.where(u_faces > 0, from_left, from_right) / spacing[a]
-        if periodic[a]:
+        left, right = (np.moveaxis(q, a, 0) for q in face_states(a))
+        from_left = left - _seventh_from_left(padded, n + 1)
+        from_right = right - _seventh_from_left(padded[::-1], n + 1)[::-1]
+        if grid.boundary[a] == "outflow":  # (vacuum enters there: a boundary condition)
+            from_left[0] = from_right[-1] = 0.0
+        flux = u_faces * np.where(u_faces > 0, from_left, from_right) / h
+        if grid.boundary[a] == "periodic":
             flux[-1] = flux[0]  # (face n is face 0)
         np.moveaxis(divergence, a, 0)[...] += flux[1:] - flux[:-1]
-    return float(np.abs(divergence).sum()) / total
+        if not moments:
+            continue
+        # d/dt sum_c g_c rho_c = sum_f F_f (g_left(f) - g_right(f)) for g = (x - m)(x - m)^T
+        # (g = 0 beyond the box: what crosses it leaves), whose components varying along a
+        # are (a, a) and (a, b)
+        x = np.concatenate([[0.0], offsets[a], [0.0]])
+        jump, rest = x[1:] - x[:-1], tuple(range(1, d))
+        drift[a, a] += float((x[1:] ** 2 - x[:-1] ** 2) @ flux.sum(axis=rest))
+        for b in range(d):
+            if b != a:
+                axis_b = b + 1 if b < a else b  # (where b lies in the moved array)
+                summed = flux.sum(axis=tuple(k for k in rest if k != axis_b))
+                cross = float(jump @ summed @ offsets[b])
+                drift[a, b] += cross
+                drift[b, a] += cross
+    mass_rate = float(np.abs(divergence).sum()) / total
+    scale = float(np.linalg.norm(_covariance(density, offsets, total), 2)) if moments else 0.0
+    if not scale > 0:
+        return mass_rate
+    return max(mass_rate, float(np.linalg.norm(drift, 2)) / (scale * total))
+
+
+def _covariance(density: np.ndarray, offsets: list[np.ndarray], total: float) -> np.ndarray:
+    """sum_c rho_c (x - m)(x - m)^T / sum_c rho_c from the centred cell-centre offsets."""
+    d = density.ndim
+    out = np.zeros((d, d))
+    for a in range(d):
+        for b in range(a, d):
+            weight = density
+            for axis, x in ((a, offsets[a]), (b, offsets[b])):
+                shape = [1] * d
+                shape[axis] = x.size
+                weight = weight * x.reshape(shape)
+            out[a, b] = out[b, a] = float(weight.sum()) / total
+    return out
 
 
 def predicted_blowup(times: list[float], covariances: list[np.ndarray]) -> float:
@@ -158,30 +213,36 @@ class Monitor:
     #: the reconstruction error a run may accumulate before an ``under_resolved`` event
     resolution_tolerance: float = 1e-4
     #: the accumulated estimate: the integral over time of :func:`reconstruction_error_rate`
-    #: (the share of the mass the reconstruction has misplaced), carried over resumes
+    #: (the relative error the reconstruction has injected), carried over resumes
     reconstruction_error: float = 0.0
     resolution_warned: bool = False
     #: "warn" (record an ``under_resolved`` event, go on) or "stop" (end the run so)
     resolution_action: str = "warn"
 
-    def add_reconstruction_error(self, amount: float, t: float) -> tuple[str, str] | None:
-        """Add ``amount`` (rate times step) to the estimate at time t. When it first exceeds
-        the tolerance: with ``resolution_action = "stop"`` return the status that ends the
-        run (``under_resolved``) and its message, else record one event (the run goes on)."""
-        self.reconstruction_error += amount
-        if self.resolution_warned or not self.reconstruction_error > self.resolution_tolerance:
+    def check_resolution(self, amount: float, t: float, t_next: float) -> tuple[str, str] | None:
+        """Before the step from t to t_next, which adds ``amount`` (rate times step) to the
+        estimate: when that would first take it past the tolerance, with
+        ``resolution_action = "stop"`` return the status that ends the run at t, before the
+        step (``under_resolved``) and its message, else record one event at t (the run goes
+        on). The run then adds the step's amount with :meth:`add_reconstruction_error`."""
+        projected = self.reconstruction_error + amount
+        if self.resolution_warned or not projected > self.resolution_tolerance:
             return None
         self.resolution_warned = True
         message = (
-            f"the grid no longer resolves the dynamics at t = {t:.6g}: estimated "
-            f"reconstruction error {self.reconstruction_error:.2e} of the mass > "
-            f"run.resolution_tolerance = {self.resolution_tolerance:g} (refine the grid, "
-            'or follow the law with scheme.frame = "affine")'
+            f"the grid no longer resolves the dynamics at t = {t:.6g}: the step to "
+            f"t = {t_next:.6g} would take the estimated reconstruction error to "
+            f"{projected:.2e} > run.resolution_tolerance = {self.resolution_tolerance:g} "
+            '(refine the grid, or follow the law with scheme.frame = "affine")'
         )
         if self.resolution_action == "stop":
             return "under_resolved", message
         self.events.append(Event("under_resolved", t, message))
         return None
+
+    def add_reconstruction_error(self, amount: float) -> None:
+        """Add a step's ``amount`` (rate times step) to the estimate."""
+        self.reconstruction_error += amount
 
     def record(self, t: float, covariance: np.ndarray) -> None:
         """Keep the physical covariance at time t (the last three) and record collapses."""

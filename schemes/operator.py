@@ -449,6 +449,23 @@ class FluxOperator:
             level += 1
         return arrays
 
+    def face_states(self, density: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """The reconstruction's left and right states at every face normal to ``axis``
+        (face_shape(axis) each; line averages over the face), as the fluxes use them. Views
+        of work arrays: valid until the next flux computation."""
+        shape = self.face_shapes[axis]
+        left, right = self._work("left", shape), self._work("right", shape)
+        kernels.face_states(
+            self._axis(density, axis),
+            self.src[axis],
+            self.reconstruction.kind,
+            self.vacuum_outside[axis],
+            self.vacuum_outside[axis],
+            self._axis(left, axis),
+            self._axis(right, axis),
+        )
+        return left, right
+
     @profile.timed("fluxes")
     def compute_fluxes(self, density: np.ndarray, velocity: FaceVelocity) -> list[np.ndarray]:
         """High-order face fluxes F_a (face_shape(a)) into the operator's work arrays."""
@@ -470,18 +487,8 @@ class FluxOperator:
                     flux3,
                 )
                 continue
-            shape = self.face_shapes[a]
-            left, right = self._work("left", shape), self._work("right", shape)
+            left, right = self.face_states(density, a)
             levels = [3 ** (k + 1) for k in range(self.grid.ndim - 1)]
-            kernels.face_states(
-                rho3,
-                self.src[a],
-                recon,
-                lo_zero,
-                hi_zero,
-                self._axis(left, a),
-                self._axis(right, a),
-            )
             q = levels[-1]
             weights = self._node_weights(a, q)
             for planes in self._planes(a):  # the transverse work one block of planes at a time

@@ -21,6 +21,7 @@ import math
 import time as _time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from functools import partial
 
 import numpy as np
 
@@ -450,10 +451,7 @@ class Solver:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
             if measure and self.problem.positions is None:
                 self.reconstruction_rate = reconstruction_error_rate(
-                    density,
-                    self.grid.spacing,
-                    normal,
-                    tuple(mode == "periodic" for mode in self.grid.boundary),
+                    density, self.grid, normal, partial(self.operator.face_states, density)
                 )
             values = list(normal)  # the operator interpolates them along the faces
         else:
@@ -633,6 +631,10 @@ class Solver:
             handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
             rate = self.reconstruction_rate  # of this step's start
+            unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt)
+            if unresolved is not None:  # (the run ends before the step that would pass)
+                self.status_message = unresolved[1]
+                return unresolved[0]
             for _attempt in range(30):
                 try:
                     self.step(dt, handed.pop() if handed else None)
@@ -647,10 +649,7 @@ class Solver:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
             if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
-            unresolved = self.monitor.add_reconstruction_error(rate * dt, self.t)
-            if unresolved is not None:
-                self.status_message = unresolved[1]
-                return unresolved[0]
+            self.monitor.add_reconstruction_error(rate * dt)
             if self.outflow > self.problem.max_outflow * self.mass0:
                 self.status_message = (
                     f"outflow {self.outflow:.3e} exceeds "
@@ -713,7 +712,8 @@ class Solver:
                 status = self.advance_to(t_stop)
                 if not is_snapshot and status == "completed":
                     continue
-                result.snapshots.append(self.snapshot())
+                if not (result.snapshots and result.snapshots[-1].step == self.steps):
+                    result.snapshots.append(self.snapshot())  # (a stop before any step: none)
                 if status != "completed":
                     result.status = status
                     result.status_time = self.t

@@ -375,11 +375,11 @@ def test_blowups_stop_before_their_error_grows(name):
     with blowup or box_limited before t*, within 1e-3 of the closed form at every snapshot,
     predicts t* within 1e-3 when it reports blowup, and reaches a later fraction of t* than a
     fixed box of the same cells (fitted to the ODE to 0.9 t*, 0.9-1.3 cells per standard
-    deviation), which stops too: with run.resolution_action = "stop" its resolution monitor
-    ends it (under_resolved) at 0.01-0.02 t*, where the box measure alone stopped it only at
-    0.14-0.24 t*, after covariance errors of 7e-2..9e-2. On so coarse a grid the estimate is
-    pre-asymptotic: the fixed box's error at its stop is printed (1.1e-3..2.2e-3 measured; at
-    64^2 it is 1.8e-4, tests/test_resolution.py)."""
+    deviation), which stops too, within 1e-3 at every snapshot: with
+    run.resolution_action = "stop" its resolution monitor ends it (under_resolved) before
+    the first step, whose estimated covariance error is above run.resolution_tolerance
+    (1e-4); the box measure alone stopped it only at 0.14-0.24 t*, after covariance errors
+    of 7e-2..9e-2 (tests/test_resolution.py: 96^2 stops at 0.025 t*, error 6.8e-5)."""
     A, cov0 = blowing_up_cases()[name]
     field_params = Head(A, np.eye(2))
     t_star = softmax_blowup_time(cov0, A, 1.0)
@@ -428,4 +428,5 @@ def test_blowups_stop_before_their_error_grows(name):
         predicted = float(framed.status_message.split("t* = ")[1].split()[0])
         assert abs(predicted - t_star) <= 1e-3 * t_star
     assert fixed.status == "under_resolved", fixed.status_message
+    assert max(fixed_errors) <= 1e-3
     assert framed.status_time > fixed.status_time

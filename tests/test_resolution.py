@@ -6,12 +6,15 @@ the estimate stands for) and the Gaussian closed form of a blowing-up softmax ru
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from scipy.special import erf
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.schemes.frame import AffineFrame
-from tpde.schemes.monitor import FIFTH, _upwind_difference, reconstruction_error_rate
+from tpde.schemes.monitor import SEVENTH, reconstruction_error_rate
+from tpde.schemes.operator import FluxOperator
 from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.studies import fitted_box
 from tpde.validation import solve
@@ -32,18 +35,22 @@ def gaussian_averages(edges: np.ndarray) -> np.ndarray:
     return np.diff(cdf) / np.diff(edges)
 
 
-def test_the_estimate_is_the_fifth_order_face_error():
-    """On exact cell averages of N(0, 1) the estimate |q5 - q7| tends to the true error of the
-    fifth-order face values (ratio -> 1), and the rate falls like h^5."""
+def test_the_estimate_is_the_scheme_face_error():
+    """On exact cell averages of N(0, 1) the estimate |q - q7| (q: the scheme's WENO5-Z face
+    state) tends to the true error of q (ratio -> 1), and the rate falls like h^5."""
     rows = []
     for n in (32, 64, 128, 256):
-        edges = np.linspace(-8.0, 8.0, n + 1)
+        grid = Grid([-8.0], [8.0], [n])
+        edges = grid.edges(0)
         rho = gaussian_averages(edges)
+        left, _ = FluxOperator(grid).face_states(rho, 0)
         padded = np.concatenate([np.zeros(4), rho, np.zeros(4)])
-        q5 = sum(w * padded[1 + k : 2 + k + n] for k, w in enumerate(FIFTH))
-        true = np.abs(q5 - np.exp(-0.5 * edges**2) / np.sqrt(2.0 * np.pi)).max()
-        estimate = np.abs(_upwind_difference(padded, n + 1)).max()
-        rate = reconstruction_error_rate(rho, (edges[1] - edges[0],), [np.ones(n + 1)], (False,))
+        seventh = sum(w * padded[k : k + n + 1] for k, w in enumerate(SEVENTH))
+        true = np.abs(left - np.exp(-0.5 * edges**2) / np.sqrt(2.0 * np.pi)).max()
+        estimate = np.abs(left - seventh).max()
+        rate = reconstruction_error_rate(
+            rho, grid, [np.ones(n + 1)], partial(FluxOperator(grid).face_states, rho)
+        )
         rows.append((n, true, estimate, rate))
     print("\n   n   true face error   estimate   ratio   rate")
     for n, true, estimate, rate in rows:
@@ -54,27 +61,76 @@ def test_the_estimate_is_the_fifth_order_face_error():
     assert orders[-1] > 4.5
 
 
+def test_the_covariance_drift_is_the_moment_rate_of_the_flux_error():
+    """The covariance term of the estimate against an independent evaluation: a 2-D Gaussian
+    on 24^2 cells moved by a linear field; the moment rate of the flux error, summed cell by
+    cell from the divergence (d/dt sum_c g_c rho_c with g = (x - m)(x - m)^T), equals the
+    face-sum form of the monitor."""
+    grid = Grid([-5.0, -4.0], [5.0, 4.0], [24, 20])
+    cov = np.array([[1.2, 0.5], [0.5, 0.7]])
+    rho = gaussian(grid, np.array([0.3, -0.2]), cov)
+    normal = [  # u = (0.4 x - 0.9 y + 0.2, 1.1 x + 0.3 y - 0.1) at the face centres
+        0.4 * grid.edges(0)[:, None] - 0.9 * grid.centres(1)[None, :] + 0.2,
+        1.1 * grid.centres(0)[:, None] + 0.3 * grid.edges(1)[None, :] - 0.1,
+    ]
+    operator = FluxOperator(grid)
+    rate = reconstruction_error_rate(rho, grid, normal, partial(operator.face_states, rho))
+    # independently: the divergence of the flux error, cell by cell, and its moments
+    total = rho.sum()
+    xc, yc = np.meshgrid(grid.centres(0), grid.centres(1), indexing="ij")
+    m = np.array([(rho * xc).sum(), (rho * yc).sum()]) / total
+    offsets = np.stack([xc - m[0], yc - m[1]])
+    sigma = np.einsum("ixy,jxy,xy->ij", offsets, offsets, rho) / total
+    divergence = np.zeros(grid.shape)
+    for a in range(2):
+        left, right = (q.copy() for q in operator.face_states(rho, a))
+        cells = np.moveaxis(rho, a, 0)
+        # the scheme's ghosts at an outflow face: the edge cell repeated
+        padded = np.pad(cells, [(4, 4), (0, 0)], mode="edge")
+        n = grid.cells[a]
+        q7l = sum(w * padded[k : k + n + 1] for k, w in enumerate(SEVENTH))
+        q7r = sum(w * padded[::-1][k : k + n + 1] for k, w in enumerate(SEVENTH))[::-1]
+        u = np.moveaxis(normal[a], a, 0)
+        error = np.where(u > 0, np.moveaxis(left, a, 0) - q7l, np.moveaxis(right, a, 0) - q7r)
+        error[0] = np.where(u[0] > 0, 0.0, error[0])
+        error[-1] = np.where(u[-1] > 0, error[-1], 0.0)
+        flux = u * error / grid.spacing[a]
+        np.moveaxis(divergence, a, 0)[...] += flux[1:] - flux[:-1]
+    drift = np.einsum("ixy,jxy,xy->ij", offsets, offsets, divergence)
+    expected = max(
+        np.abs(divergence).sum() / total,
+        np.linalg.norm(drift, 2) / (np.linalg.norm(sigma, 2) * total),
+    )
+    print(f"\nmonitor {rate:.6e}, cell-by-cell {expected:.6e}")
+    assert rate > 0 and abs(rate - expected) <= 1e-10 * expected
+
+
 def test_a_periodic_axis_wraps():
     """A bump rolled across the periodic seam has the same estimate."""
-    edges = np.linspace(-8.0, 8.0, 65)
-    rho = gaussian_averages(edges)
-    spacing = (edges[1] - edges[0],)
+    grid = Grid([-8.0], [8.0], [64], boundary="periodic")
+    rho = gaussian_averages(grid.edges(0))
     u = 0.7 * np.ones(65)
-    base = reconstruction_error_rate(rho, spacing, [u], (True,))
-    rolled = reconstruction_error_rate(np.roll(rho, 32), spacing, [u], (True,))
+    operator = FluxOperator(grid)
+    base = reconstruction_error_rate(rho, grid, [u], partial(operator.face_states, rho))
+    rolled_rho = np.roll(rho, 32)
+    rolled = reconstruction_error_rate(
+        rolled_rho, grid, [u], partial(operator.face_states, rolled_rho)
+    )
     assert base > 0 and abs(rolled - base) <= 1e-12 * base
 
 
 def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
-    """E5 on a fixed 64^2 box fitted to 0.9 t* (1.25 cells per standard deviation): the event
-    comes before the covariance error reaches 1e-3; the co-moving frame on 48^2 (residual 0
-    for Gaussian data) records none up to the same time."""
+    """E5 on a fixed 96^2 box fitted to 0.9 t* (1.9 cells per standard deviation): the event
+    comes before the covariance error reaches the tolerance 1e-4, and the error does grow past
+    it after (3.3e-4 at 0.1 t*, printed); the co-moving frame on 48^2
+    (residual 0 for Gaussian data) records none up to the same time. (On 64^2 the first step
+    would already pass the tolerance: the event comes at t = 0.)"""
     t_star = softmax_blowup_time(E5_COV, E5_A, 1.0)
     t_end = 0.1 * t_star
     times = list(np.linspace(0.0, t_end, 11))
     params = Head(E5_A, np.eye(2))
     solution = solve("softmax", np.zeros(2), E5_COV, params, 0.9 * t_star)
-    box = Grid(*fitted_box(solution, 0.9 * t_star, 7.0), [64, 64])
+    box = Grid(*fitted_box(solution, 0.9 * t_star, 7.0), [96, 96])
     fixed = Solver(
         Problem(
             box,
@@ -95,12 +151,12 @@ def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
         for s in fixed.snapshots
     }
     events = [e for e in fixed.events if e.kind == "under_resolved"]
-    print(f"\nfixed 64^2: event at {events[0].time / t_star:.4f} t*" if events else "no event")
+    print(f"\nfixed 96^2: event at {events[0].time / t_star:.4f} t*" if events else "no event")
     for t, err in errors.items():
         print(f"  t = {t / t_star:.3f} t*: covariance error {err:.2e}")
     assert len(events) == 1
-    assert all(err <= 1e-3 for t, err in errors.items() if t <= events[0].time)
-    assert max(errors.values()) > 1e-3  # (the event is not idle: the error does grow)
+    assert all(err <= 1e-4 for t, err in errors.items() if t <= events[0].time)
+    assert max(errors.values()) > 1e-4  # (the event is not idle: the error passes it)
     xi = Grid([-16.0, -16.0], [16.0, 16.0], [48, 48])
     framed = Solver(
         Problem(
@@ -118,12 +174,13 @@ def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
 
 
 def test_the_stop_action_ends_the_run_before_its_error_grows():
-    """run.resolution_action = "stop": the same fixed E5 run ends with status under_resolved,
-    its covariance within 1e-3 of the closed form up to there."""
+    """run.resolution_action = "stop": the same fixed E5 run ends with status under_resolved
+    before the step that would take its estimate past the tolerance, its covariance within
+    1e-4 of the closed form there."""
     t_star = softmax_blowup_time(E5_COV, E5_A, 1.0)
     params = Head(E5_A, np.eye(2))
     solution = solve("softmax", np.zeros(2), E5_COV, params, 0.9 * t_star)
-    box = Grid(*fitted_box(solution, 0.9 * t_star, 7.0), [64, 64])
+    box = Grid(*fitted_box(solution, 0.9 * t_star, 7.0), [96, 96])
     result = Solver(
         Problem(
             box,
@@ -141,5 +198,5 @@ def test_the_stop_action_ends_the_run_before_its_error_grows():
     )
     print(f"\nstopped {result.status} at {result.status_time / t_star:.4f} t*: error {error:.2e}")
     assert result.status == "under_resolved"
-    assert result.snapshots[-1].time == result.status_time
-    assert error <= 1e-3
+    assert result.snapshots[-1].time == result.status_time > 0
+    assert error <= 1e-4
