@@ -32,7 +32,7 @@ V = [[1.0, 0.0], [0.0, 1.0]]     # d x d, or k x d with W (d x k)
 scale = 1.0               # multiplies A (l2: multiplies Q); the authors' code uses 1/sqrt(d)
 epsilon = 1.0             # sinkhorn
 bias = 0.0                # sigmoid
-engine = "auto"           # auto | direct | separable (| fft for softmax with symmetric A)
+engine = "auto"           # auto | direct | separable | fft (softmax, A = A^T) | lattice (sigmoid)
 masked = false            # causal attention over position slices (not for sinkhorn)
 # [[attention.heads]]: A (or Q, K), V[, W] per head (multihead);
 # [[attention.layers]]: t_start plus the keys above (or heads) per layer.
