@@ -640,3 +640,42 @@ def split_node_means(values, weights, positive, negative):
         positive[f] = up
         negative[f] = down
     return bad == 0
+
+
+@nb.njit(parallel=PARALLEL, **JIT)
+def seventh_order_flux_error(rho, src4, left, right, u, inv_h, vacuum, out):
+    """out[o, f, k] = u (q - q7) / h at every face (the resolution monitor's flux error):
+    q the scheme's upwind state (``left`` where u > 0, else ``right``), q7 the seventh-order
+    linear upwind value of the cell averages (cells f-4 .. f+2 from the left, f+3 .. f-3
+    from the right). Ghosts come from ``src4`` (length n + 8: position p holds the source of
+    padded cell p - 4); ``vacuum``: the inflow side of a boundary face is vacuum (the
+    scheme's boundary condition, no reconstruction error: 0). Shapes: rho (O, n, I); left,
+    right, u, out (O, n + 1, I)."""
+    n_out, n, n_in = rho.shape
+    for o in nb.prange(n_out):
+        for f in range(n + 1):
+            for k in range(n_in):
+                velocity = u[o, f, k]
+                if velocity > 0.0:
+                    q7 = (
+                        -3.0 * rho[o, src4[f], k]
+                        + 25.0 * rho[o, src4[f + 1], k]
+                        - 101.0 * rho[o, src4[f + 2], k]
+                        + 319.0 * rho[o, src4[f + 3], k]
+                        + 214.0 * rho[o, src4[f + 4], k]
+                        - 38.0 * rho[o, src4[f + 5], k]
+                        + 4.0 * rho[o, src4[f + 6], k]
+                    ) / 420.0
+                    error = 0.0 if vacuum and f == 0 else left[o, f, k] - q7
+                else:
+                    q7 = (
+                        -3.0 * rho[o, src4[f + 7], k]
+                        + 25.0 * rho[o, src4[f + 6], k]
+                        - 101.0 * rho[o, src4[f + 5], k]
+                        + 319.0 * rho[o, src4[f + 4], k]
+                        + 214.0 * rho[o, src4[f + 3], k]
+                        - 38.0 * rho[o, src4[f + 2], k]
+                        + 4.0 * rho[o, src4[f + 1], k]
+                    ) / 420.0
+                    error = 0.0 if vacuum and f == n else right[o, f, k] - q7
+                out[o, f, k] = velocity * error * inv_h

@@ -38,6 +38,9 @@ import numpy as np
 from tpde.grid import Grid
 from tpde.grid.stencils import ghost_index_map
 
+from .kernels import seventh_order_flux_error
+from .operator import view3
+
 #: cells along each face whose mass counts as reaching the box
 EDGE_CELLS = 1
 BOX_ACTIONS = ("stop", "warn")
@@ -70,18 +73,8 @@ def edge_mass(
     return max(0.0, (total - float(inner.sum())) / total)
 
 
-#: the seventh-order linear upwind face value from cell averages, for the face between cells
-#: j and j + 1 from the upwind (left) side: cells j-3..j+3
-SEVENTH = np.array([-3.0, 25.0, -101.0, 319.0, 214.0, -38.0, 4.0]) / 420.0
 #: ghost cells the seventh-order stencil needs on each side
 SEVENTH_GHOSTS = 4
-
-
-def _seventh_from_left(padded: np.ndarray, faces: int) -> np.ndarray:
-    """Seventh-order upwind face values from the left, for ``faces`` faces, of an array
-    padded with 4 cells on each side along axis 0 (face f lies between padded cells f + 3 and
-    f + 4)."""
-    return sum(w * padded[k : k + faces] for k, w in enumerate(SEVENTH))
 
 
 FaceStates = Callable[[int], tuple[np.ndarray, np.ndarray]]
@@ -111,7 +104,7 @@ def reconstruction_error_rate(
     total = float(density.sum())
     if not total > 0:
         return 0.0
-    d = grid.ndim
+    density, d = np.ascontiguousarray(density), grid.ndim
     # the covariance drift needs coordinates: none on a periodic axis
     moments = not any(mode == "periodic" for mode in grid.boundary)
     offsets = []
@@ -123,15 +116,19 @@ def reconstruction_error_rate(
     drift = np.zeros((d, d))
     for a, u in enumerate(normal):
         n, h = grid.cells[a], grid.spacing[a]
-        cells = np.moveaxis(density, a, 0)
-        padded = np.take(cells, ghost_index_map(n, grid.boundary[a], SEVENTH_GHOSTS), axis=0)
-        u_faces = np.moveaxis(u, a, 0)[: n + 1]
-        left, right = (np.moveaxis(q, a, 0) for q in face_states(a))
-        from_left = left - _seventh_from_left(padded, n + 1)
-        from_right = right - _seventh_from_left(padded[::-1], n + 1)[::-1]
-        if grid.boundary[a] == "outflow":  # (vacuum enters there: a boundary condition)
-            from_left[0] = from_right[-1] = 0.0
-        flux = u_faces * np.where(u_faces > 0, from_left, from_right) / h
+        left, right = face_states(a)
+        flux = np.empty(left.shape)
+        seventh_order_flux_error(
+            view3(density, a),
+            ghost_index_map(n, grid.boundary[a], SEVENTH_GHOSTS),
+            view3(left, a),
+            view3(right, a),
+            view3(np.ascontiguousarray(np.moveaxis(np.moveaxis(u, a, 0)[: n + 1], 0, a)), a),
+            1.0 / h,
+            grid.boundary[a] == "outflow",
+            view3(flux, a),
+        )
+        flux = np.moveaxis(flux, a, 0)
         if grid.boundary[a] == "periodic":
             flux[-1] = flux[0]  # (face n is face 0)
         np.moveaxis(divergence, a, 0)[...] += flux[1:] - flux[:-1]

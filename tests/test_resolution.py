@@ -13,7 +13,7 @@ from scipy.special import erf
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.schemes.frame import AffineFrame
-from tpde.schemes.monitor import SEVENTH, reconstruction_error_rate
+from tpde.schemes.monitor import reconstruction_error_rate
 from tpde.schemes.operator import FluxOperator
 from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.studies import fitted_box
@@ -28,6 +28,8 @@ E5_A = (
     / np.sqrt(2.0)
 )
 E5_COV = np.array([[0.6, 0.2], [0.2, 0.4]])
+#: the seventh-order upwind face value from the cell averages j-3 .. j+3 (face j + 1/2)
+SEVENTH = np.array([-3.0, 25.0, -101.0, 319.0, 214.0, -38.0, 4.0]) / 420.0
 
 
 def gaussian_averages(edges: np.ndarray) -> np.ndarray:
