@@ -430,6 +430,8 @@ def test_tpde_run_writes_zarr(tmp_path, capsys, monkeypatch):
         assert main(["run", str(config), "-o", str(store), "--quiet", *[flag][: bool(flag)]]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, err
+    assert main(["run", str(config), "-o", str(tmp_path / "loud.zarr")]) == 0  # (not --quiet)
+    assert "loud.zarr: status completed" in capsys.readouterr().err
     before = (store / "density").stat().st_mtime_ns
     assert main(["run", str(config), "-o", str(store), "--quiet", "--overwrite"]) == 0
     assert (store / "density").stat().st_mtime_ns != before

@@ -7,6 +7,7 @@ the estimate stands for) and the Gaussian closed form of a blowing-up softmax ru
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 from scipy.special import erf
@@ -202,3 +203,21 @@ def test_the_stop_action_ends_the_run_before_its_error_grows():
     assert result.status == "under_resolved"
     assert result.snapshots[-1].time == result.status_time > 0
     assert error <= 1e-4
+
+
+def test_tpde_run_says_what_it_warned(tmp_path, capsys):
+    """A run that goes on past an under_resolved event (resolution_action = "warn", the
+    default) ends with one warning line saying so, not only an event in the file:
+    examples/softmax.toml (64^2 fixed box, its covariance error 3.7e-4 at t = 1)."""
+    from tpde import io
+    from tpde.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "softmax.toml"
+    out = tmp_path / "softmax.nc"
+    assert main(["run", str(example), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("tpde: warning: under_resolved")]
+    print("\n" + "\n".join(warned))
+    assert len(warned) == 1 and "run.resolution_tolerance" in warned[0]
+    assert io.outcome(out).status == "completed"
+    assert [e.split()[0] for e in io.events(out)] == ["under_resolved"]

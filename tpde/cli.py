@@ -333,6 +333,11 @@ def cmd_run(args) -> int:
         return 1
     if not args.quiet:
         print(f"{path}: status {io.outcome(path).status}", file=sys.stderr)
+        # what the monitor recorded and let the run go on past (box_action or
+        # resolution_action = "warn") is said here too, not only in the file
+        for line in io.events(path):
+            if line.split(" ", 1)[0] in ("box_limited", "under_resolved"):
+                print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
     return 0
 
 

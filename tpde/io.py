@@ -1680,11 +1680,27 @@ def reordered(ds: xr.Dataset, order: Callable[[Sequence[str]], tuple[str, ...]])
     return out
 
 
-def outcome(path: str | os.PathLike) -> Outcome:
-    """How the run in ``path`` ended (its status attributes; no record is read)."""
+def _stored_attributes(path: str | os.PathLike) -> dict:
+    """The global attributes of a run's NetCDF file or Zarr store (no record is read)."""
     path = os.fspath(path)
+    if is_zarr(path):
+        import zarr
+
+        return dict(zarr.open_group(path, mode="r").attrs)
     with _opened(path, "r", 10.0) as nc:
-        return Outcome.from_attributes(_file_attributes(nc))
+        return _file_attributes(nc)
+
+
+def outcome(path: str | os.PathLike) -> Outcome:
+    """How the run in ``path`` (a NetCDF file or Zarr store) ended (its status attributes;
+    no record is read)."""
+    return Outcome.from_attributes(_stored_attributes(path))
+
+
+def events(path: str | os.PathLike) -> list[str]:
+    """The events a run in ``path`` (a NetCDF file or Zarr store) records (its ``events``
+    attribute: one line each, "kind time message")."""
+    return str(_stored_attributes(path).get("events", "")).splitlines()
 
 
 def grid_from_dataset(ds: xr.Dataset) -> Grid:
