@@ -12,6 +12,8 @@ from test_variants import COV1, MEAN1, V1
 
 from tpde.grid import Grid, gaussian, gaussian_mixture
 from tpde.grid.stencils import point_values
+from tpde.paper import EXPERIMENTS
+from tpde.schemes.frame import AffineFrame
 from tpde.validation import l2_field
 from tpde.variants import ATTENTION, Head, L2Head
 from tpde.variants.l2 import L2Attention
@@ -67,3 +69,32 @@ def test_l2_needs_q_and_k():
     grid = Grid([-2, -2], [2, 2], [8, 8])
     with pytest.raises(ValueError, match="L2Head"):
         L2Attention(Head(np.eye(2), np.eye(2)))(np.ones((8, 8)), grid, 0.0)
+
+
+def test_l2_frame_velocity_where_the_separable_shifts_underflow():
+    """E5's l2 head in the co-moving frame (docs/theory.md, 'Separable kernel sums'): near
+    t = 0.87 the frame's key weight exp(-|K (m + L eta)|^2) is narrow about a diagonal line
+    of the xi box and the tilts reach |c| ~ 50, so the per-axis shifts of the separable table
+    left some of its nodes' sums subnormal or 0 (0 / 0 in the means: the run stopped with a
+    non-finite velocity, and nodes short of 0 gave errors up to 2e-4 here). The frame of that
+    time (L scaled by 1.05, N(0, I) in xi, 48^2 on +-12) against the dense sums."""
+    head = EXPERIMENTS["E5"].params["l2"]
+    frame = AffineFrame(np.zeros(2), 1.05 * np.array([[0.4409, 0.2737], [0.2695, 1.0057]]))
+    grid = Grid([-12.0, -12.0], [12.0, 12.0], [48, 48])
+    rho = gaussian(grid, np.zeros(2), np.eye(2))
+    offsets, components = [np.array([0.5, 0.0]), np.array([0.0, 0.5])], [0, 1]
+    fields = {
+        engine: L2Attention(head, engine=engine).frame_components(
+            rho, grid, 0.0, offsets, components, frame
+        )
+        for engine in ("direct", "separable")
+    }
+    rows = []
+    for axis, (dense, fast) in enumerate(zip(fields["direct"], fields["separable"], strict=True)):
+        assert np.all(np.isfinite(fast))
+        scale = float(np.abs(dense).max())
+        rows.append((axis, scale, float(np.abs(fast - dense).max()) / scale))
+    print("\nE5 l2 frame velocity, 48^2, separable vs dense: face axis, max |u|, relative error")
+    for axis, scale, error in rows:
+        print(f"  {axis}  {scale:.4f}  {error:.2e}")
+    assert max(error for _, _, error in rows) <= 1e-12

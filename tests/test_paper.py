@@ -11,10 +11,12 @@ from tpde.paper import (
     EXPERIMENTS,
     authors_coordinates,
     exact_limit_rank,
+    grid_covariances,
     histogram_draws,
     initial_covariances,
     rank_counts,
     run_experiment,
+    solve_covariance,
 )
 
 
@@ -89,3 +91,28 @@ def test_frame_follows_the_rank_one_limits_where_the_fixed_box_cannot(name):
         assert f.grid_status in ("completed", "box_limited", "blowup"), f.grid_message
         assert f.grid_status == "completed" or f.grid_message  # a stop says why
         assert f.normalised_gap() <= 1e-6
+
+
+def test_e5_l2_frame_runs_past_the_separable_underflow():
+    """E5, l2, the second of make paper's six initial covariances, in the co-moving frame as
+    make paper runs it (64^2 on +-FRAME_RADIUS["l2"] = 12): the run used to stop at
+    t = 0.87 with a non-finite velocity (the separable table's per-axis shifts underflowed,
+    tests/test_l2.py); now to t = 1 within 1e-6 of the ODE's covariance (relative, 2-norm)
+    at every snapshot."""
+    experiment = EXPERIMENTS["E5"]
+    params = experiment.params["l2"]
+    covs = initial_covariances(experiment.limits, 10, 10)
+    cov0 = covs[int(np.linspace(0, len(covs) - 1, 6).round()[1])]
+    solution = solve_covariance("l2", params, cov0, 1.0)
+    run = grid_covariances("l2", params, cov0, solution, 1.0, np.linspace(0.0, 1.0, 5), 64)
+    exact = solution.at(run.times)[1]
+    errors = [
+        float(np.linalg.norm(cov - ode, 2) / np.linalg.norm(ode, 2))
+        for cov, ode in zip(run.covariances, exact, strict=True)
+    ]
+    print(
+        f"\nE5 l2 frame 64^2, Sigma_0 = {cov0.round(4).tolist()}: {run.status} at t = "
+        f"{run.status_time:.3g}; covariance errors {[f'{e:.1e}' for e in errors]}"
+    )
+    assert run.status == "completed", run.message
+    assert run.times[-1] == 1.0 and max(errors) <= 1e-6

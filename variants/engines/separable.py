@@ -11,8 +11,11 @@ first moments are separable sums, one matrix product per axis:
 the array most is contracted first and the partial products are shared between the fields
 (in 2-D five matrix products for M and the d first moments instead of six, on the smaller
 intermediate; benchmarks/velocity.py times the tables). Each row's exponents are
-shifted by their maximum over the cells that hold mass, so every term is <= 1 and positive:
-the sums keep relative accuracy however small they are. ``log M`` and ``m`` are smooth (the
+shifted by their maximum over the cells that hold mass, so every term is <= 1 and positive;
+the nodes whose sums these per-axis shifts leave out of range (a tilted law away from every
+axis's extreme cells: narrow diagonal weights, large tilts) are formed again on recentred
+tiles, so the sums keep relative accuracy however small they are (docs/theory.md,
+'Separable kernel sums'). ``log M`` and ``m`` are smooth (the
 Jacobian of ``m`` is the covariance of the tilted law, bounded by the squared support radius)
 and exactly quadratic / linear for a Gaussian, so a local Lagrange interpolation of degree
 ``ORDER - 1 = 11`` on the uniform ``c``-grid gives their values at ``A x`` at a controllable error
@@ -157,9 +160,136 @@ def mgf_table(
     contracted) between calls on the same weights, keyed by that axis's nodes (a table
     refined along the other axes forms only its second level again). Returns (fields,
     len(nodes_1), ..., len(nodes_d)), the layout the interpolation kernels read.
+
+    The per-axis shifts keep every term at most 1, but a separable shift cannot follow the
+    largest term of every tilt (:func:`_out_of_range`): the nodes whose sums leave the range
+    where they keep relative accuracy are formed again on recentred tiles
+    (:func:`_recentred`), so every node formed is exact to round-off.
     """
     if fields not in FIELDS:
         raise ValueError(f"mgf_table: fields must be one of {', '.join(FIELDS)}, got {fields!r}")
+    table, out_of_range = _shifted_table(weights, grid, nodes, fields, band, reuse)
+    if out_of_range is not None:
+        _recentred(weights, grid, nodes, fields, table, out_of_range)
+    return table
+
+
+#: a node's sum keeps its relative accuracy while it is at least (cells + sum w) times
+#: RANGE_FLOOR = tiny / eps: its terms are products of factors <= 1 and a weight w_s, each
+#: with an absolute round-off of a few (1 + w_s) 2^-1075 where it is subnormal, in all then
+#: some 2^-52 times below eps of the sum. Above RANGE_CEILING (weights near the largest
+#: float) its moments could overflow
+RANGE_FLOOR = np.finfo(float).tiny / np.finfo(float).eps
+RANGE_CEILING = np.finfo(float).max * np.finfo(float).eps
+#: a recentred tile (:func:`_recentred`) spans tilts within delta_a of its centre with
+#: sum_a delta_a extent_a <= RECENTRED_SPREAD (extent: the widths of the cells with mass), so
+#: every node's largest term is at least e^-RECENTRED_SPREAD (1e-174), far above the floor
+RECENTRED_SPREAD = 400.0
+
+
+def _out_of_range(total: np.ndarray, weights: np.ndarray, radius: float) -> np.ndarray | None:
+    """The nodes whose shifted sums ``total`` (NaN where not formed) are too small to keep
+    relative accuracy (RANGE_FLOOR), or too large (RANGE_CEILING: only where the weights'
+    sum can exceed it, ``radius`` the largest |y|); None where there is none.
+
+    The shift of each axis is the largest ``c_a y_a`` over the cells with mass, so the sum
+    of a tilt whose law sits away from the cells where each axis takes its extreme (narrow
+    weights along a diagonal, large tilts: the co-moving frame's l2 key weights) falls up to
+    ``sum_a |c_a| extent_a`` e-folds below its largest term: past ~700 that sum is
+    subnormal, or 0, and its means 0 / 0."""
+    mass = float(np.sum(weights))
+    low = total < (weights.size + mass) * RANGE_FLOOR  # False where NaN (not formed)
+    if mass * max(1.0, radius) > RANGE_CEILING:
+        low |= total > RANGE_CEILING
+    return low if low.any() else None
+
+
+def _tiles(bad: np.ndarray, nodes: Sequence[np.ndarray], extent: np.ndarray) -> list[tuple]:
+    """Boxes of node indices (tuples of slices) that cover every True of ``bad``, each shrunk
+    to the bounding box of the True nodes it holds and halved along the axis of the largest
+    ``half width_a extent_a`` until ``sum_a half width_a extent_a <= RECENTRED_SPREAD``."""
+    out = []
+    stack = [tuple(slice(0, n) for n in bad.shape)]
+    d = bad.ndim
+    while stack:
+        box = stack.pop()
+        held = bad[box]
+        if not held.any():
+            continue
+        shrunk = []
+        for a in range(d):
+            rows = np.flatnonzero(held.any(axis=tuple(b for b in range(d) if b != a)))
+            shrunk.append(slice(box[a].start + rows[0], box[a].start + rows[-1] + 1))
+        box = tuple(shrunk)
+        spread = np.array(
+            [0.5 * abs(nodes[a][box[a].stop - 1] - nodes[a][box[a].start]) for a in range(d)]
+        )
+        spread *= extent
+        if spread.sum() <= RECENTRED_SPREAD:
+            out.append(box)
+            continue
+        a = int(np.argmax(spread))
+        middle = (box[a].start + box[a].stop) // 2
+        for part in (slice(box[a].start, middle), slice(middle, box[a].stop)):
+            stack.append(box[:a] + (part,) + box[a + 1 :])
+    return out
+
+
+def _recentred(
+    weights: np.ndarray,
+    grid: Grid,
+    nodes: Sequence[np.ndarray],
+    fields: str,
+    table: np.ndarray,
+    bad: np.ndarray,
+) -> None:
+    """Form the ``bad`` nodes of ``table`` (:func:`_out_of_range`) again, exactly: on tiles
+    of nodes (:func:`_tiles`) around a centre tilt ``c*``, from the recentred weights
+    ``w' = w e^{c*.y - f*}``, ``f* = max_y (c*.y + log w)`` (largest 1). With ``c = c* + delta``,
+    ``M(c) = e^{f*} M'(delta)`` and ``m(c) = m'(delta)``; the shift of each axis bounds the
+    largest term of ``M'(delta)`` from below by ``e^{-sum_a |delta_a| extent_a}`` (the cell
+    of ``w' = 1`` holds one term that large), so every tile's nodes are in range. The other
+    nodes keep their values; a node still out of range (none by that bound) is NaN."""
+    d = grid.ndim
+    positive = weights > 0
+    log_weights = np.log(weights, where=positive, out=np.full(weights.shape, -np.inf))
+    mesh = grid.mesh()
+    extent = np.empty(d)
+    for a in range(d):
+        rows = np.flatnonzero(np.any(positive, axis=tuple(b for b in range(d) if b != a)))
+        centres = grid.centres(a)
+        extent[a] = centres[rows[-1]] - centres[rows[0]]
+    with_log = fields != "means"
+    for box in _tiles(bad, nodes, extent):
+        tilts = [np.asarray(nodes[a][box[a]], float) for a in range(d)]
+        centre = [0.5 * (t[0] + t[-1]) for t in tilts]
+        exponent = log_weights + sum(c * y for c, y in zip(centre, mesh, strict=True))
+        top = float(exponent.max())
+        part, left = _shifted_table(
+            np.exp(exponent - top),
+            grid,
+            [t - c for t, c in zip(tilts, centre, strict=True)],
+            fields,
+        )
+        if with_log:
+            part[0] += top
+        if left is not None:
+            part[:, left] = np.nan
+        held = bad[box]
+        tile = table[(slice(None),) + box]
+        tile[:, held] = part[:, held]
+
+
+def _shifted_table(
+    weights: np.ndarray,
+    grid: Grid,
+    nodes: Sequence[np.ndarray],
+    fields: str,
+    band: tuple[int, np.ndarray, np.ndarray] | None = None,
+    reuse: dict | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`mgf_table` with the per-axis shifts alone, and the nodes out of range
+    (:func:`_out_of_range`, None for none; their values are placeholders)."""
     d = grid.ndim
     reuse = {} if reuse is None else reuse
     positive = weights > 0
@@ -218,6 +348,10 @@ def mgf_table(
         return out
 
     total = contract(None)
+    radius = max(float(np.abs(grid.lower).max()), float(np.abs(grid.upper).max()))
+    out_of_range = _out_of_range(total, weights, radius)
+    if out_of_range is not None:  # placeholders, formed again by the caller
+        total = np.where(out_of_range, 1.0, total)
     with_log = fields != "means"
     with_means = fields != "log"
     table = np.empty((int(with_log) + d * int(with_means),) + total.shape)
@@ -229,7 +363,7 @@ def mgf_table(
     if with_means:
         for b in range(d):
             np.divide(contract(b), total, out=table[int(with_log) + b])
-    return table
+    return table, out_of_range
 
 
 class TiltTable:
