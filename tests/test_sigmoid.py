@@ -132,3 +132,31 @@ def test_the_lattice_engine_keeps_its_range():
     assert np.array_equal(auto, direct) and np.all(np.isfinite(auto))
     with pytest.raises(ValueError, match='engine = "lattice"'):
         SigmoidAttention(head, engine="lattice")(rho, grid, 0.0)
+
+
+def test_the_lattice_engine_leaves_out_only_negligible_cells():
+    """Two narrow clusters (standard deviation 0.3 on [-7, 7]^2, 128^2): the lattice engine
+    sums over the cells that hold all but 1e-15 of sum w |y| (a third of those with mass),
+    and equals the direct sums over every cell."""
+    from tpde.grid.stencils import point_values
+    from tpde.variants.engines.direct import density_sources
+    from tpde.variants.sigmoid import NEGLIGIBLE_SHARE, significant_sources
+
+    grid = Grid([-7.0, -7.0], [7.0, 7.0], [128, 128])
+    narrow = 0.09 * np.eye(2)
+    rho = 0.5 * gaussian(grid, [1.0, 1.0], narrow) + 0.5 * gaussian(grid, [-2.0, 0.5], narrow)
+    sources, weights = density_sources(np.maximum(point_values(rho, grid), 0.0), grid)
+    kept, kept_weights = significant_sources(sources, weights)
+    size = weights * np.linalg.norm(sources, axis=1)
+    left_out = size.sum() - (kept_weights * np.linalg.norm(kept, axis=1)).sum()
+    head = SigmoidHead(A1, V1, bias=-1.0)
+    offsets = [np.array([0.5, 0.0]), np.array([0.0, 0.5])]
+    fast = SigmoidAttention(head).components(rho, grid, 0.0, offsets, [0, 1])
+    dense = SigmoidAttention(head, engine="direct").components(rho, grid, 0.0, offsets, [0, 1])
+    error = max(
+        float(np.abs(f - g).max() / np.abs(g).max()) for f, g in zip(fast, dense, strict=True)
+    )
+    print(f"\ncells with mass {len(weights)}, summed {len(kept_weights)}; vs direct {error:.1e}")
+    assert len(kept_weights) < 0.5 * len(weights)
+    assert 0 <= left_out <= NEGLIGIBLE_SHARE * size.sum() * (1 + 1e-12)
+    assert error <= 1e-12

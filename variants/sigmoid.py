@@ -22,6 +22,8 @@ and one of y, so the separable tables of the exponential variants do not apply):
   ``c_i = c_0 + i A h e_d``, along which ``e^{-z}`` is a geometric sequence per cell, so a
   pair costs a product and a division instead of an exponential
   (:func:`sigmoid_lattice_sums`); exact to round-off while ``|z| <= RECURRENCE_RANGE``.
+  Cells holding together at most ``NEGLIGIBLE_SHARE`` of ``sum w |y|`` are left out
+  (:func:`significant_sources`).
 * ``direct``: one exponential per pair (:func:`sigmoid_sums`), any targets; ``auto`` falls
   back to it beyond that range.
 
@@ -123,6 +125,26 @@ def sigmoid_lattice_sums(c_start, c_step, inner, bias, sources, weights, out):
             i += 4
 
 
+#: the share of sum_s w_s |y_s| the smallest cells may hold and be left out of the lattice
+#: engine's sums: the round-off of the sums themselves (sigma <= 1, so leaving them out moves
+#: every sum by at most this share of that scale)
+NEGLIGIBLE_SHARE = 1e-15
+
+
+def significant_sources(
+    sources: np.ndarray, weights: np.ndarray, share: float = NEGLIGIBLE_SHARE
+) -> tuple[np.ndarray, np.ndarray]:
+    """The cells without the smallest ones whose ``sum w |y|`` stays within ``share`` of the
+    total (sources (S, d), weights (S,) > 0): a clustered law's empty tails cost no pairs."""
+    size = weights * np.sqrt((sources * sources).sum(axis=1))
+    order = np.argsort(size)
+    dropped = int(np.searchsorted(np.cumsum(size[order]), share * size.sum(), side="right"))
+    if dropped == 0:
+        return sources, weights
+    kept = np.sort(order[dropped:])  # (the cells' order: the sums' rounding as before)
+    return sources[kept], weights[kept]
+
+
 class SigmoidAttention(VelocityField):
     """Sigmoid attention, one head (:class:`SigmoidHead`, or Layers / a callable of them).
 
@@ -176,6 +198,8 @@ class SigmoidAttention(VelocityField):
                 out.append(np.zeros(lead + tuple(len(v) for v in coords)))
             return out
         sources, weights = density_sources(values * grid.cell_volume, grid)
+        if self.engine != "direct":
+            sources, weights = significant_sources(sources, weights)
         sources = np.ascontiguousarray(sources)
         mapped = sources @ head.C.T  # C y_s
         for coords, x, component in zip(lattices, points, components, strict=True):
