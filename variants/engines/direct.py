@@ -39,10 +39,15 @@ def density_sources(weights: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.nda
     return centres[mask], flat[mask]
 
 
-def _blocks(c: np.ndarray, sources: np.ndarray, block: int):
-    """Yield (slice, shifted exponentials e^{c.y - max}, shift) per block of targets."""
+def _blocks(c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int):
+    """Yield (slice, shifted terms w e^{c.y - max}, shift) per block of targets: each row's
+    exponents ``c.y + log w`` are shifted by their maximum, so its largest term is exactly 1
+    however far in the tails of the weights the tilt reaches (weights >= 0, one > 0)."""
+    with np.errstate(divide="ignore"):  # (a weight of 0: a term of 0)
+        log_weights = np.log(weights)
     for start in range(0, c.shape[0], block):
         logits = c[start : start + block] @ sources.T  # (P_b, S)
+        logits += log_weights
         shift = logits.max(axis=1, keepdims=True)
         logits -= shift
         np.exp(logits, out=logits)
@@ -53,11 +58,10 @@ def _blocks(c: np.ndarray, sources: np.ndarray, block: int):
 def tilted_means(
     c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
 ) -> np.ndarray:
-    """m(c) for every row of c: (P, d) -> (P, d); sources (S, d), weights (S,) >= 0."""
+    """m(c) for every row of c: (P, d) -> (P, d); sources (S, d), weights (S,) > 0."""
     c = np.asarray(c, dtype=float)
     out = np.empty_like(c)
-    for rows, e, _ in _blocks(c, sources, block):
-        e *= weights
+    for rows, e, _ in _blocks(c, sources, weights, block):
         out[rows] = (e @ sources) / e.sum(axis=1, keepdims=True)
     return out
 
@@ -66,11 +70,11 @@ def tilted_means(
 def log_partition(
     c: np.ndarray, sources: np.ndarray, weights: np.ndarray, block: int = DIRECT_BLOCK
 ) -> np.ndarray:
-    """log M(c) = log sum_s w_s e^{c.y_s} for every row of c: (P, d) -> (P,)."""
+    """log M(c) = log sum_s w_s e^{c.y_s} for every row of c: (P, d) -> (P,); weights > 0."""
     c = np.asarray(c, dtype=float)
     out = np.empty(c.shape[0])
-    for rows, e, shift in _blocks(c, sources, block):
-        out[rows] = np.log(e @ weights) + shift
+    for rows, e, shift in _blocks(c, sources, weights, block):
+        out[rows] = np.log(e.sum(axis=1)) + shift
     return out
 
 
