@@ -386,3 +386,27 @@ def test_snapshots_drop_the_warm_starts(monkeypatch):
         )
     ).run()
     assert len(calls) == 3
+
+
+def test_an_estimate_that_is_not_a_number_takes_the_bound(monkeypatch):
+    """A table with non-finite values gives NaN error estimates; NaN compares false with
+    the tolerance, so they used to pass as within it (the first, coarse table kept). Now an
+    axis whose estimate is not a number takes the bound (table_nodes), as an estimate above
+    the tolerance would."""
+    grid = Grid([-7.0, -7.0], [7.0, 7.0], [64, 64])
+    matrix = np.asarray(A1)
+    rho = densities(grid)["gaussian"]
+    bounds, extent, scale, lattices = table_inputs(rho, grid, matrix)
+    original = separable_module.SeparableSums.pass_errors
+
+    def unknown_on_axis_0(self, lattices, matrix):
+        errors = np.array(original(self, lattices, matrix), dtype=float)
+        errors[0] = np.nan
+        return errors
+
+    monkeypatch.setattr(separable_module.SeparableSums, "pass_errors", unknown_on_axis_0)
+    sums, step = resolved_sums(rho, grid, bounds, extent, scale, matrix, lattices)
+    nodes = np.ceil((bounds[:, 1] - bounds[:, 0]) / sums.step - 1e-9).astype(int) + 1
+    bound = table_nodes(bounds, extent, matrix)
+    print(f"\nNaN estimate on axis 0: nodes {nodes}, bound {bound}")
+    assert nodes[0] == bound[0] and np.isclose(step[0], sums.step[0])

@@ -627,8 +627,14 @@ def resolved_sums(
         if errors is None:
             return (None, None) if capped else (sums, sums.step)
         errors = ESTIMATE_SAFETY * errors
-        factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER), 1.0)
-        refined = np.minimum(np.ceil((nodes - 1) * factor).astype(int) + 1, finest)
+        # an axis whose estimate is not a number (a table with non-finite values) is known
+        # nothing about: it takes the bound, as an estimate above the tolerance would
+        unknown = ~np.isfinite(errors)
+        errors = np.where(unknown, np.inf, errors)
+        with np.errstate(invalid="ignore", over="ignore"):
+            factor = np.where(errors > target, REFINE_MARGIN * (errors / target) ** (1 / ORDER), 1)
+            grown = np.ceil((nodes - 1) * np.minimum(factor, 1e9)).astype(int) + 1
+        refined = np.where(unknown, finest, np.minimum(grown, finest))
         if np.array_equal(refined, nodes):  # within the tolerance, or at the bound
             if capped and np.any(errors > target):
                 return None, None
