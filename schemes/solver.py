@@ -398,7 +398,6 @@ class Solver:
         self.monitor.resolution_action = problem.resolution_action
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
         # the reconstruction error rate of the last measured evaluation (monitor)
-        self.reconstruction_rate = 0.0
         self.status_message = ""
         if self.frame is not None and not self.interpolate_faces:
             raise ValueError(
@@ -449,10 +448,6 @@ class Solver:
                 self.truncation = max(self.truncation, found)
             if frame is not None:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
-            if measure and self.problem.positions is None:
-                self.reconstruction_rate = reconstruction_error_rate(
-                    density, self.grid, normal, partial(self.operator.face_states, density)
-                )
             values = list(normal)  # the operator interpolates them along the faces
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
@@ -473,6 +468,16 @@ class Solver:
         elif self.problem.velocity.steady:
             self._steady_velocity = velocity
         return velocity
+
+    def reconstruction_error_rate(self, velocity: FaceVelocity) -> float:
+        """The resolution monitor's rate at the step's start (:mod:`.monitor`), from the
+        face-mean normal velocity (the residual ``w`` in the frame); 0 for position slices."""
+        if self.problem.positions is not None:
+            return 0.0
+        normal = [p + m for p, m in zip(velocity.positive, velocity.negative, strict=True)]
+        return reconstruction_error_rate(
+            self.density, self.grid, normal, partial(self.operator.face_states, self.density)
+        )
 
     def stable_dt(self, velocity: FaceVelocity) -> float:
         """The positivity bound 1 / max outflow rate (cached for a steady field)."""
@@ -628,9 +633,9 @@ class Solver:
                 dt = remaining
             elif not math.isfinite(dt):
                 dt = remaining
+            rate = self.reconstruction_error_rate(velocity)  # of this step's start
             handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
-            rate = self.reconstruction_rate  # of this step's start
             unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt)
             if unresolved is not None:  # (the run ends before the step that would pass)
                 self.status_message = unresolved[1]

@@ -221,3 +221,28 @@ def test_tpde_run_says_what_it_warned(tmp_path, capsys):
     assert len(warned) == 1 and "run.resolution_tolerance" in warned[0]
     assert io.outcome(out).status == "completed"
     assert [e.split()[0] for e in io.events(out)] == ["under_resolved"]
+
+
+def test_every_run_is_watched_1d_and_steady_fields_too():
+    """The monitor reads the step's own face velocities, so 1-D runs and steady prescribed
+    fields (exact face velocities, evaluated once) are watched at every step too: N(-3, 0.25)
+    translated by u = 1 to t = 4, whose covariance should not change. The estimate follows
+    the covariance error (within a factor 3 either way, printed) and each run records its
+    under_resolved event."""
+    from tpde.variants.prescribed import ConstantVelocity
+
+    rows = []
+    for n in (32, 64, 128):
+        grid = Grid([-8.0], [8.0], [n])
+        result = Solver(
+            Problem(grid, gaussian(grid, [-3.0], [[0.25]]), ConstantVelocity([1.0]), 4.0)
+        ).run()
+        error = abs(moments(result.snapshots[-1].density, grid)[2][0, 0] - 0.25) / 0.25
+        events = [e.time for e in result.events if e.kind == "under_resolved"]
+        rows.append((n, result.reconstruction_error, error, events))
+    print("\n   n   estimate   covariance error   event at")
+    for n, estimate, error, events in rows:
+        print(f"{n:4d}   {estimate:.2e}   {error:.2e}           {events}")
+    assert all(
+        1 / 3 <= estimate / error <= 3 and len(events) == 1 for _, estimate, error, events in rows
+    )
