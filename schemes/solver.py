@@ -471,12 +471,26 @@ class Solver:
 
     def reconstruction_error_rate(self, velocity: FaceVelocity) -> float:
         """The resolution monitor's rate at the step's start (:mod:`.monitor`), from the
-        face-mean normal velocity (the residual ``w`` in the frame); 0 for position slices."""
-        if self.problem.positions is not None:
-            return 0.0
+        face-mean normal velocity (the residual ``w`` in the frame). Position slices (masked
+        attention) are watched one by one; the largest rate counts."""
         normal = [p + m for p, m in zip(velocity.positive, velocity.negative, strict=True)]
-        return reconstruction_error_rate(
-            self.density, self.grid, normal, partial(self.operator.face_states, self.density)
+        if self.problem.positions is None:
+            return reconstruction_error_rate(
+                self.density, self.grid, normal, partial(self.operator.face_states, self.density)
+            )
+        states = []
+        for a in range(self.grid.ndim):  # (copies: the operator's work arrays are reused)
+            left, right = self.operator.face_states(self.density, a)
+            states.append((left.copy(), right.copy()))
+
+        def of_slice(k: int, a: int) -> tuple[np.ndarray, np.ndarray]:
+            return states[a][0][k], states[a][1][k]
+
+        return max(
+            reconstruction_error_rate(
+                self.density[k], self.grid, [u[k] for u in normal], partial(of_slice, k)
+            )
+            for k in range(self.density.shape[0])
         )
 
     def stable_dt(self, velocity: FaceVelocity) -> float:

@@ -138,7 +138,8 @@ def test_position_marginal_is_invariant_and_the_sink_feels_only_itself():
 
 def test_position_independent_gaussian_follows_the_softmax_ode():
     """VC12: mu_0 = nu x N(alpha_0, Sigma_0); every slice follows the softmax ODEs, as
-    accurately as the unmasked run (the same discrete solution up to round-off)."""
+    accurately as the unmasked run (the same discrete solution up to round-off), with the
+    same resolution estimate (the monitor watches every slice)."""
     head, t_end = Head(A1, V1), 0.5
     solution = solve("softmax", MEAN1, COV1, head, t_end)
     lower, upper = fitted_box(solution, t_end, 7.0)
@@ -167,6 +168,13 @@ def test_position_independent_gaussian_follows_the_softmax_ode():
         assert gap < 1e-9
         assert errors[1] < 1.01 * plain_errors[1] + 1e-12  # as accurate as unmasked
         assert errors[1] < 5e-4  # the 64^2 level of tests/test_runs.py (2.2e-4 measured)
+    # the resolution monitor watches each slice: every slice is the unmasked law here
+    print(
+        f"  estimated reconstruction error: masked {masked.reconstruction_error:.6e}, "
+        f"unmasked {plain.reconstruction_error:.6e}"
+    )
+    assert plain.reconstruction_error > 0
+    assert abs(masked.reconstruction_error / plain.reconstruction_error - 1) < 1e-6
 
 
 def test_masked_inputs_are_checked():
