@@ -73,6 +73,22 @@ def timed(call) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def emit_ratio(
+    benchmark: str, start: float, n: int, threads: int, suffix: str, seconds: dict[str, float]
+) -> None:
+    """One row with the sigmoid and softmax seconds (keys ``sigmoid<suffix>``,
+    ``softmax<suffix>``) and their ratio."""
+    emit(
+        benchmark,
+        start,
+        n=n,
+        threads=threads,
+        **{f"{name}{suffix}": round(seconds[name], 4) for name in ("sigmoid", "softmax")},
+        sigmoid_over_softmax=round(seconds["sigmoid"] / seconds["softmax"], 1),
+        loadavg=loadavg(),
+    )
+
+
 def engines_row(n: int, threads: int) -> None:
     start = time.perf_counter()
     grid = Grid([-7.0, -7.0], [7.0, 7.0], [n, n])
@@ -123,16 +139,7 @@ def step_row(n: int, steps: int, threads: int) -> None:
             seconds, _ = timed(lambda s=solver, n=name: s.step(dts[n]))
             times[name].append(seconds)
     medians = {name: float(np.median(t)) for name, t in times.items()}
-    emit(
-        "sigmoid_step",
-        start,
-        n=n,
-        threads=threads,
-        sigmoid_step_s=round(medians["sigmoid"], 3),
-        softmax_step_s=round(medians["softmax"], 4),
-        sigmoid_over_softmax=round(medians["sigmoid"] / medians["softmax"], 1),
-        loadavg=loadavg(),
-    )
+    emit_ratio("sigmoid_step", start, n, threads, "_step_s", medians)
 
 
 def velocity_3d_row(n: int, threads: int) -> None:
@@ -151,16 +158,7 @@ def velocity_3d_row(n: int, threads: int) -> None:
         )
         for name, field in fields.items()
     }
-    emit(
-        "sigmoid_velocity_3d",
-        start,
-        n=n,
-        threads=threads,
-        sigmoid_s=round(seconds["sigmoid"], 2),
-        softmax_s=round(seconds["softmax"], 4),
-        sigmoid_over_softmax=round(seconds["sigmoid"] / seconds["softmax"], 1),
-        loadavg=loadavg(),
-    )
+    emit_ratio("sigmoid_velocity_3d", start, n, threads, "_s", seconds)
 
 
 def table_degree_row() -> None:

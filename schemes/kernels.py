@@ -642,6 +642,10 @@ def split_node_means(values, weights, positive, negative):
     return bad == 0
 
 
+#: the seventh-order linear upwind face value from the cell averages j-3 .. j+3 (face j + 1/2)
+SEVENTH_ORDER = np.array([-3.0, 25.0, -101.0, 319.0, 214.0, -38.0, 4.0]) / 420.0
+
+
 @nb.njit(parallel=PARALLEL, **JIT)
 def seventh_order_flux_error(rho, src4, left, right, u, inv_h, vacuum, out):
     """out[o, f, k] = u (q - q7) / h at every face (the resolution monitor's flux error):
@@ -654,28 +658,15 @@ def seventh_order_flux_error(rho, src4, left, right, u, inv_h, vacuum, out):
     n_out, n, n_in = rho.shape
     for o in nb.prange(n_out):
         for f in range(n + 1):
+            s = src4[f : f + 8]
             for k in range(n_in):
                 velocity = u[o, f, k]
-                if velocity > 0.0:
-                    q7 = (
-                        -3.0 * rho[o, src4[f], k]
-                        + 25.0 * rho[o, src4[f + 1], k]
-                        - 101.0 * rho[o, src4[f + 2], k]
-                        + 319.0 * rho[o, src4[f + 3], k]
-                        + 214.0 * rho[o, src4[f + 4], k]
-                        - 38.0 * rho[o, src4[f + 5], k]
-                        + 4.0 * rho[o, src4[f + 6], k]
-                    ) / 420.0
+                from_left = velocity > 0.0
+                q7 = 0.0
+                for j in range(7):  # (from the right: the stencil mirrored)
+                    q7 += SEVENTH_ORDER[j] * rho[o, s[j] if from_left else s[7 - j], k]
+                if from_left:
                     error = 0.0 if vacuum and f == 0 else left[o, f, k] - q7
                 else:
-                    q7 = (
-                        -3.0 * rho[o, src4[f + 7], k]
-                        + 25.0 * rho[o, src4[f + 6], k]
-                        - 101.0 * rho[o, src4[f + 5], k]
-                        + 319.0 * rho[o, src4[f + 4], k]
-                        + 214.0 * rho[o, src4[f + 3], k]
-                        - 38.0 * rho[o, src4[f + 2], k]
-                        + 4.0 * rho[o, src4[f + 1], k]
-                    ) / 420.0
                     error = 0.0 if vacuum and f == n else right[o, f, k] - q7
                 out[o, f, k] = velocity * error * inv_h
