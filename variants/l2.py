@@ -20,7 +20,7 @@ import numpy as np
 
 from tpde.grid import Grid
 from tpde.grid.stencils import point_values
-from tpde.schemes.frame import HELD_CUT
+from tpde.schemes.frame import HELD_CUT, transported
 
 from .engines.cache import Recent
 from .engines.direct import support_box
@@ -78,43 +78,53 @@ class L2Attention(TiltedMeanField):
             offsets,
         )
 
-    def _measured(self, weights, grid: Grid, lattices, coupling, shift=None) -> list[np.ndarray]:
+    def _measured(
+        self, weights, grid: Grid, lattices, coupling, shift=None, where=None
+    ) -> list[np.ndarray]:
         """The cut (:mod:`.truncation`) of the reweighted density's tilted laws: the
         Gaussian surrogate's for Gaussian-like weights, else the measured one (with the held
-        threshold of that cut in ``self.held_cut``)."""
+        threshold of that cut in ``self.held_cut``); ``where``: the points to measure (the
+        others report 1, fully cut)."""
         if gaussian_like(weights, grid):
             self.held_cut = HELD_CUT
-            return cut_lattices(weights, grid, lattices, coupling, shift)
+            return cut_lattices(weights, grid, lattices, coupling, shift, where)
         self.held_cut = MEASURED_HELD
         direct = self.engine_for(grid) == "direct"
-        return measured_cut(weights, grid, lattices, coupling, shift, direct=direct)
+        return measured_cut(weights, grid, lattices, coupling, shift, where, direct)
 
-    def frame_components(
-        self, density, grid: Grid, t: float, offsets, components, frame
-    ) -> list[np.ndarray]:
+    def frame_weights(
+        self, density, grid: Grid, t: float, frame
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """In the frame ``x = m + L xi``, ``y = m + L eta``: the key weight is
         ``exp(-|K (m + L eta)|^2)``, the tilt ``2 L^T K^T Q L (xi + L^-1 m)`` (the terms in xi
         alone cancel) and ``L^-1 Gamma = L^-1 C m + L^-1 C L m_w`` (docs/theory.md, "The
-        co-moving affine frame")."""
+        co-moving affine frame"). Returns the reweighted frame density ``w`` (grid.shape),
+        the coupling ``2 L^T K^T Q L``, the shift ``L^-1 m``, ``L^-1 C L`` and ``L^-1 C m``."""
         head = head_at(self.spec, t, L2Head, "l2", grid.ndim)
         L, inverse, m = frame.matrix, frame.inverse, frame.mean
         coupling = 2.0 * L.T @ head.K.T @ (head.scale * head.Q) @ L
-        shift = inverse @ m
         centres = np.stack(grid.mesh(sparse=False), axis=-1)  # (*cells, d)
         physical = m + centres @ L.T
         weight = np.exp(-np.sum((physical @ np.asarray(head.K, float).T) ** 2, axis=-1))
         weights = reweighted_density(density, grid, head, weight)
+        return weights, coupling, inverse @ m, inverse @ head.C @ L, inverse @ head.C @ m
+
+    def frame_components(
+        self, density, grid: Grid, t: float, offsets, components, frame
+    ) -> list[np.ndarray]:
+        """The tilted means of :meth:`frame_weights`, evaluated (and their cut measured) only
+        on the windows of the points the frame transports and holds, 0 elsewhere
+        (:meth:`TiltedMeanField.on_windows`, as softmax)."""
+        weights, coupling, shift, gain, constant = self.frame_weights(density, grid, t, frame)
         lattices = [grid.lattice(offset) for offset in offsets]
-        self.cut = self._measured(weights, grid, lattices, coupling, shift)
-        velocity = self.head_velocities(
-            weights,
-            grid,
-            offsets,
-            components,
-            coupling,
-            inverse @ head.C @ L,
-            support_box(weights, grid),
-            None,
-            shift,
-        )
-        return self.shaped(with_constant(velocity, components, inverse @ head.C @ m), grid, offsets)
+        moving = [transported(density, offset) for offset in offsets]
+        self.cut = self._measured(weights, grid, lattices, coupling, shift, moving)
+        box = support_box(weights, grid)
+
+        def evaluate(sub: list, wanted: list) -> list[np.ndarray]:
+            velocity = self.head_velocities(
+                weights, grid, None, wanted, coupling, gain, box, None, shift, lattices=sub
+            )
+            return with_constant(velocity, wanted, constant)
+
+        return self.on_windows(grid, lattices, components, moving, evaluate)

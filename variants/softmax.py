@@ -38,7 +38,7 @@ Engines (``engine=``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -191,6 +191,48 @@ class TiltedMeanField(VelocityField):
             for coords, comp in zip(lattices, components, strict=True)
         ]
 
+    def on_windows(
+        self,
+        grid: Grid,
+        lattices: list,
+        components: Sequence[int | None],
+        moving: list[np.ndarray],
+        evaluate: Callable[[list, list], list[np.ndarray]],
+    ) -> list[np.ndarray]:
+        """The co-moving frame's velocity, evaluated only where the frame uses it
+        (docs/theory.md, "The co-moving affine frame"): on each lattice (per-axis
+        coordinates), the window (:func:`.truncation.held_window`) of the points that are
+        transported (``moving[i]``, :func:`tpde.schemes.frame.transported`) and held (a cut
+        at most ``self.held_cut``, where ``self.cut`` was measured); 0 outside the windows,
+        whose points keep the frame's affine fit (:func:`tpde.schemes.frame.affine_fit`).
+        The tables then span the tilts of the windows only, not those of the far tails.
+
+        ``evaluate(sub, wanted)``: the velocity, (P,) or (P, d) in C order as
+        :meth:`head_velocities` returns it, on the sub-lattices ``sub`` (per-axis
+        coordinates) of the lattices that hold a window, component ``wanted[i]`` (None:
+        all). Returns arrays shaped like :meth:`shaped`'s."""
+        if self.cut is not None:
+            moving = [m & (cut <= self.held_cut) for m, cut in zip(moving, self.cut, strict=True)]
+        windows = [held_window(m) for m in moving]
+        d = grid.ndim
+        out = []
+        for coords, comp in zip(lattices, components, strict=True):
+            shape = tuple(len(x) for x in coords)
+            out.append(np.zeros(shape if comp is not None else (d, *shape)))
+        held = {i: window for i, window in enumerate(windows) if window is not None}
+        busy = list(held)
+        if not busy:
+            return out
+        sub = [[x[w] for x, w in zip(lattices[i], held[i], strict=True)] for i in busy]
+        velocity = evaluate(sub, [components[i] for i in busy])
+        for i, coords, values in zip(busy, sub, velocity, strict=True):
+            shape = tuple(len(x) for x in coords)
+            if values.ndim == 1:
+                out[i][held[i]] += values.reshape(shape)
+            else:
+                out[i][(slice(None), *held[i])] += values.T.reshape((d, *shape))
+        return out
+
     @staticmethod
     def shaped(values: list[np.ndarray], grid: Grid, offsets) -> list[np.ndarray]:
         """(P,) / (P, d) lists over lattice points -> (*lattice_shape) / (d, *lattice_shape)."""
@@ -252,9 +294,9 @@ class SoftmaxAttention(TiltedMeanField):
         matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
         # evaluated only on the window of each lattice where some point is held and above
-        # the transport floor, from the density the scheme trusts: everything else keeps
-        # the frame's affine fit (schemes.frame), so neither the cut nor the tables need
-        # span the tilts of the far tails
+        # the transport floor, from the density the scheme trusts (on_windows): everything
+        # else keeps the frame's affine fit (schemes.frame), so neither the cut nor the
+        # tables need span the tilts of the far tails
         moving = [transported(density, offset) for offset in offsets]
         kept = self._step_cut
         shapes = [tuple(len(x) for x in coords) for coords in lattices]
@@ -266,43 +308,34 @@ class SoftmaxAttention(TiltedMeanField):
             self._step_cut = None if self.cut is None else (self.cut, self.held_cut)
         else:  # a later stage of the step: the first stage's cut (the tilts barely move)
             self.cut, self.held_cut = kept
-        if self.cut is not None:
-            moving = [m & (cut <= self.held_cut) for m, cut in zip(moving, self.cut, strict=True)]
-        windows = [held_window(m) for m in moving]
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
-        d = grid.ndim
-        out = []
-        for coords, comp in zip(lattices, components, strict=True):
-            shape = tuple(len(x) for x in coords)
-            out.append(np.zeros(shape if comp is not None else (d, *shape)))
-        held = {i: window for i, window in enumerate(windows) if window is not None}
-        busy = list(held)
-        if not busy:
-            return out
-        sub = [[x[w] for x, w in zip(lattices[i], held[i], strict=True)] for i in busy]
-        wanted = [components[i] for i in busy]
-        for head, matrix in zip(heads, matrices, strict=True):
-            velocity = self.head_velocities(
-                weights,
-                grid,
-                None,
-                wanted,
-                matrix,
-                inverse @ head.C @ L,
-                box,
-                grid.spacing,
-                shift,
-                lattices=sub,
-            )
-            velocity = with_constant(velocity, wanted, inverse @ head.C @ frame.mean)
-            for i, coords, values in zip(busy, sub, velocity, strict=True):
-                shape = tuple(len(x) for x in coords)
-                if values.ndim == 1:
-                    out[i][held[i]] += values.reshape(shape)
-                else:
-                    out[i][(slice(None), *held[i])] += values.T.reshape((d, *shape))
-        return out
+
+        def evaluate(sub: list, wanted: list) -> list[np.ndarray]:
+            total: list[np.ndarray] | None = None
+            for head, matrix in zip(heads, matrices, strict=True):
+                velocity = self.head_velocities(
+                    weights,
+                    grid,
+                    None,
+                    wanted,
+                    matrix,
+                    inverse @ head.C @ L,
+                    box,
+                    grid.spacing,
+                    shift,
+                    lattices=sub,
+                )
+                velocity = with_constant(velocity, wanted, inverse @ head.C @ frame.mean)
+                total = (
+                    velocity
+                    if total is None
+                    else [a + b for a, b in zip(total, velocity, strict=True)]
+                )
+            assert total is not None  # (heads_at: at least one head)
+            return total
+
+        return self.on_windows(grid, lattices, components, moving, evaluate)
 
     def _cut(
         self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True
