@@ -215,6 +215,9 @@ class Monitor:
     resolution_warned: bool = False
     #: "warn" (record an ``under_resolved`` event, go on) or "stop" (end the run so)
     resolution_action: str = "warn"
+    #: what the ``under_resolved`` message suggests (the solver adds the co-moving frame
+    #: where the run is in a fixed box and its field has one)
+    resolution_advice: str = "refine the grid"
 
     def check_resolution(self, amount: float, t: float, t_next: float) -> tuple[str, str] | None:
         """Before the step from t to t_next, which adds ``amount`` (rate times step) to the
@@ -230,7 +233,7 @@ class Monitor:
             f"the grid no longer resolves the dynamics at t = {t:.6g}: the step to "
             f"t = {t_next:.6g} would take the estimated reconstruction error to "
             f"{projected:.2e} > run.resolution_tolerance = {self.resolution_tolerance:g} "
-            '(refine the grid, or follow the law with scheme.frame = "affine")'
+            f"({self.resolution_advice})"
         )
         if self.resolution_action == "stop":
             return "under_resolved", message

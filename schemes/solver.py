@@ -396,8 +396,11 @@ class Solver:
         self.monitor = Monitor(problem.box_tolerance, problem.box_action, problem.collapse_ratio)
         self.monitor.resolution_tolerance = problem.resolution_tolerance
         self.monitor.resolution_action = problem.resolution_action
+        if self.frame is None and problem.velocity.has_frame():
+            self.monitor.resolution_advice = (
+                'refine the grid, or follow the law with scheme.frame = "affine"'
+            )
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
-        # the reconstruction error rate of the last measured evaluation (monitor)
         self.status_message = ""
         if self.frame is not None and not self.interpolate_faces:
             raise ValueError(

@@ -112,6 +112,10 @@ class VelocityField:
             'use scheme.frame = "fixed"'
         )
 
+    def has_frame(self) -> bool:
+        """Whether :meth:`frame_components` evaluates this field in a co-moving frame."""
+        return type(self).frame_components is not VelocityField.frame_components
+
     def reset(self) -> None:
         """Forget the warm starts (state that only speeds up the next evaluation: Sinkhorn
         potentials, the adaptive table spacing). The solver calls this at every snapshot, so

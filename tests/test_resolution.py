@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import erf
 
-from tpde.grid import Grid, gaussian, moments
+from tpde.grid import Grid, gaussian, gaussian_mixture, moments
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.monitor import reconstruction_error_rate
 from tpde.schemes.operator import FluxOperator
@@ -246,3 +246,39 @@ def test_every_run_is_watched_1d_and_steady_fields_too():
     assert all(
         1 / 3 <= estimate / error <= 3 and len(events) == 1 for _, estimate, error, events in rows
     )
+
+
+def test_the_event_suggests_the_frame_only_where_it_helps():
+    """The under_resolved message suggests the co-moving frame for a fixed-box run of a field
+    that has one (softmax), not for one without (sigmoid), nor for a run already in it."""
+    from tpde.variants import SigmoidHead
+
+    grid = Grid([-6.0, -6.0], [6.0, 6.0], [16, 16])
+    rho = gaussian(grid, [0.3, -0.2], [[0.5, 0.1], [0.1, 0.4]])
+    messages = {}
+    fields = {
+        "softmax": ATTENTION["softmax"](Head(0.3 * np.eye(2), -np.eye(2))),
+        "sigmoid": ATTENTION["sigmoid"](SigmoidHead(0.3 * np.eye(2), -np.eye(2), bias=-1.0)),
+    }
+    for name, field in fields.items():
+        result = Solver(Problem(grid, rho, field, 0.05, resolution_action="stop")).run()
+        assert result.status == "under_resolved"
+        messages[name] = result.status_message
+    framed = Solver(
+        Problem(
+            grid,
+            gaussian_mixture(  # (a Gaussian's residual vanishes: none to estimate)
+                grid, [0.3, 0.7], [[-1.0, 0.0], [0.8, 0.3]], [0.3 * np.eye(2), 0.6 * np.eye(2)]
+            ),
+            fields["softmax"],
+            0.05,
+            scheme=Scheme(frame="affine"),
+            frame=AffineFrame.following(np.zeros(2), E5_COV),
+            resolution_action="stop",
+            resolution_tolerance=1e-12,
+        )
+    ).run()
+    print("\n" + "\n".join(list(messages.values()) + [framed.status_message]))
+    assert 'scheme.frame = "affine"' in messages["softmax"]
+    assert "frame" not in messages["sigmoid"] and "refine the grid" in messages["sigmoid"]
+    assert framed.status == "under_resolved" and "frame" not in framed.status_message

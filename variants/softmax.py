@@ -277,6 +277,9 @@ class SoftmaxAttention(TiltedMeanField):
                 )
         return heads
 
+    def has_frame(self) -> bool:
+        return self.engine != "fft"  # (the FFT engine holds one fixed A)
+
     def frame_components(
         self, density, grid: Grid, t: float, offsets, components, frame
     ) -> list[np.ndarray]:
