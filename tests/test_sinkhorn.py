@@ -11,10 +11,12 @@ from exact import print_table
 from test_engines import densities
 from test_variants import A1, COV1, MEAN1, V1, affine_exact, bulk_error
 
-from tpde.grid import Grid, gaussian
+from tpde.grid import Grid, gaussian, gaussian_mixture
+from tpde.schemes.frame import AffineFrame, mixture_frame, transported
 from tpde.validation import sinkhorn_field
 from tpde.variants import SinkhornAttention, SinkhornError, SinkhornHead
 from tpde.variants.sinkhorn import quadrature_weights
+from tpde.variants.softmax import with_constant
 
 HEAD = SinkhornHead(A1, V1, eps=1.0)
 
@@ -79,6 +81,62 @@ def test_warm_start_cuts_iterations_and_failures_are_reported():
     assert field.iterations[-1] < cold.iterations[-1]
     with pytest.raises(SinkhornError, match=r"attention.max_iter: .* after 2 iterations at t = 0"):
         SinkhornAttention(HEAD, max_iter=2)(rho, grid, 0.0)
+
+
+def test_frame_velocity_only_on_the_transported_faces():
+    """In the co-moving frame Sinkhorn evaluates its conditional means only on the window of
+    the faces the frame transports (TiltedMeanField.on_windows, as softmax and l2;
+    docs/theory.md, 'The co-moving affine frame'): on 64^2, xi box +-16, the two-component
+    mixture of benchmarks/frame_step.py in its frame and a Gaussian in a frame, separable
+    tables. On the transported faces the velocity is the full evaluation's (every face,
+    from a second field), the potentials on the cells and the iteration counts are the
+    same."""
+    grid = Grid([-16.0, -16.0], [16.0, 16.0], [64, 64])
+    frame, xi_means, xi_covs = mixture_frame(
+        [0.35, 0.65],
+        [np.array([1.0, -0.5]), np.array([-0.6, 0.4])],
+        [np.array([[0.5, 0.1], [0.1, 0.3]]), np.array([[0.4, -0.1], [-0.1, 0.6]])],
+    )
+    cases = {
+        "mixture": (gaussian_mixture(grid, [0.35, 0.65], xi_means, xi_covs), frame, HEAD),
+        "gaussian": (
+            gaussian(grid, np.zeros(2), np.eye(2)),
+            AffineFrame.following(MEAN1, COV1),
+            SinkhornHead([[1.0, 0.7], [-0.7, 0.0]], -np.eye(2), eps=1.0),
+        ),
+    }
+    offsets = [np.array([0.5, 0.0]), np.array([0.0, 0.5])]
+    print("\ncase, face axis, component, transported faces, max |u|, vs full, iterations")
+    for name, (rho, frame, head) in cases.items():
+        for components in ([0, 1], [None, None]):
+            fast = SinkhornAttention(head)
+            restricted = fast.frame_components(rho, grid, 0.0, offsets, components, frame)
+            slow = SinkhornAttention(head)  # the full evaluation, on every face
+            L, inverse = frame.matrix, frame.inverse
+            framed = SinkhornHead(L.T @ head.A @ L, inverse @ head.C @ L, eps=head.eps)
+            tilted, box = slow.plan_weights(rho, grid, 0.0, framed)
+            velocity = slow.head_velocities(
+                tilted, grid, offsets, components, framed.A / framed.eps, framed.C, box
+            )
+            constant = inverse @ head.C @ frame.mean
+            full = slow.shaped(with_constant(velocity, components, constant), grid, offsets)
+            assert fast.iterations == slow.iterations
+            np.testing.assert_array_equal(
+                fast.warm_potential(grid.shape, head.eps, 0.0),
+                slow.warm_potential(grid.shape, head.eps, 0.0),
+            )
+            for axis, (mine, every) in enumerate(zip(restricted, full, strict=True)):
+                moving = transported(rho, offsets[axis])
+                mine, every = mine[..., moving], every[..., moving]
+                scale = float(np.abs(every).max())
+                error = float(np.abs(mine - every).max()) / scale
+                count = f"{int(moving.sum())}/{moving.size}"
+                print(
+                    f"  {name:8s} {axis} {components[axis]!s:4s} {count:9s} {scale:.4f} "
+                    f"{error:.1e} {fast.iterations}"
+                )
+                assert moving.sum() < 0.6 * moving.size
+                assert error <= 1e-12
 
 
 def test_sinkhorn_rejects_bad_parameters():

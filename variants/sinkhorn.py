@@ -42,6 +42,7 @@ import numpy as np
 
 from tpde.grid import Grid, profile
 from tpde.grid.stencils import point_values
+from tpde.schemes.frame import transported
 
 from .engines.direct import support_box
 from .parameters import ParamSpec, SinkhornHead, as_param_spec, head_at
@@ -321,23 +322,46 @@ class SinkhornAttention(TiltedMeanField):
 
     def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
-        return self._velocities(density, grid, t, offsets, components, head)
+        tilted, box = self.plan_weights(density, grid, t, head)
+        velocity = self.head_velocities(
+            tilted, grid, offsets, components, head.A / head.eps, head.C, box
+        )
+        return self.shaped(velocity, grid, offsets)
 
     def frame_components(
         self, density, grid: Grid, t: float, offsets, components, frame
     ) -> list[np.ndarray]:
         """In the frame ``x = m + L xi``, ``y = m + L eta``: ``<A x, y> = <L^T A L xi, eta>``
         plus terms in xi or eta alone, which the potentials absorb, so the plan in the frame
-        is Sinkhorn's for ``L^T A L``, and ``L^-1 Gamma = L^-1 C m + L^-1 C L E[eta | xi]``."""
+        is Sinkhorn's for ``L^T A L``, and ``L^-1 Gamma = L^-1 C m + L^-1 C L E[eta | xi]``.
+
+        The potentials come from the cells alone (:meth:`plan_weights`); the conditional
+        means are evaluated only on the windows of the points the frame transports, 0
+        elsewhere (:meth:`TiltedMeanField.on_windows`, as softmax and l2; Sinkhorn measures
+        no cut, so every transported point counts as held)."""
         head = head_at(self.spec, t, SinkhornHead, "sinkhorn", grid.ndim)
         L, inverse, m = frame.matrix, frame.inverse, frame.mean
         framed = SinkhornHead(L.T @ head.A @ L, inverse @ head.C @ L, eps=head.eps)
-        velocity = self._velocities(density, grid, t, offsets, components, framed, shaped=False)
-        return self.shaped(with_constant(velocity, components, inverse @ head.C @ m), grid, offsets)
+        tilted, box = self.plan_weights(density, grid, t, framed)
+        lattices = [grid.lattice(offset) for offset in offsets]
+        moving = [transported(density, offset) for offset in offsets]
+        constant = inverse @ head.C @ m
 
-    def _velocities(
-        self, density, grid: Grid, t: float, offsets, components, head, shaped: bool = True
-    ) -> list[np.ndarray]:
+        def evaluate(sub: list, wanted: list) -> list[np.ndarray]:
+            velocity = self.head_velocities(
+                tilted, grid, None, wanted, framed.A / framed.eps, framed.C, box, lattices=sub
+            )
+            return with_constant(velocity, wanted, constant)
+
+        return self.on_windows(grid, lattices, components, moving, evaluate)
+
+    def plan_weights(
+        self, density, grid: Grid, t: float, head: SinkhornHead
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """The weights ``w = q e^{g/eps}`` (grid.shape, shifted by the largest g where q > 0)
+        whose tilted means at ``c = A x / eps`` are the plan's conditional means, from the
+        potentials at time ``t`` (:meth:`potentials`, on the cell centres), and the support
+        box of ``q``."""
         weights = quadrature_weights(density, grid)
         _, g = self.potentials(weights, grid, head, t)
         g = g.reshape(grid.shape)
@@ -348,7 +372,4 @@ class SinkhornAttention(TiltedMeanField):
         # no cut: the conditional law of the plan, N(E[y|x], Sigma - C^T Sigma^-1 C) for
         # Gaussians, stays inside the measure's own support, which the edge mass watches
         # (a surrogate from the weights q e^(g/eps) would be far too wide)
-        velocity = self.head_velocities(
-            tilted, grid, offsets, components, head.A / head.eps, head.C, support_box(weights, grid)
-        )
-        return self.shaped(velocity, grid, offsets) if shaped else velocity
+        return tilted, support_box(weights, grid)
