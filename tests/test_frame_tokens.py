@@ -322,11 +322,9 @@ def test_a_box_that_cuts_the_tilted_laws_stops_the_run():
 @pytest.mark.parametrize("variant", ["softmax", "l2"])
 def test_frame_follows_a_clustering_mixture_within_token_noise(variant):
     """Default tier (seconds): the frame on 32^2 (+-12), 2000 tokens x 3 seeds, to t = 0.125:
-    completed, and within the tokens' noise (module docstring) at every snapshot. (On 32^2 the
-    scheme spreads the softmax run's transported tails to the +-12 faces by t = 0.21, where
-    the share of the face mass whose tilted laws reach the outermost cells passes 1e-4 and the
-    run stops box_limited; finer grids hold longer: 48^2 on +-16 to 2.7, 64^2 on +-10 to 3.0,
-    96^2 on +-12 past 4.)"""
+    completed, and within the tokens' noise (module docstring) at every snapshot. (Later the
+    32^2 run leaves the noise, 1.07..1.10 of it to t = 4, with an under_resolved event at
+    t = 0; docs/theory.md, 'The co-moving affine frame'.)"""
     rows, framed, _ = compare(
         variant, 32, 12.0, 2000, [0, 1, 2], [0.0, 0.0625, 0.125], 0.0625, False
     )
