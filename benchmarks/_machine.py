@@ -52,6 +52,16 @@ def emit(benchmark: str, start: float, **figures) -> dict:
     return out
 
 
+def best_of(func, repeat: int = 3) -> float:
+    """The shortest of ``repeat`` timings of ``func()``, in seconds."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 #: the c1 test matrices (2-D, non-symmetric A and V; docs/theory.md, 'Test matrices c1 and c2'),
 #: shared by the benchmarks
 A1 = [[-0.6, 0.8], [-0.2, -0.3]]

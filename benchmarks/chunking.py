@@ -34,7 +34,7 @@ import netCDF4
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import emit  # noqa: E402
+from _machine import best_of, emit  # noqa: E402
 
 from tpde import io  # noqa: E402
 from tpde.grid import Grid, gaussian  # noqa: E402
@@ -50,15 +50,6 @@ GRIDS = {
     "2d_256": Grid([-8.0] * 2, [8.0] * 2, [256] * 2),
     "3d_64": Grid([-8.0] * 3, [8.0] * 3, [64] * 3),
 }
-
-
-def best_of(func, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        func()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def write(path: Path, grid: Grid, snapshots: int) -> list[float]:

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numba  # noqa: E402
-from _machine import A1, V1, emit  # noqa: E402
+from _machine import A1, V1, best_of, emit  # noqa: E402
 
 from tpde.grid import Grid, gaussian  # noqa: E402
 from tpde.variants import Head, L2Head, SinkhornHead  # noqa: E402
@@ -40,15 +40,6 @@ from tpde.variants.engines.direct import (  # noqa: E402
 from tpde.variants.l2 import L2Attention, reweighted_density  # noqa: E402
 from tpde.variants.sinkhorn import SinkhornAttention, quadrature_weights  # noqa: E402
 from tpde.variants.softmax import SoftmaxAttention  # noqa: E402
-
-
-def best_of(func, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        func()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def setup(ndim: int, cells: int):
