@@ -99,8 +99,8 @@ def reconstruction_error_rate(
     of a law's flanks moves its covariance most.
 
     density: grid.shape cell averages (``m``, ``Sigma`` their mean and covariance, cell
-    centres ``x``); normal[a]: the normal velocity at the face centres of axis a (cells + 1
-    along a, as the solver's face lattices)."""
+    centres ``x``); normal[a]: the normal velocity on the faces of axis a (the face lattice's
+    shape: cells + 1 along a)."""
     total = float(density.sum())
     if not total > 0:
         return 0.0
@@ -123,7 +123,7 @@ def reconstruction_error_rate(
             ghost_index_map(n, grid.boundary[a], SEVENTH_GHOSTS),
             view3(left, a),
             view3(right, a),
-            view3(np.ascontiguousarray(np.moveaxis(np.moveaxis(u, a, 0)[: n + 1], 0, a)), a),
+            view3(np.ascontiguousarray(u), a),
             1.0 / h,
             grid.boundary[a] == "outflow",
             view3(flux, a),
