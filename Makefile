@@ -8,19 +8,22 @@ TSTAMP := $(VENV)/.installed-test
 # numba thread each: on cores shared with other jobs, numba's threads wait for each other at
 # every parallel loop (the tier took 28 minutes on a busy 2-core machine with two threads)
 PYTEST_WORKERS ?= 2
+# installs say only what fails: pip's and setuptools' notices about this machine's package
+# indexes and the editable layout are not the user's business (errors still print)
+PIP    := PYTHONWARNINGS=ignore $(PY) -m pip --quiet --quiet
 
 .PHONY: demo test test-slow validate bench paper lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PIP) install --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e .
+	$(PIP) install -e .
 	touch $(STAMP)
 
 $(TSTAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PIP) install -e '.[test]'
 	touch $(TSTAMP)
 
 demo: $(STAMP)

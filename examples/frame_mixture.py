@@ -4,7 +4,8 @@ Softmax attention with V = -I and A + A^T of rank one collapses the law onto a l
 components merge (tests/test_frame_tokens.py). This script runs the fixed box (7 standard
 deviations of the initial law) and the co-moving frame (xi box +-12) with the same cells, and
 the token system from i.i.d. samples of the mixture, and draws the three in physical space at
-the last time: docs/figures/frame_mixture.png. It prints W2 / spread (whitened by the tokens'
+the last time: out/frame_mixture.png (--out docs/figures/frame_mixture.png redraws the
+user guide's figure). It prints W2 / spread (whitened by the tokens'
 covariance, both sides binned on the compared grid) of each run against the tokens.
 
     python examples/frame_mixture.py [--cells 96] [--tokens 10000] [--t-end 4] [--out PATH]
@@ -95,7 +96,7 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=96)
     parser.add_argument("--tokens", type=int, default=10_000)
     parser.add_argument("--t-end", type=float, default=4.0)
-    parser.add_argument("--out", default=str(Path("docs/figures/frame_mixture.png")))
+    parser.add_argument("--out", default=str(Path("out/frame_mixture.png")))
     args = parser.parse_args()
     (xi, framed), (box, fixed) = runs(args.cells, args.t_end)
     points = tokens(args.tokens, args.t_end)

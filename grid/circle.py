@@ -69,6 +69,17 @@ class CircleGrid(Grid):
     def file_attributes(self) -> dict[str, object]:
         return {"geometry": "circle", "circle_copies": np.int64(self.copies)}
 
+    def describe(self) -> str:
+        reduction = f", {self.copies}-fold symmetric (one period)" if self.copies > 1 else ""
+        return f"the circle S^1, {self.shape[0]} angle cells{reduction}"
+
+    def state_lines(self, density: np.ndarray) -> list[str]:
+        angles, masses = clusters(density, self)
+        if angles.size == 0:
+            return ["  clusters: none (no maximum above twice the uniform density)"]
+        listed = ", ".join(f"{a:.4f} ({m:.4g})" for a, m in zip(angles, masses, strict=True))
+        return [f"  clusters at the last snapshot: {angles.size}, angle (mass): {listed}"]
+
 
 def circle_grid(cells: int, copies: int = 1) -> CircleGrid:
     """The periodic angle grid of ``cells`` cells on ``[0, 2 pi / copies)``."""

@@ -195,6 +195,29 @@ class Grid:
     def from_dict(cls, data: dict) -> Grid:
         return cls(data["lower"], data["upper"], data["cells"], data.get("boundary", "outflow"))
 
+    @property
+    def axis_attributes(self) -> dict[str, str]:
+        """CF attributes a geometry adds to each coordinate axis (none for a flat box: its
+        coordinates are the token space's)."""
+        return {}
+
+    @property
+    def file_attributes(self) -> dict[str, object]:
+        """Global attributes a geometry adds to the file (none for a flat box)."""
+        return {}
+
+    def describe(self) -> str:
+        """One line for ``tpde info``: what the grid is, in the user's terms."""
+        return (
+            f"{self.ndim}-D grid {' x '.join(map(str, self.shape))} on "
+            f"{[float(v) for v in self.lower]} .. {[float(v) for v in self.upper]}"
+        )
+
+    def state_lines(self, density: np.ndarray) -> list[str]:
+        """Lines for ``tpde info`` about a density on this grid that only its geometry
+        knows how to say (the circle: its clusters); none for a flat box."""
+        return []
+
     def __repr__(self) -> str:
         return (
             f"Grid(lower={list(self.lower)}, upper={list(self.upper)}, "

@@ -27,4 +27,35 @@ def __getattr__(name: str):
         from tpde.grid.threads import set_num_threads
 
         return set_num_threads
+    if name in SUBMODULES:  # ``import tpde; tpde.io.read(...)`` as the docs write it
+        import importlib
+
+        return importlib.import_module(f"tpde.{name}")
     raise AttributeError(f"module 'tpde' has no attribute {name!r}")
+
+
+#: the subpackages and face modules ``tpde.NAME`` reaches without an import of its own
+SUBMODULES = frozenset(
+    (
+        "grid",
+        "schemes",
+        "variants",
+        "validation",
+        "config",
+        "run",
+        "io",
+        "cli",
+        "plots",
+        "sweep",
+        "circle",
+        "sphere",
+        "circle_plots",
+        "sphere_plots",
+        "energies",
+        "references",
+        "studies",
+        "paper",
+        "validate",
+        "demo",
+    )
+)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tpde.grid import circle as geo
+from tpde.grid import moments as cell_moments
 from tpde.schemes.solver import Problem
 from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
@@ -187,11 +188,79 @@ def build_circle(raw: dict) -> Config:
     stored["attention"].setdefault("normalised", True)
     stored["attention"].setdefault("engine", "auto")
     config = Config(problem, run["output"], "circle", dumps(stored), raw)
+    config.no_gaussian = "tpde gaussian: the circle has no Gaussian closure; use tpde particles"
     if positions is None:
-        config.run_energies = lambda: circle_energies(field, grid)  # type: ignore[attr-defined]
+        config.energies = lambda: circle_energies(field, grid)
+        config.particles = lambda n, seed, quantiles: circle_particles(
+            config, field, n, seed, quantiles
+        )
     else:  # one law per slice: no energy of the run
-        config.run_energies = lambda: lambda density, t: {}  # type: ignore[attr-defined]
+        config.energies = lambda: lambda density, t: {}
     return config
+
+
+def circle_particles(
+    config: Config, field: CircleAttention, n: int, seed: int = 0, quantiles: bool = False
+):
+    """``tpde particles`` on the circle: ``n`` tokens of the initial cell averages (i.i.d.
+    with ``seed``, or the deterministic mid-quantiles with ``quantiles``) moved by the
+    token system on the circle (classical RK4 in the angles, the run's head and
+    normalisation), in the run's file layout: the tokens' histogram as ``density``, the
+    angles as ``tokens`` (time, token, dim)."""
+    import time as _time
+
+    import xarray as xr
+
+    from tpde.validation.particles import quantile_tokens_of_cells
+    from tpde.validation.sphere_tokens import CircleTokens, sample_circle_tokens
+
+    from .references import reference_dataset
+
+    problem = config.problem
+    grid = problem.grid
+    if n < 1:
+        raise ConfigError(f"--tokens: expected an integer >= 1, got {n}")
+    if geo.circle_copies(grid) != 1:
+        raise ConfigError("grid.copies: tokens live on the whole circle; set copies = 1")
+    if quantiles:
+        theta = quantile_tokens_of_cells(problem.density, grid, n)[:, 0]
+    else:
+        theta = sample_circle_tokens(problem.density, grid, n, seed)
+    start = _time.perf_counter()
+    step = float(np.min(np.diff(problem.times))) / 10 if len(problem.times) > 1 else 0.01
+    tokens = CircleTokens(theta, field.spec, normalised=field.normalised)
+    tokens.t = problem.t_start
+    angles = tokens.integrate(problem.times, step)
+    edges = grid.edges(0)
+    density = np.stack(
+        [np.histogram(a, bins=edges)[0] / (n * grid.spacing[0]) for a in angles]
+    ).astype(float)
+    moments = [cell_moments(d, grid)[1:] for d in density]
+    title = f"tpde token system on the circle, n = {n}" + (" (mid-quantiles)" if quantiles else "")
+    ds: xr.Dataset = reference_dataset(
+        problem.times,
+        [m[0] for m in moments],
+        [m[1] for m in moments],
+        density,
+        config,
+        title,
+        "tokens",
+    )
+    ds["tokens"] = (
+        ("time", "token", "dim"),
+        angles[:, :, None],
+        {"long_name": "token angles theta", "units": "radian"},
+    )
+    ds.attrs.update(
+        status="completed",
+        status_time=float(problem.times[-1]),
+        status_message="",
+        seed=-1 if quantiles else seed,
+        sampling="mid-quantiles" if quantiles else "i.i.d.",
+        dt=step,
+        wall_time=_time.perf_counter() - start,
+    )
+    return ds
 
 
 def circle_energies(

@@ -3,7 +3,8 @@
     tpde run CONFIG.toml [-o OUT.nc|OUT.zarr] [--resume] [--overwrite] [--quiet] [--profile]
              [--threads N]
     tpde gaussian CONFIG.toml [-o OUT.nc] [--overwrite] [--threads N]
-    tpde particles CONFIG.toml --tokens N [--seed S] [-o OUT.nc] [--overwrite] [--threads N]
+    tpde particles CONFIG.toml --tokens N [--seed S | --quantiles] [-o OUT.nc] [--overwrite]
+             [--threads N]
     tpde info FILE.nc                       # a run, gaussian, particles or sweep summary file
     tpde plot FILE.nc [-o DIR] [--animate] [--times T ...] [--log] [--vmin V] [--vmax V]
               [--title TEXT]
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import traceback
@@ -101,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "particles":
             ref.add_argument("--tokens", type=int, required=True, help="number of tokens n")
             ref.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+            ref.add_argument(
+                "--quantiles",
+                action="store_true",
+                help="1-D and the circle: the deterministic mid-quantile tokens of the initial "
+                "density (the mean field without sampling noise) instead of i.i.d. samples",
+            )
         _threads_option(ref)
     info = sub.add_parser(
         "info", help="summarise a tpde NetCDF file (run, gaussian, particles, sweep summary)"
@@ -333,12 +341,17 @@ def cmd_run(args) -> int:
         return 1
     if not args.quiet:
         print(f"{path}: status {io.outcome(path).status}", file=sys.stderr)
-        # what the monitor recorded and let the run go on past (box_action or
-        # resolution_action = "warn") is said here too, not only in the file
-        for line in io.events(path):
-            if line.split(" ", 1)[0] in ("box_limited", "under_resolved"):
-                print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
+    # what the monitor recorded and let the run go on past (box_action or
+    # resolution_action = "warn") is said here too, not only in the file: --quiet drops the
+    # progress, never a warning
+    for line in io.events(path):
+        if line.split(" ", 1)[0] in WARNED_EVENTS:
+            print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
     return 0
+
+
+#: the events a run records and goes on past, said on stderr when it ends (--quiet too)
+WARNED_EVENTS = ("box_limited", "under_resolved")
 
 
 def cmd_reference(args) -> int:
@@ -366,7 +379,7 @@ def cmd_reference(args) -> int:
             ds = gaussian_reference(config)
             path = write_reference(ds, output, overwrite=args.overwrite)
         else:
-            ds = particle_reference(config, args.tokens, args.seed)
+            ds = particle_reference(config, args.tokens, args.seed, quantiles=args.quantiles)
             path = write_reference(ds, output, overwrite=args.overwrite)
     except ConfigError as exc:
         return _fail(str(exc))
@@ -455,10 +468,7 @@ def cmd_info(args) -> int:
         return _fail(str(exc))
     times = ds["time"].values
     what = {"particles": "token system", "gaussian": "Gaussian ODE", "run": "grid run"}
-    print(
-        f"{args.file}: {what[_kind(ds)]}, {grid.ndim}-D grid {' x '.join(map(str, grid.shape))}"
-        f" on {[float(v) for v in grid.lower]} .. {[float(v) for v in grid.upper]}"
-    )
+    print(f"{args.file}: {what[_kind(ds)]}, {grid.describe()}")
     if "s" in ds.dims:
         print(
             f"  masked attention: {ds.sizes['s'] - 1} positions in (0, 1] plus the sink "
@@ -469,9 +479,11 @@ def cmd_info(args) -> int:
     else:
         print("  snapshots: none yet")
     if "tokens" in ds.variables:
-        print(f"  tokens: {ds.sizes['token']} (seed {ds.attrs.get('seed', '?')})")
+        sampling = str(ds.attrs.get("sampling", "i.i.d."))[:40]
+        drawn = "" if sampling == "mid-quantiles" else f", seed {ds.attrs.get('seed', '?')}"
+        print(f"  tokens: {ds.sizes['token']} ({sampling}{drawn})")
     outcome = Outcome.from_attributes(ds.attrs)  # attributes are untrusted text
-    print(f"  status: {outcome.status} at t = {outcome.time:.6g}: {outcome.message[:500]}")
+    print("  " + status_line(outcome, times))
     if Path(staged_name(args.file)).is_file():
         print(
             f"  a run replacing this file is pending in {staged_name(args.file)} "
@@ -480,6 +492,9 @@ def cmd_info(args) -> int:
     if times.size:
         outflow = f", outflow {float(ds['outflow'][-1]):.3e}" if "outflow" in ds else ""
         print(f"  mass {float(ds['mass'][-1]):.12g}{outflow}")
+    if times.size and "s" not in ds.dims and _kind(ds) == "run":
+        for line in grid.state_lines(np.asarray(ds["density"][-1].values, dtype=float)):
+            print(line)
     energies = [str(n)[len("energy_") :] for n in ds.data_vars if str(n).startswith("energy_")]
     if energies:
         print(f"  energies: {', '.join(energies)}")
@@ -492,19 +507,46 @@ def cmd_info(args) -> int:
         )
     if "largest_truncation" in ds.attrs:
         print(
-            "  largest truncation measure (box_tolerance compares with it): "
-            + " ".join(str(ds.attrs["largest_truncation"]).split())[:40]
+            "  box: the largest share of the mass the box cut off (run.box_tolerance "
+            "compares with it): " + _number_text(ds.attrs["largest_truncation"])
         )
     if "reconstruction_error" in ds.attrs:
         print(
-            "  estimated reconstruction error (resolution_tolerance compares with it): "
-            + " ".join(str(ds.attrs["reconstruction_error"]).split())[:40]
+            "  resolution: estimated relative error the cells' reconstruction made over the "
+            "run, of the mass placement or of the covariance, whichever is larger "
+            "(run.resolution_tolerance compares with it): "
+            + _number_text(ds.attrs["reconstruction_error"])
         )
     for line in str(ds.attrs.get("events", "")).splitlines()[:50]:  # untrusted text
         print(f"  event: {' '.join(line.split())[:300]}")
     print("  " + _provenance(ds.attrs))
     print("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
     return 0
+
+
+def _number_text(value) -> str:
+    """A file attribute holding a number, shown to 2 significant digits (attributes are
+    untrusted: anything else is shown as text, at most 40 characters)."""
+    try:
+        return f"{float(value):.2g}"
+    except (TypeError, ValueError):
+        return " ".join(str(value).split())[:40]
+
+
+def status_line(outcome, times) -> str:
+    """``status: ... at t = ...`` of a file, said as a user reads it: no dangling colon
+    without a message, and a file whose writer never recorded an end (killed, or still
+    running) says so and names its last complete snapshot instead of ``t = nan``."""
+    message = " ".join(outcome.message.split())[:500]
+    if outcome.status == "running" and not math.isfinite(outcome.time):
+        last = f"t = {times[-1]:.6g}" if len(times) else "none yet"
+        return (
+            "status: running: no end recorded (the run was killed or is still running); "
+            f"last complete snapshot: {last}; tpde run CONFIG -o FILE --resume continues it"
+        )
+    return f"status: {outcome.status} at t = {outcome.time:.6g}" + (
+        f": {message}" if message else ""
+    )
 
 
 def _kind(ds) -> str:
@@ -536,7 +578,7 @@ def _provenance(attrs) -> str:
 
 
 def _info_summary(path: Path) -> int:
-    from tpde.sweep import read_summary
+    from tpde.sweep import outcome_counts, read_summary
 
     try:
         ds = read_summary(path)
@@ -549,9 +591,7 @@ def _info_summary(path: Path) -> int:
         values = list(dict.fromkeys(str(v) for v in ds[key].values))
         shown = ", ".join(values[:8]) + (", ..." if len(values) > 8 else "")
         print(f"  {key}: {len(values)} values ({shown})")
-    outcomes = ("converged", "blowup", "mass_left", "failed")
-    counts = ", ".join(f"{o} {a.get(o, '?')}" for o in outcomes)
-    print(f"  outcomes: {counts}; skipped {a.get('skipped', '?')}")
+    print(f"  outcomes: {outcome_counts(a)}; skipped {a.get('skipped', '?')}")
     print(f"  phase diagram axes: x {a.get('phase_x', '?')}, y {a.get('phase_y') or '-'}")
     print(f"  written by tpde {a.get('tpde_version', '?')}; runs in {a.get('output', '?')}")
     return 0
@@ -683,7 +723,7 @@ def cmd_sweep(args) -> int:
     from collections import Counter
 
     from tpde.config import ConfigError
-    from tpde.sweep import run_sweep
+    from tpde.sweep import outcome_counts, run_sweep
 
     try:
         ds = run_sweep(
@@ -708,12 +748,10 @@ def cmd_sweep(args) -> int:
         if o == "converged"
     )
     by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(ranks.items()))
-    print(
-        f"{a['runs']} runs: {a['converged']} converged"
-        + (f" ({by_rank})" if ranks else "")
-        + f", {a['blowup']} blowup, {a['mass_left']} mass_left, {a['failed']} failed; "
-        f"{a['skipped']} skipped (done before)"
-    )
+    counts = outcome_counts(a)
+    if ranks:  # the converged runs by the rank of their limit
+        counts = counts.replace(" converged", f" converged ({by_rank})", 1)
+    print(f"{a['runs']} runs: {counts}; {a['skipped']} skipped (done before)")
     out = Path(a["output"])
     print(f"runs: {out / 'runs'}\nsummary: {out / 'summary.nc'}\nfigure: {out / 'phase.png'}")
     return 0

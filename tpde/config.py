@@ -59,7 +59,7 @@ import inspect
 import math
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,12 @@ class Config:
     variant: str
     text: str
     raw: dict
+    #: a geometry's own energies of a run (``() -> (density, t) -> {name: Energy}``) and
+    #: token reference (``(n, seed, quantiles) -> Dataset``); None: the flat grid's
+    energies: Callable[[], Callable[[np.ndarray, float], dict]] | None = None
+    particles: Callable[[int, int, bool], Any] | None = None
+    #: what ``tpde gaussian`` says where the geometry has no Gaussian closure (None: it has)
+    no_gaussian: str | None = None
 
 
 def load(source: str | Path | Mapping) -> dict:
@@ -520,6 +526,12 @@ def _density(kind: str, table: dict, grid: Grid) -> np.ndarray:
             if key not in table:
                 raise ConfigError(f"initial.{key}: missing for kind = 'mixture'")
         weights = _vector("initial.weights", table["weights"])
+        components = table["means"]
+        if isinstance(components, list) and len(components) != weights.size:
+            raise ConfigError(
+                f"initial.weights: {weights.size} weights for {len(components)} means; give "
+                "one weight per component (weights, means and covariances alike)"
+            )
         means = [
             _vector(f"initial.means[{i}]", m, d)
             for i, m in enumerate(_list("initial.means", table["means"], weights.size))

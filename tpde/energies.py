@@ -399,7 +399,7 @@ def run_energies(config) -> Callable[[np.ndarray, float], dict[str, Energy]]:
     """
     from tpde.variants import CausalAttention, SinkhornAttention
 
-    own = getattr(config, "run_energies", None)  # a geometry's own (tpde.circle)
+    own = config.energies  # a geometry's own (tpde.circle)
     if own is not None:
         return own()
     problem = config.problem

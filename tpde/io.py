@@ -96,6 +96,7 @@ import xarray as xr
 
 import tpde
 from tpde.grid import Grid, Positions, moments, profile
+from tpde.grid.circle import CircleGrid
 
 try:
     import fcntl
@@ -586,7 +587,7 @@ def _define_axes(nc: netCDF4.Dataset, grid: Grid) -> None:
         nc.createDimension(name, grid.cells[a])
         coord = nc.createVariable(name, "f8", (name,))
         coord.setncatts(_axis_attributes(a))
-        coord.setncatts(getattr(grid, "axis_attributes", {}))  # a geometry's (the circle)
+        coord.setncatts(grid.axis_attributes)  # a geometry's (the circle)
         coord[:] = grid.centres(a)
         bounds = nc.createVariable(f"{name}_bounds", "f8", (name, "nv"))
         bounds[:] = _bounds(grid, a)
@@ -684,7 +685,7 @@ def cell_measure(
     dims = xyz_order(_cell_measure_dims(grid, positions))
     sizes = {"s": 0 if positions is None else positions.count}
     sizes.update(zip(grid.axis_names, grid.cells, strict=True))
-    unit = str(getattr(grid, "axis_attributes", {}).get("units", "1"))  # the circle's radian
+    unit = grid.axis_attributes.get("units", "1")  # the circle's radian
     attributes = {
         "long_name": f"{CELL_MEASURES[d].split('_')[1]} of each grid cell",
         "units": "1" if unit == "1" else unit + (str(d) if d > 1 else ""),
@@ -838,7 +839,7 @@ def _global_attributes(
     if positions is not None:
         attributes["positions"] = np.int64(positions.slices)
         attributes["sink_mass"] = np.float64(positions.sink_mass)
-    attributes.update(getattr(grid, "file_attributes", {}))  # a geometry's (the circle)
+    attributes.update(grid.file_attributes)  # a geometry's (the circle)
     return attributes
 
 
@@ -880,6 +881,11 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
 
 
 # ---- reading helpers ------------------------------------------------------------------------
+#: the Grid class of a file's ``geometry`` attribute (a geometry's ``file_attributes``);
+#: files without one are flat boxes
+GRID_KINDS: dict[str, type[Grid]] = {"circle": CircleGrid}
+
+
 def _grid_from_attributes(
     attrs: dict, where: str, density_shape: tuple[int, ...] | None = None
 ) -> Grid:
@@ -909,7 +915,8 @@ def _grid_from_attributes(
                 f"grid_cells {cells.tolist()} do not match the density's shape "
                 f"{list(density_shape)}"
             )
-        return Grid(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
+        kind = GRID_KINDS.get(str(attrs.get("geometry", "")), Grid)
+        return kind(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
     except (TypeError, ValueError, OverflowError) as exc:
         raise OutputError(
             f"run.output: {where} is not a valid tpde output: {str(exc).splitlines()[0]}"
@@ -991,10 +998,32 @@ def _energy_names(attrs: dict) -> tuple[str, ...] | None:
 
 #: provenance attributes that count a run's work: a resumed run adds its own
 COUNTERS = ("steps", "rejected_steps", "wall_time")
+#: the steps of the segment being written, up to its last complete snapshot: rewritten with
+#: every record, added to ``steps`` at close, or at resume when a kill left it unclosed (a
+#: resumed run repeats only what came after that snapshot)
+UNCLOSED_STEPS = "steps_since_resume"
 #: run records kept as text (``events``: "kind t message" per line, tpde.schemes.monitor) or
 #: as the largest over resumed segments (``largest_truncation``; ``reconstruction_error``, the
 #: monitor's running estimate, which a resumed run continues from the file's value)
 RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
+
+
+def _count_unclosed_steps(nc: netCDF4.Dataset) -> None:
+    """Add the steps a killed segment made up to its last complete snapshot
+    (:data:`UNCLOSED_STEPS`) to the file's ``steps``, so the resumed run's total is the
+    uninterrupted run's (attributes are untrusted: anything but a count is dropped)."""
+    if UNCLOSED_STEPS not in nc.ncattrs():
+        return
+    try:
+        unclosed = int(np.asarray(nc.getncattr(UNCLOSED_STEPS)).reshape(-1)[0])
+        before = (
+            int(np.asarray(nc.getncattr("steps")).reshape(-1)[0]) if "steps" in nc.ncattrs() else 0
+        )
+    except (TypeError, ValueError, IndexError, OverflowError):
+        unclosed, before = 0, 0
+    if unclosed > 0:
+        nc.setncattr("steps", np.int64(before + unclosed))
+    nc.setncattr(UNCLOSED_STEPS, np.int64(0))
 
 
 def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -1249,6 +1278,7 @@ class OutputWriter:
                             "status_time": outcome.time,
                             "status_message": outcome.message,
                             **_provenance(nc, provenance or {}),
+                            UNCLOSED_STEPS: np.int64(0),  # counted in steps now
                         }
                     )
                 stored = True
@@ -1421,6 +1451,7 @@ class SnapshotWriter(OutputWriter):
 
         def update(nc: netCDF4.Dataset, layout: tuple) -> None:
             grid, positions, stored, _ = layout
+            _count_unclosed_steps(nc)
             # a file of this layout from before the cell measure gets it (once)
             current = stored == file_order(_density_dims(grid, positions))
             if current and CELL_MEASURES[grid.ndim] not in nc.variables:
@@ -1505,6 +1536,8 @@ class SnapshotWriter(OutputWriter):
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
+            if isinstance(getattr(snapshot, "step", None), int | np.integer):
+                nc.setncattr(UNCLOSED_STEPS, np.int64(snapshot.step))
             # the record on disk before its time: HDF5 flushes cached chunks in its own order
             # at close, so a kill there could leave a time without its data (seen: a NaN
             # mass); after the sync it can only lose the time, and a record without time

@@ -37,7 +37,7 @@ __all__ = ["gaussian_reference", "particle_reference", "write_reference"]
 AXES = ("x", "y", "z")
 
 
-def _reference_dataset(
+def reference_dataset(
     times, means, covs, density, config: Config, title: str, what: str, positions=None
 ) -> xr.Dataset:
     """A reference in the run's layout: the grid's coordinates (:func:`tpde.io.coordinates`),
@@ -92,6 +92,8 @@ def gaussian_reference(config: Config) -> xr.Dataset:
     from tpde.grid import gaussian
     from tpde.validation.gaussian import VARIANTS, solve
 
+    if config.no_gaussian is not None:
+        raise ConfigError(config.no_gaussian)
     initial = config.raw.get("initial", {})
     if initial.get("kind", "gaussian") != "gaussian":
         raise ConfigError(
@@ -120,7 +122,7 @@ def gaussian_reference(config: Config) -> xr.Dataset:
     means, covs = solution.at(times)
     grid = problem.grid
     density = np.stack([gaussian(grid, m, c) for m, c in zip(means, covs, strict=True)])
-    ds = _reference_dataset(
+    ds = reference_dataset(
         times, means, covs, density, config, "tpde Gaussian ODE reference", "Gaussian"
     )
     ds.attrs.update(
@@ -133,12 +135,18 @@ def gaussian_reference(config: Config) -> xr.Dataset:
 
 
 def particle_reference(
-    config: Config, n: int, seed: int = 0, dt: float | None = None
+    config: Config, n: int, seed: int = 0, dt: float | None = None, quantiles: bool = False
 ) -> xr.Dataset:
-    """n tokens sampled from the initial density, moved by the token system."""
+    """n tokens of the initial density, moved by the token system: i.i.d. samples (``seed``)
+    or, in 1-D and on the circle, the deterministic mid-quantiles (``quantiles``: the mean
+    field without sampling noise). A geometry with tokens of its own (the circle) makes
+    them (``config.particles``)."""
+    if config.particles is not None:
+        return config.particles(n, seed, quantiles)
     from tpde.grid.threads import ensure_policy
     from tpde.validation.particles import (
         TokenSystem,
+        quantile_tokens_of_cells,
         sample_sliced_tokens,
         sample_tokens,
         simulate,
@@ -153,7 +161,14 @@ def particle_reference(
         "--tokens", 8.0 * n * (d * (snapshots + 16) + 1024), f"{n} tokens, {snapshots} times"
     )
     positions, token_s, weights = problem.positions, None, None
-    if positions is None:
+    if quantiles and (positions is not None or problem.grid.ndim != 1):
+        raise ConfigError(
+            "--quantiles: mid-quantile tokens are defined in 1-D and on the circle; "
+            "drop --quantiles for i.i.d. tokens"
+        )
+    if quantiles:
+        tokens = quantile_tokens_of_cells(problem.density, problem.grid, n)
+    elif positions is None:
         tokens = sample_tokens(problem.density, problem.grid, n, seed)
     else:
         if n < positions.count:
@@ -197,7 +212,7 @@ def particle_reference(
                 for x in solution.tokens
             ]
         )
-    ds = _reference_dataset(
+    ds = reference_dataset(
         solution.times,
         means,
         covs,
@@ -223,7 +238,8 @@ def particle_reference(
         status="completed",
         status_time=float(solution.times[-1]),
         status_message="",
-        seed=seed,
+        seed=-1 if quantiles else seed,
+        sampling="mid-quantiles" if quantiles else "i.i.d.",
         dt=step,
         steps=int(np.ceil((problem.t_end - problem.t_start) / step - 1e-9)),
         threads=ensure_policy(),

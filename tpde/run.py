@@ -7,6 +7,7 @@ same variables as the file); ``tpde run`` calls :func:`run_config`.
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import sys
 import tempfile
@@ -77,9 +78,13 @@ class Progress:
             return
         fraction = snap.time / self.t_end if self.t_end else 1.0
         bar = "#" * int(20 * fraction) + "." * (20 - int(20 * fraction))
+        # the first snapshot comes before any step: no dt or speed to show yet
+        stepped = math.isfinite(snap.dt)
+        step = (
+            f"dt {snap.dt:.2e}  max|u| {snap.max_speed:.3g}" if stepped else "before the first step"
+        )
         self.status.show(
-            f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  dt {snap.dt:.2e}  "
-            f"max|u| {snap.max_speed:.3g}  min rho "
+            f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  {step}  min rho "
             f"{float(snap.density.min()):.1e}  mass {snap.mass:.9f}  outflow "
             f"{snap.outflow:.1e}  {self.status.elapsed():.1f} s"
         )
@@ -336,9 +341,10 @@ def refuse_result(output: Path, outcome: io.Outcome) -> None:
 def same_config(stored: str, config: Config) -> bool:
     """Whether the config text stored in a file has the same values as ``config`` (after
     parsing: key order, ``1`` vs ``1.0``, omitted defaults and ``run.output`` do not
-    count)."""
+    count). Both sides are the text a run stores (``config.text``: every geometry fills
+    its own defaults in there), so a default is never written out on one side only."""
     try:
-        return canonical(stored) == canonical(config.raw)
+        return canonical(stored) == canonical(config.text)
     except ConfigError:
         return False
 

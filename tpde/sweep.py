@@ -455,6 +455,13 @@ def classify(
     return out
 
 
+def outcome_counts(attrs: Mapping[str, Any]) -> str:
+    """``11 converged (rank 1: 4, rank 2: 7), 0 blowup, 0 mass_left, 53 box_limited, 0
+    failed, 0 under_resolved``: every outcome of :data:`OUTCOMES` a summary's attributes
+    count (``ranks``: the converged runs per rank, if known), so none can go unsaid."""
+    return ", ".join(f"{attrs.get(o, '?')} {o}" for o in OUTCOMES)
+
+
 def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict:
     """:func:`classify` of a run's NetCDF output (only the attributes, ``time`` and
     ``covariance`` are read; a trailing incomplete record is ignored)."""
@@ -904,12 +911,14 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
             **counts,
         },
     )
-    ds["outcome"].attrs["long_name"] = "converged | blowup | mass_left | box_limited | failed"
+    ds["outcome"].attrs["long_name"] = " | ".join(OUTCOMES)
     ds["rank"].attrs["long_name"] = (
         f"eigenvalues of Sigma/tr(Sigma) above {spec.tolerance:g}"
         " at the last snapshot (0: collapse to a point)"
     )
-    ds["event_time"].attrs["long_name"] = "time of the blow-up or of the mass leaving the box"
+    ds["event_time"].attrs["long_name"] = (
+        "time of the outcome's event (blow-up, mass leaving, box or resolution limit)"
+    )
     return ds
 
 
@@ -929,7 +938,7 @@ _PER_RUN = (
 )
 _LONG_NAMES = {
     "run_id": "run identifier (its file: runs/<run_id>.nc)",
-    "outcome": "converged | blowup | mass_left | box_limited | failed",
+    "outcome": " | ".join(OUTCOMES),
     "outcome_code": "outcome of the run",
     "event_time": "time of the blow-up or of the mass leaving the box",
     "trace_initial": "trace of the covariance at the first snapshot",

@@ -27,7 +27,7 @@ BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 100.0)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--outdir", type=Path, default=HERE)
+    parser.add_argument("-o", "--outdir", type=Path, default=Path("out/sphere"))
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
     tpde.set_num_threads(1)  # 1-D: numba's workers cost more than they give

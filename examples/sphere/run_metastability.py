@@ -40,7 +40,7 @@ MODES = [(3, 0.1, 0.0), (4, 0.1, 1.0), (5, 0.1, 2.0)]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--outdir", type=Path, default=HERE)
+    parser.add_argument("-o", "--outdir", type=Path, default=Path("out/sphere"))
     parser.add_argument("--t-end", type=float, default=80.0)
     parser.add_argument("--n", type=int, default=10_000)
     args = parser.parse_args()
