@@ -279,7 +279,7 @@ def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | N
         ax.set_ylabel("amplitude" if i == 0 else "")
         title = titles[i] if titles else f"{a['geometry']}, beta = {a['beta']:g}"
         ax.set_title(title)
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
         ax.set_ylim(-0.03, 1.0)
     fig.tight_layout()
     path = Path(path)

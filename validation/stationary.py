@@ -17,26 +17,28 @@ vanishes at a stationary state (on the circle a constant flux ``J`` would need
 ``F = eps int rho log rho - (1 / (2 beta)) iint e^{beta <x, y>} rho rho`` (the flow is its
 Wasserstein gradient flow); the normalised flow has no such free energy (its ``F`` is NaN).
 
-On the grid the unknowns are cell averages ``u`` (circle: the angle cells of
-:func:`tpde.grid.circle.circle_grid`, densities per unit angle; sphere: the ``z`` bands of
-the equal-area grid of :func:`tpde.grid.sphere.sphere_grid`, densities per unit area, for the
-*zonal* (axisymmetric) states, whose ``phi``-sums are exact in closed form). The residual is
-the Gibbs condition on the cell averages, ``G(u) = u - N(u)``:
+On the grid the unknowns are, on the circle, the cell averages ``u`` of the angle cells of
+:func:`tpde.grid.circle.circle_grid` (densities per unit angle) and, on the sphere, for the
+*zonal* (axisymmetric) states, the values at the ``n`` Gauss-Legendre latitudes ``z_i``
+(densities per unit area; the ``phi``-integral of the kernel is exact in closed form, and
+the Gauss-Legendre rule in ``z`` is spectrally accurate for a zonal profile, an entire
+function of ``z``). The residual is the Gibbs condition, ``G(u) = u - N(u)``:
 
 * ``Phi`` at ``nodes`` Gauss-Legendre nodes of every cell from the cell averages (the kernel
   matrix ``kernel``, shape ``(cells * nodes, cells)``): on the circle the Fourier series
   ``Phi(x) = sum_k I_k(beta) c_k e^{i k x}`` with ``c_k`` from the DFT of the cell averages
   divided by ``sinc(k h / 2)`` (exact for trigonometric data, spectral otherwise); on the
-  sphere ``Phi(z) = 2 pi int e^{beta z z'} I_0(beta s s') rho(z') dz'`` by Gauss-Legendre
-  nodes of every band on a fifth-order reconstruction of ``rho``;
+  sphere ``Phi(z_i) = 2 pi sum_j w_j e^{beta z_i z_j} I_0(beta s_i s_j) rho_j`` (one node
+  per latitude, ``s = sqrt(1 - z^2)``);
 * ``N(u)`` the cell averages (the same Gauss-Legendre rule) of the Gibbs function, scaled to
-  the mass of ``u`` (1: the densities are probabilities).
+  mass 1 (the densities are probabilities).
 
 The linearisation (stability): ``d/dt delta = div(rho grad delta_mu)`` with
 ``delta_mu = eps delta / rho - delta_Phi / beta`` (``/ (beta Phi)`` normalised); on the circle
 by spectral differentiation on the whole grid (every mode; the rotation of a clustered
-state is an exact zero eigenvalue), on the sphere the zonal block (flux differences in ``z``;
-the non-axisymmetric perturbations are not covered).
+state is an exact zero eigenvalue), on the sphere the zonal block in the weak form with the
+differentiation matrix of the latitudes (the non-axisymmetric perturbations are not
+covered).
 """
 
 from __future__ import annotations
@@ -105,9 +107,9 @@ class NewtonError(ArithmeticError):
 class StationaryProblem:
     """One discretisation: geometry, cells, beta and model with its fixed matrices.
 
-    ``measure``: (n,) the area of each cell (``h`` on the circle, ``2 pi h_z`` on the zonal
-    sphere); ``weights``: (nodes,) the Gauss-Legendre weights of a cell average; ``kernel``:
-    (n * nodes, n) ``Phi`` at the nodes (cell by cell) from the cell averages;
+    ``measure``: (n,) the area of each cell (``h`` on the circle; on the sphere ``2 pi w_i``,
+    the band of a latitude); ``weights``: (nodes,) the Gauss-Legendre weights of a cell
+    average; ``kernel``: (n * nodes, n) ``Phi`` at the nodes (cell by cell) from the cell averages;
     ``kernel_centres``: (n, n) ``Phi`` at the cell centres; ``moment``: (n,) the amplitude
     ``a = moment @ u`` (circle ``int rho cos theta``, sphere ``int rho z``).
     """
@@ -135,7 +137,7 @@ class StationaryProblem:
 
     @property
     def reduced(self) -> int:
-        """Unknowns of the symmetric reduction (circle: the even half; sphere: all bands)."""
+        """Unknowns of the symmetric reduction (circle: the even half; sphere: every latitude)."""
         return self.cells // 2 if self.geometry == "circle" else self.cells
 
     def expand(self, v: np.ndarray) -> np.ndarray:
