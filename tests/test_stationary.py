@@ -172,6 +172,8 @@ def test_continue_command(tmp_path, capsys):
     assert (tmp_path / "c.png").stat().st_size > 0
     assert ds["density"].shape == (ds.sizes["point"], 96)
     ds.close()
+    assert main(["info", str(tmp_path / "c.nc")]) == 0
+    assert "stationary branches (sphere, unnormalised, beta 3" in capsys.readouterr().out
     for text, key in (
         ('geometry = "torus"\nbeta = 3.0', "continuation.geometry"),
         ("beta = 3.0\ncells = 15", "continuation.cells"),

@@ -452,6 +452,13 @@ def cmd_info(args) -> int:
 
     if args.file.is_file() and _summary_file(args.file):
         return _info_summary(args.file)
+    if args.file.is_file() and args.file.suffix == ".nc":
+        from tpde.continuation import info
+
+        lines = info(args.file)  # a file of `tpde continue`
+        if lines is not None:
+            print("\n".join(lines))
+            return 0
     if args.file.is_file() and _sphere_file(args.file):
         from tpde.sphere import sphere_info
 

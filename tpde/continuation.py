@@ -38,6 +38,7 @@ from tpde.validation import stationary as st
 __all__ = [
     "continuation",
     "diagram_dataset",
+    "info",
     "load",
     "phase_diagram",
     "plot_diagram",
@@ -381,6 +382,45 @@ def plot_phase_diagram(ds, path: str | Path) -> Path:
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
+
+
+_TITLES = ("tpde stationary branches", "tpde phase diagram")
+
+
+def info(path: str | Path) -> list[str] | None:
+    """``tpde info`` of a file this module wrote (None for any other file)."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(path) as ds:
+            if ds.attrs.get("title") not in _TITLES:
+                return None
+            a = dict(ds.attrs)
+            if a["title"] == _TITLES[1]:
+                return [
+                    f"{path}: phase diagram ({a['geometry']}, {a['model']}, {a['cells']} cells)"
+                ] + [
+                    f"  beta {b:g}: threshold {c:.10g}, fold {f:.10g}, first-order {e:.10g} ({t})"
+                    for b, c, f, e, t in zip(
+                        ds["beta"].values,
+                        ds["eps_threshold"].values,
+                        ds["eps_fold"].values,
+                        ds["eps_first_order"].values,
+                        ds["transition"].values,
+                        strict=True,
+                    )
+                ]
+            points = int((ds["branch"].values == 1).sum())
+    except (OSError, ValueError, KeyError):
+        return None
+    return [
+        f"{path}: stationary branches ({a['geometry']}, {a['model']}, beta {a['beta']:g}, "
+        f"{a['cells']} cells)",
+        f"  threshold {a['eps_threshold']:.12g} (closed form "
+        f"{a['eps_threshold_closed_form']:.12g}), transition {a['transition']}",
+        f"  fold {a['eps_fold']:.12g}, first-order point {a['eps_first_order']:.12g}",
+        f"  clustered branch: {points} points, ended {a['status']} at eps = {a['status_eps']:.6g}",
+    ]
 
 
 def _write(ds, path: Path) -> None:

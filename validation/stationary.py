@@ -525,7 +525,9 @@ def stability(problem: StationaryProblem, u: np.ndarray, eps: float) -> tuple[in
     radius = float(np.max(np.abs(values)))
     neutral = 1
     if problem.geometry == "circle":
-        neutral = 3 if amplitude(problem, u) > 1e-8 else 2
+        u = np.asarray(u, float)
+        clustered = np.ptp(u) > 1e-10 * problem.density_uniform  # not uniform: it can rotate
+        neutral = 3 if clustered else 2
     order = np.argsort(np.abs(values))
     rest = np.delete(values, order[:neutral])
     rates = np.sort(rest.real)[::-1]
