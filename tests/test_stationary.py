@@ -120,6 +120,43 @@ def test_clustered_state_against_trapezoid_nystrom():
     assert abs(st.free_energy(problem, u, eps_a) - f_ref) < 1e-11 * abs(f_ref)
 
 
+def test_zonal_state_against_polar_angle_quadrature():
+    """A clustered zonal state on S^2 against an independent solve: Gauss-Legendre in the
+    polar angle (weight 2 pi sin theta; other nodes than the grid's latitudes) with the
+    kernel's phi-integral by the trapezoid rule (no Bessel function), by scipy's
+    newton_krylov."""
+    beta = 5.0
+    problem = st.stationary_problem("sphere", 64, beta)
+    exact = st.linear_threshold("sphere", beta)
+    guess = st.uniform(problem) * np.exp(3.0 * problem.centres)
+    u, eps = ct.amplitude_state(problem, 0.85, guess / (problem.measure @ guess), 1.3 * exact)
+    m, k = 160, 64
+    nodes, gauss = np.polynomial.legendre.leggauss(m)
+    theta = 0.5 * np.pi * (nodes + 1)
+    weights = 2 * np.pi * np.sin(theta) * 0.5 * np.pi * gauss  # dA of each polar node
+    phi = 2 * np.pi * np.arange(k) / k
+    z, s = np.cos(theta), np.sin(theta)
+    dot = z[:, None, None] * z[None, :, None] + s[:, None, None] * s[None, :, None] * np.cos(phi)
+    kernel = np.exp(beta * dot).mean(axis=2)  # (1 / 2 pi) int e^{beta <x, y>} dphi
+    kernel = kernel * weights[None, :]
+
+    def fixed_point(rho):
+        psi = kernel @ rho / (beta * eps)
+        g = np.exp(psi - psi.max())
+        return rho - g / (weights @ g)
+
+    start = np.interp(z, problem.centres, u)
+    reference = newton_krylov(fixed_point, start / (weights @ start), f_tol=1e-13)
+    a_ref = weights @ (reference * z)
+    f_ref = weights @ (
+        eps * reference * np.log(reference) - reference * (kernel @ reference) / (2 * beta)
+    )
+    f = st.free_energy(problem, u, eps)
+    print(f"\nzonal state at eps = {eps:.12f}: a 0.85 ({a_ref:.15f}), F {f:.15f} ({f_ref:.15f})")
+    assert abs(a_ref - 0.85) < 1e-9
+    assert abs(f - f_ref) < 1e-9 * abs(f_ref)
+
+
 def test_transition_beta_against_bessel_ratio():
     print("\nbeta*: the sign change of d^2 eps / da^2 against I_{d/2+1} / I_{d/2} = 1/d")
     for geometry, cells, bracket in (("circle", 32, (2.0, 3.0)), ("sphere", 24, (1.4, 2.4))):

@@ -259,6 +259,8 @@ def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | N
                     )
                     start = j
         a = ds.attrs
+        ax.plot([], [], "-", color="C0", label="stable")
+        ax.plot([], [], "--", color="C0", label="unstable")
         ax.plot([a["eps_threshold"]], [0.0], "ks", ms=5, label="linear threshold")
         if math.isfinite(a["eps_fold"]):
             ax.plot([a["eps_fold"]], [a["amplitude_fold"]], "v", color="C3", label="fold")
