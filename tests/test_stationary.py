@@ -228,7 +228,9 @@ def test_phase_diagram_on_dask():
 
     from tpde.continuation import phase_diagram
 
-    with Client(processes=False, n_workers=1, threads_per_worker=2) as client:
+    with Client(
+        processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0"
+    ) as client:
         ds = phase_diagram("circle", [2.0, 3.0], cells=64, scheduler=client)
     print(ds[["eps_threshold", "eps_fold", "eps_first_order", "transition"]].to_dataframe())
     assert list(ds["transition"].values) == ["continuous", "discontinuous"]

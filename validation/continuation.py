@@ -51,7 +51,7 @@ __all__ = [
 
 #: continuation steps: initial, largest and smallest arclength (scaled units)
 DS_INITIAL = 0.05
-DS_MAX = 0.25
+DS_MAX = 0.12
 DS_MIN = 1e-7
 #: Newton iterations aimed at per step (the step grows below, shrinks above)
 NEWTON_TARGET = 4
