@@ -374,6 +374,10 @@ def plot_phase_diagram(ds, path: str | Path) -> Path:
     ax.plot(beta, np.ones_like(beta), "k-", label="linear threshold")
     ax.plot(beta, ds["eps_fold"].values / ref, "C3--", label="fold (clustered states appear)")
     ax.plot(beta, ds["eps_first_order"].values / ref, "C2-", label="first-order point")
+    fold = np.where(np.isfinite(ds["eps_fold"].values), ds["eps_fold"].values, ref) / ref
+    first = ds["eps_first_order"].values / ref
+    ax.fill_between(beta, first, fold, color="C3", alpha=0.12, label="cluster metastable")
+    ax.fill_between(beta, 1.0, first, color="C2", alpha=0.12, label="uniform metastable")
     ax.axvline(ds.attrs["beta_star_closed_form"], color="0.5", lw=0.8, ls=":", label="beta*")
     ax.set_xlabel("beta")
     ax.set_ylabel("eps / eps_c(beta)")
