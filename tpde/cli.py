@@ -12,6 +12,7 @@
     tpde --version
     tpde validate [--suite quick|full] [-o DIR] [--threads N]
     tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [--threads N] [-o DIR] [--quiet]
+    tpde continue CONFIG.toml [-o OUT.nc] [--workers N]   # stationary branches / phase diagram
 
 ``--threads N``: the threads of the compiled loops (default: the cores that other processes
 leave free, at least one; a sweep splits the cores between its workers; docs/user-guide.md,
@@ -166,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="report directory (report.md and figures; default ./validation-report)",
     )
     _threads_option(validate)
+    cont = sub.add_parser(
+        "continue", help="stationary branches by continuation in eps (or a phase diagram)"
+    )
+    cont.add_argument(
+        "config", type=Path, help="TOML with a [continuation] table (docs/user-guide.md)"
+    )
+    cont.add_argument("-o", "--output", type=Path, default=None, help="NetCDF output")
+    cont.add_argument("--workers", type=int, default=None, help="dask workers of a phase diagram")
     sweep = sub.add_parser("sweep", help="run a parameter grid of configurations on dask")
     sweep.add_argument(
         "sweep", type=Path, help="sweep TOML (see docs/user-guide.md, Parameter sweeps)"
@@ -456,6 +465,13 @@ def cmd_info(args) -> int:
 
     if args.file.is_file() and _summary_file(args.file):
         return _info_summary(args.file)
+    if args.file.is_file() and args.file.suffix == ".nc":
+        from tpde.continuation import info
+
+        lines = info(args.file)  # a file of `tpde continue`
+        if lines is not None:
+            print("\n".join(lines))
+            return 0
     if args.file.is_file() and _sphere_file(args.file):
         from tpde.sphere import sphere_info
 
@@ -719,6 +735,29 @@ def cmd_validate(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_continue(args) -> int:
+    from tpde.config import ConfigError
+    from tpde.continuation import run_file
+
+    try:
+        ds, (out, figure) = run_file(args.config, args.output, args.workers)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    a = ds.attrs
+    if "eps_threshold" in a:
+        print(
+            f"{a['geometry']} beta = {a['beta']:g} ({a['model']}): threshold "
+            f"{a['eps_threshold']:.10g} (closed form {a['eps_threshold_closed_form']:.10g}), "
+            f"{a['transition']}, fold {a['eps_fold']:.10g}, first-order "
+            f"{a['eps_first_order']:.10g}; branch ended: {a['status']} at eps = "
+            f"{a['status_eps']:.6g}"
+        )
+    else:
+        print(f"phase diagram over {ds.sizes['beta']} betas ({a['geometry']}, {a['model']})")
+    print(f"output: {out}\nfigure: {figure}")
+    return 0
+
+
 def cmd_sweep(args) -> int:
     from collections import Counter
 
@@ -758,6 +797,7 @@ def cmd_sweep(args) -> int:
 
 
 COMMANDS = {
+    "continue": cmd_continue,
     "run": cmd_run,
     "info": cmd_info,
     "plot": cmd_plot,
