@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         choices=("quick", "full"),
         default="quick",
-        help="quick: about a minute on 2 cores; full: 15-20 minutes",
+        help="quick: 18 checks (11 min measured on 2 busy cores); full: 31 checks (22 min)",
     )
     validate.add_argument(
         "-o",
@@ -709,7 +709,7 @@ def cmd_sweep(args) -> int:
     )
     by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(ranks.items()))
     print(
-        f"{a['runs']} runs: {a['converged']} converged"
+        f"{a['runs']} runs: {a['converged']} reached t_end (converged)"
         + (f" ({by_rank})" if ranks else "")
         + f", {a['blowup']} blowup, {a['mass_left']} mass_left, {a['failed']} failed; "
         f"{a['skipped']} skipped (done before)"
