@@ -1091,7 +1091,7 @@ _STYLES = {
 
 def _category(outcome: str, rank: int) -> tuple[str, str, str]:
     if outcome == "converged":
-        return (f"converged, rank {rank}", "o", _RANK_COLOURS[min(rank, 4)])
+        return (f"reached t_end, rank {rank}", "o", _RANK_COLOURS[min(rank, 4)])
     marker, colour = _STYLES.get(outcome, _STYLES["failed"])
     return (outcome.replace("_", " "), marker, colour)
 
