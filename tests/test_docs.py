@@ -457,3 +457,22 @@ def test_no_doc_example_is_left_unmarked_by_accident():
                 if not lines[i + 1].startswith("tpde "):
                     unmarked.append(f"{page.relative_to(ROOT)}:{i + 1}")
     assert not unmarked, f"unmarked example blocks: {unmarked}"
+
+
+#: the size limits of the entry pages: the README fits in a head, a guide page in one sitting
+README_LINES, GUIDE_PAGE_LINES = 120, 300
+
+
+def test_readme_and_guide_pages_stay_short():
+    sizes = {ROOT / "README.md": README_LINES, ROOT / "docs" / "user-guide.md": GUIDE_PAGE_LINES}
+    for page in [
+        *(ROOT / "docs" / "guide").glob("*.md"),
+        *(ROOT / "docs" / "reference").glob("*.md"),
+    ]:
+        sizes[page] = GUIDE_PAGE_LINES
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p, limit in sizes.items()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit
+    }
+    assert not long, f"pages over their line limit: {long}"
