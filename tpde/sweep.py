@@ -1176,7 +1176,7 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
         elif others:
             ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)
         ax.grid(alpha=0.3)
-    rank = [o.replace("_", " ") for o in OUTCOMES]
+    rank = [_category(o, 0)[0].split(",")[0] for o in OUTCOMES]  # the legend's order
     order = sorted(dict.fromkeys(cats), key=lambda c: (rank.index(c[0].split(",")[0]), c[0]))
     counts = {c[0]: sum(k[0] == c[0] for k in cats) for c in order}
     handles = [
