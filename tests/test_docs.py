@@ -476,3 +476,25 @@ def test_readme_and_guide_pages_stay_short():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit
     }
     assert not long, f"pages over their line limit: {long}"
+
+
+GUIDE_CITATION = re.compile(r"user-guide\.md[,:] ['\"]([^'\"\n<]+)['\"]")
+
+
+def test_cited_user_guide_sections_exist():
+    """Code and messages cite ``docs/user-guide.md, '<section title>'``: each title begins a
+    heading of docs/user-guide.md (the index keeps the former sections' titles)."""
+    headings = [
+        m.group(1)
+        for line in (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8").splitlines()
+        if (m := re.match(r"^#{1,6}\s+(.*?)\s*$", line))
+    ]
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.toml"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    missing = []
+    for name in tracked:
+        for match in GUIDE_CITATION.finditer((ROOT / name).read_text(encoding="utf-8")):
+            if not any(h.startswith(match.group(1)) for h in headings):
+                missing.append(f"{name}: {match.group(1)!r}")
+    assert tracked and not missing, f"citations of missing user-guide sections: {missing}"
