@@ -104,8 +104,8 @@ def render_config() -> str:
                 "### Attention keys each variant reads",
                 "",
                 "Read from each variant's constructor and head class "
-                "(`tpde.config.variant_keys`); `variant`, `masked`, `heads` and `layers` "
-                "apply to all.",
+                "(`tpde.config.variant_keys`); `variant`, `heads`, `layers` and `masked` "
+                "apply to all (`masked`: not sinkhorn).",
                 "",
                 "| variant | options | head keys |",
                 "|---|---|---|",
