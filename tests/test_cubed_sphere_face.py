@@ -458,17 +458,18 @@ def test_info_prints_the_interaction_energy(tmp_path, capsys):
 
 
 def test_user_guide_snippet_reads_the_diagnostics(tmp_path, capsys):
-    """The xarray snippet of docs/user-guide.md ('The sphere', Diagnostics), run as printed
-    on a small file of the uniform law with ``beta = 4`` (stationary): ``E(t) = sinh(beta) /
-    (2 beta^2)`` at every snapshot, ``A_l = 0`` for ``l >= 1``, no clusters, and a W2 from the
-    density to 300 tokens sampled from it of the order of their sampling noise."""
+    """The xarray snippet of docs/guide/circle-and-sphere.md ('The sphere', Diagnostics), run
+    as printed on a small file of the uniform law with ``beta = 4`` (stationary):
+    ``E(t) = sinh(beta) / (2 beta^2)`` at every snapshot, ``A_l = 0`` for ``l >= 1``, no
+    clusters, and a W2 from the density to 300 tokens sampled from it of the order of their
+    sampling noise."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide.md").read_text()
-    section = guide.split("\n## The sphere\n")[1].split("\n## ")[0]
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guide" / "circle-and-sphere.md"
+    section = guide.read_text().split("\n## The sphere\n")[1].split("\n## ")[0]
     snippet = section.split("```python\n")[1].split("```")[0]
     assert "energy_interaction" in snippet and "sphere_w2" in snippet
     run, tokens, config = tmp_path / "run.nc", tmp_path / "tokens.nc", tmp_path / "u.toml"

@@ -703,7 +703,7 @@ def test_scheduler_security_and_docs(folder):
     check_scheduler("tls://10.0.0.5:8786", loaded)
     with pytest.raises(ConfigError, match="--scheduler: --security needs a tls"):
         check_scheduler("tcp://10.0.0.5:8786", loaded)
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "user-guide.md").read_text()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "sweeps.md").read_text()
     assert "unpickle" in guide and "--security" in guide and "TLS" in guide
     held("7", 1)
 

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         choices=("quick", "full"),
         default="quick",
-        help="quick: about a minute on 2 cores; full: 15-20 minutes",
+        help="quick: 18 checks (11 min measured on 2 busy cores); full: 31 checks (22 min)",
     )
     validate.add_argument(
         "-o",
@@ -787,10 +787,7 @@ def cmd_sweep(args) -> int:
         if o == "converged"
     )
     by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(ranks.items()))
-    counts = outcome_counts(a)
-    if ranks:  # the converged runs by the rank of their limit
-        counts = counts.replace(" converged", f" converged ({by_rank})", 1)
-    print(f"{a['runs']} runs: {counts}; {a['skipped']} skipped (done before)")
+    print(f"{a['runs']} runs: {outcome_counts(a, by_rank)}; {a['skipped']} skipped (done before)")
     out = Path(a["output"])
     print(f"runs: {out / 'runs'}\nsummary: {out / 'summary.nc'}\nfigure: {out / 'phase.png'}")
     return 0

@@ -77,6 +77,7 @@ from tpde.grid import (
     uniform_ball,
     uniform_box,
 )
+from tpde.schema import FLAT
 from tpde.schemes.frame import AffineFrame, mixture_frame
 from tpde.schemes.monitor import BOX_ACTIONS
 from tpde.schemes.solver import Problem, Scheme
@@ -92,38 +93,15 @@ from tpde.variants import (
 )
 from tpde.variants.parameters import ParameterError, checked_matrix
 
+#: the known keys of each section: [grid], [initial] and [run] from the documented schema
+#: (tpde.schema, whose table docs/reference/config.md is generated from), [attention] and
+#: [scheme] from the code that reads them (below)
 SECTIONS = {
-    "grid": {"lower", "upper", "cells", "boundary", "positions", "sink_mass", "geometry"},
-    "initial": {
-        "kind",
-        "mean",
-        "covariance",
-        "weights",
-        "means",
-        "covariances",
-        "center",
-        "radius",
-        "lower",
-        "upper",
-        "file",
-        "deposit",
-        "snapshot",
-        "mean_drift",
-    },
+    "grid": set(FLAT["grid"]),
+    "initial": set(FLAT["initial"]),
     "attention": set(),  # ATTENTION_KEYS, below: read from the variants
     "scheme": set(),  # the fields of tpde.schemes.solver.Scheme
-    "run": {
-        "t_end",
-        "snapshots",
-        "output",
-        "max_outflow",
-        "t_start",
-        "box_tolerance",
-        "box_action",
-        "collapse_ratio",
-        "resolution_tolerance",
-        "resolution_action",
-    },
+    "run": set(FLAT["run"]),
 }
 
 # ---- the attention schema, read from the variants ---------------------------------------------

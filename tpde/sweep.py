@@ -455,11 +455,15 @@ def classify(
     return out
 
 
-def outcome_counts(attrs: Mapping[str, Any]) -> str:
-    """``11 converged (rank 1: 4, rank 2: 7), 0 blowup, 0 mass_left, 53 box_limited, 0
-    failed, 0 under_resolved``: every outcome of :data:`OUTCOMES` a summary's attributes
-    count (``ranks``: the converged runs per rank, if known), so none can go unsaid."""
-    return ", ".join(f"{attrs.get(o, '?')} {o}" for o in OUTCOMES)
+def outcome_counts(attrs: Mapping[str, Any], ranks: str = "") -> str:
+    """``11 converged (reached t_end; rank 1: 4, rank 2: 7), 0 blowup, 0 mass_left, 53
+    box_limited, 0 failed, 0 under_resolved``: every outcome of :data:`OUTCOMES` a summary's
+    attributes count (``ranks``: the converged runs per rank, if known), so none can go
+    unsaid. ``converged`` means the run reached t_end; the rank is that of its last
+    covariance."""
+    said = {o: f"{attrs.get(o, '?')} {o}" for o in OUTCOMES}
+    said["converged"] += " (reached t_end" + (f"; {ranks})" if ranks else ")")
+    return ", ".join(said[o] for o in OUTCOMES)
 
 
 def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict:
@@ -1100,7 +1104,7 @@ _STYLES = {
 
 def _category(outcome: str, rank: int) -> tuple[str, str, str]:
     if outcome == "converged":
-        return (f"converged, rank {rank}", "o", _RANK_COLOURS[min(rank, 4)])
+        return (f"reached t_end, rank {rank}", "o", _RANK_COLOURS[min(rank, 4)])
     marker, colour = _STYLES.get(outcome, _STYLES["failed"])
     return (outcome.replace("_", " "), marker, colour)
 
@@ -1185,7 +1189,7 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
         elif others:
             ax.set_title(f"overlaid (offset per value of {', '.join(others)})", fontsize=8)
         ax.grid(alpha=0.3)
-    rank = [o.replace("_", " ") for o in OUTCOMES]
+    rank = [_category(o, 0)[0].split(",")[0] for o in OUTCOMES]  # the legend's order
     order = sorted(dict.fromkeys(cats), key=lambda c: (rank.index(c[0].split(",")[0]), c[0]))
     counts = {c[0]: sum(k[0] == c[0] for k in cats) for c in order}
     handles = [

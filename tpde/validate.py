@@ -4,11 +4,12 @@
 
 Three independent descriptions of the same dynamics are compared (tpde.studies):
 the grid solution, the interacting tokens and, for Gaussian data, the mean/covariance ODEs
-(docs/theory.md, 'The Transformer PDE' and 'Gaussian closures'). The quick suite (about a
-minute on 2 cores) covers every variant on 1-D and 2-D, Gaussian and non-Gaussian data;
-the full suite adds the 2-D refinement of all five closed-form variants to 128^2, the 2-D
-mean-field study with n up to 3 x 10^4 tokens and the 2-D masked check (about 15-20
-minutes). The report is ``DIR/report.md`` with its figures (``covariance.png``,
+(docs/theory.md, 'The Transformer PDE' and 'Gaussian closures'). The quick suite (18
+checks; 11 minutes measured on 2 cores shared at a load of 10-14) covers every variant on
+1-D and 2-D, Gaussian and non-Gaussian data; the full suite adds the 2-D refinement of all
+five closed-form variants to 128^2, the 2-D mean-field study with n up to 3 x 10^4 tokens
+and the 2-D masked check (31 checks; 22 minutes measured on a loaded 2-core machine). The
+report is ``DIR/report.md`` with its figures (``covariance.png``,
 ``mean_field.png``); the exit code is 1 if any check fails.
 """
 
