@@ -202,10 +202,14 @@ _COMMENTS = {
 PHYSICAL = "physical_"
 #: ``density``'s attributes in a co-moving-frame file: it is mass per frame volume
 FRAME_DENSITY_ATTRIBUTES = {
-    "long_name": "token density per frame-coordinate volume",
+    "long_name": "density per frame-coordinate volume",
     "comment": "cell averages in the frame coordinates xi of x = m + L xi; the physical "
     "density is density / frame_jacobian (tpde.io.physical_density)",
 }
+#: where an energy record's theory is told (its ``comment``)
+ENERGY_COMMENT = (
+    "docs/theory.md, 'Gradient flows and energies' and 'Energies and Lyapunov functions'"
+)
 #: the attributes of :func:`physical_density`
 PHYSICAL_DENSITY_ATTRIBUTES = {
     "long_name": "token density (physical space)",
@@ -1618,6 +1622,7 @@ class SnapshotWriter(OutputWriter):
                 var.setncatts(
                     {
                         "long_name": str(getattr(value, "long_name", "") or name),
+                        "comment": ENERGY_COMMENT,
                         "formula": str(getattr(value, "formula", "")),
                         "units": "1",
                         "monotone": monotone,
