@@ -118,6 +118,13 @@ def problems(fig: Figure) -> list[str]:
                 for b, box_b in boxes[i + 1 :]:
                     if _overlap(box_a, box_b, TICK_GAP):
                         found.append(f"tick labels overlap: {a!r} / {b!r}")
+    for ax in fig.get_axes():  # a note written in axes coordinates stays in its axes
+        frame = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            inside = box.x0 >= frame.x0 - SLACK and box.x1 <= frame.x1 + SLACK
+            if text.get_transform() == ax.transAxes and not inside:
+                found.append(f"a note runs out of its axes: {text.get_text()!r}")
     found += _missing_colour_bars(fig)
     return found
 
@@ -265,7 +272,7 @@ def test_flat_run_figures(files, tmp_path):
         ulps = 1.0 + np.array([0.0, 2.2e-16, -4.4e-16, 1.1e-16])
         conserved = ds.assign(mass=("time", ulps), outflow=("time", np.zeros(4)))
         fig = plots.mass_figure(conserved)
-        assert problems(fig) == [] and "drift: zero to round-off (|.| <= 4.4e-16)" in all_text(fig)
+        assert problems(fig) == [] and "drift:\nzero to round-off (|.| <= 4.4e-16)" in all_text(fig)
     for name in ("line", "cube"):
         assert problems(plots.density_figure(files[name])) == [], name
     assert problems(plots.projection_figure(files["cube"])) == []
@@ -283,7 +290,7 @@ def test_round_off_is_said_not_drawn(files):
         fig = plots.moments_figure(ds)
     assert problems(fig) == []
     ax_mean = fig.axes[0]
-    assert not ax_mean.lines and "mean x, mean y: zero to round-off (|.| <= " in all_text(fig)
+    assert not ax_mean.lines and "mean x, mean y:\nzero to round-off (|.| <= " in all_text(fig)
     fig = plots.moments_figure(files["flat"])
     assert len(fig.axes[0].lines) == 2 and "round-off" not in all_text(fig)
 
@@ -376,6 +383,12 @@ def test_compare_figure(files):
     # (E(t) - E(0)) / |E(0)|: 1.4 - 0.2 t and 1e8 (1 + 0.01 t) on one readable axis
     assert curves["trace Lyapunov function"][-1] == pytest.approx(-0.3 / 1.4, rel=1e-12)
     assert curves["interaction energy"][-1] == pytest.approx(0.015, rel=1e-9)
+    (ax_mean,) = [ax for ax in fig.axes if ax.get_title().startswith("mean (colour")]
+    assert len(ax_mean.lines) == 4 and "round-off" not in all_text(fig)
+    fig = plots.compare_figure(files["frame"])  # its mean: 0 to round-off
+    assert problems(fig) == []
+    (ax_mean,) = [ax for ax in fig.axes if ax.get_title().startswith("mean (colour")]
+    assert not ax_mean.lines and "mean of the grid run:\nzero to round-off" in all_text(fig)
 
 
 def test_circle_figures(files, tmp_path):

@@ -229,7 +229,7 @@ def test_mass_figure_and_status_title():
     drift = np.abs(total - total[0]).max()
     assert drift <= 1e-12 and not fig.axes[1].lines
     notice = [t.get_text() for t in fig.axes[1].texts]
-    assert notice == [f"drift: zero to round-off (|.| <= {drift:.1e})"]
+    assert notice == [f"drift:\nzero to round-off (|.| <= {drift:.1e})"]
     ds["covariance"][-1] = np.nan  # a blow-up leaves a gap, not an exception
     eig = plots.moments_figure(ds, log=True).axes[1].lines[0].get_ydata()
     assert np.isnan(eig[-1]) and np.isfinite(eig[:-1]).all()

@@ -271,7 +271,7 @@ def _roundoff_notice(ax: Axes, what: str, bound: float, y: float = 0.5) -> None:
     ax.text(
         0.5,
         y,
-        f"{what}: zero to round-off (|.| <= {bound:.1e})",
+        f"{what}:\nzero to round-off (|.| <= {bound:.1e})",
         ha="center",
         va="center",
         transform=ax.transAxes,
@@ -1307,12 +1307,31 @@ def compare_figure(
     ax_mean, ax_eig, ax_diff, ax_w, ax_energy, ax_info = bottom.subplots(2, 3).ravel()
     labels = {**labels, "tokens": "tokens"}  # the moments are the tokens', not the histogram's
     curves = {name: _moments_of(ds, d) for name, ds in present.items()}
+    zero: list[tuple[str, float]] = []  # (whose mean, bound): zero to round-off, not drawn
     for name, (tt, mean, cov) in curves.items():
         eig = _eigenvalues(cov)
+        traces = np.trace(cov, axis1=1, axis2=2)
+        spread = float(np.sqrt(np.nanmax(traces))) if np.isfinite(traces).any() else np.nan
+        bounds = [_roundoff(mean[:, k], spread) for k in range(d)]
+        if all(b is not None for b in bounds):
+            zero.append((labels[name], max(b for b in bounds if b is not None)))
         for k in range(d):
-            for ax, values in ((ax_mean, mean), (ax_eig, eig)):
-                label = f"{labels[name]}" if k == 0 else None
-                ax.plot(tt, values[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+            label = f"{labels[name]}" if k == 0 else None
+            if bounds[k] is None:
+                ax_mean.plot(tt, mean[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+            ax_eig.plot(tt, eig[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+    if zero:
+        _roundoff_notice(
+            ax_mean,
+            "mean of the " + ", ".join(who for who, _ in zero),
+            max(b for _, b in zero),
+            0.5 if not ax_mean.lines else 0.15,
+        )
+        if not ax_mean.lines:
+            ax_mean.set_yticks([])
+            run_times = curves["grid"][0]
+            if run_times.size > 1 and run_times[-1] > run_times[0]:
+                ax_mean.set_xlim(run_times[0], run_times[-1])
     ax_mean.set_title("mean (colour: component)")
     ax_eig.set_title("covariance eigenvalues")
     if np.all([np.nanmin(_eigenvalues(c[2])) > 0 for c in curves.values()]):
@@ -1451,11 +1470,12 @@ def _relative_energies(ax: Axes, run: xr.Dataset, t: np.ndarray, energies: list[
         else:
             words += " (absolute)"
         ax.plot(t, values, "-", color=f"C{k}", label=words)
-    ax.set_ylabel("(E(t) - E(0)) / |E(0)|", fontsize="small")
     ax.set_title("energies of the grid run: relative change")
     if energies:
+        ax.set_ylabel("(E(t) - E(0)) / |E(0)|", fontsize="small")
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
     else:
+        ax.set_yticks([])
         ax.text(
             0.5,
             0.5,
