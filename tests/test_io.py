@@ -107,7 +107,7 @@ def test_round_trip(tmp_path, d):
         coord = ds[name]
         assert np.array_equal(coord.values, grid.centres(a))
         assert coord.attrs["units"] == "1" and coord.attrs.get("axis") == {"z": "Z"}.get(name)
-        assert coord.attrs["long_name"] == f"token coordinate {a + 1} (cell centre)"
+        assert coord.attrs["long_name"] == f"token coordinate {a + 1}"  # (xarray's label)
         assert coord.attrs["bounds"] == f"{name}_bounds"
         bounds = ds[f"{name}_bounds"]
         assert bounds.dims == (name, "nv")

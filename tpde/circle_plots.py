@@ -2,14 +2,19 @@
 
 ``space_time_figure``: the density over angle and time (clusters forming from noise);
 ``ring_figure``: snapshots drawn around the circle with the clusters marked;
-``modes_figure``: the Fourier mode amplitudes ``|c_k(t)|`` and the interaction energy.
-``circle_figures`` writes all three (``tpde plot`` calls it for circle files). The reading
-helpers take a Dataset or a path of a tpde output.
+``modes_figure``: the Fourier mode amplitudes ``|c_k(t)|`` and the interaction energy;
+``snapshots_figure``: density snapshots in stacked panels (``tpde plot``'s ``density.png`` of a
+circle run: overlaid on one axes, the later ones hid the earlier); ``order_figure``: the order
+parameter ``|<e^{i theta}>|``, the first mode amplitudes and the cluster count against time
+(``moments.png``: the mean and variance of an angle mean little on the circle).
+``circle_figures`` writes the first three. The reading helpers take a Dataset or a path of a
+tpde output.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +30,33 @@ __all__ = [
     "circle_series",
     "is_circle_file",
     "modes_figure",
+    "order_figure",
     "ring_figure",
+    "snapshots_figure",
     "space_time_figure",
 ]
 
 DPI = 150
+#: snapshots in the stacked density figure (the first and the last among them)
+SNAPSHOTS = 5
+#: mode amplitudes drawn in the order figure (k = m, 2m, ..: the first ones)
+FIRST_MODES = 4
+#: a snapshot whose density / uniform varies by less than this is drawn around 1, not from 0
+NEARLY_UNIFORM = 0.5
+
+
+def _figure(width: float, height: float) -> Figure:
+    """A constrained-layout figure on its own Agg canvas (drawable and savable, no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _angle_ticks(ax) -> None:
+    ax.set_xlim(0.0, TWO_PI)
+    ax.set_xticks(np.linspace(0.0, TWO_PI, 5), ["0", "pi/2", "pi", "3pi/2", "2pi"])
 
 
 def _dataset(ds: xr.Dataset | str | os.PathLike[str]) -> xr.Dataset:
@@ -57,6 +84,7 @@ def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, Any]:
         "density": density,
         "copies": copies,
         "grid": circle_grid(density.shape[-1], copies),
+        "title": " ".join(str(ds.attrs.get("title", "")).split())[:80].replace("$", r"\$"),
         "energy": (
             np.asarray(ds["energy_interaction"].values, float)
             if "energy_interaction" in ds
@@ -81,7 +109,7 @@ def space_time_figure(
     uniform density up, with the clusters of the last snapshot marked."""
     s = circle_series(ds)
     theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
-    fig = Figure(figsize=(6.4, 4.8), layout="constrained")
+    fig = _figure(6.4, 4.8)
     ax = fig.add_subplot()
     uniform = 1.0 / TWO_PI
     h = theta[1] - theta[0]
@@ -118,7 +146,7 @@ def ring_figure(
     s = circle_series(ds)
     theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
     picks = np.unique(np.linspace(0, len(s["time"]) - 1, count).round().astype(int))
-    fig = Figure(figsize=(3.2 * len(picks), 3.4), layout="constrained")
+    fig = _figure(3.2 * len(picks), 3.4)
     closed = np.append(theta, theta[0] + TWO_PI)
     for i, index in enumerate(picks):
         ax = fig.add_subplot(1, len(picks), i + 1, projection="polar")
@@ -144,7 +172,7 @@ def modes_figure(ds: xr.Dataset | str | os.PathLike[str], k_max: int = 20) -> Fi
     top = min(k_max, s["copies"] * (grid.cells[0] // 2 - 1))
     modes = fourier_modes(s["density"], grid, top)
     amplitude = np.abs(modes) / np.abs(modes[..., :1])
-    fig = Figure(figsize=(9.6, 3.8), layout="constrained")
+    fig = _figure(9.6, 3.8)
     ax = fig.add_subplot(1, 2, 1)
     ks = s["copies"] * np.arange(amplitude.shape[-1])
     colours = iter(np.linspace(0.0, 1.0, max(len(ks) - 1, 1)))
@@ -161,9 +189,89 @@ def modes_figure(ds: xr.Dataset | str | os.PathLike[str], k_max: int = 20) -> Fi
     ax2 = fig.add_subplot(1, 2, 2)
     if s["energy"] is not None:
         ax2.plot(s["time"], s["energy"], color="C1")
-        ax2.set_ylabel("E = 1/(2 beta) iint exp(beta cos) dmu dmu")
+        ax2.set_ylabel("E = 1/(2 beta) iint exp(beta cos) dmu dmu", fontsize="small")
     ax2.set_xlabel("t")
     ax2.set_title("interaction energy")
+    return fig
+
+
+def snapshots_figure(
+    ds: xr.Dataset | str | os.PathLike[str],
+    times: Sequence[float] | None = None,
+    threshold: float = 2.0,
+) -> Figure:
+    """Density snapshots in stacked panels, one per time (default: ``SNAPSHOTS`` evenly
+    spaced ones; ``times`` snap to the nearest stored), in units of the uniform density
+    ``1 / (2 pi)``, each on its own scale: from 0 once the density has structure, around 1
+    while it is nearly uniform (the noise it starts from stays visible). The clusters (local
+    maxima above ``threshold`` times uniform, :func:`tpde.grid.circle.clusters`) are marked
+    and counted in each panel's title."""
+    s = circle_series(ds)
+    theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
+    t = s["time"]
+    if times is None:
+        picks = np.unique(np.linspace(0, t.size - 1, min(SNAPSHOTS, t.size)).round().astype(int))
+    else:
+        picks = np.unique([int(np.argmin(np.abs(t - w))) for w in np.atleast_1d(times)])
+    fig = _figure(7.0, 1.35 * len(picks) + 1.0)
+    axes = fig.subplots(len(picks), 1, sharex=True, squeeze=False)[:, 0]
+    uniform = 1.0 / TWO_PI
+    for ax, index in zip(axes, picks, strict=True):
+        ratio = rho[index] / uniform
+        ax.plot(theta, ratio, color="C0", lw=1.2)
+        angles, _ = clusters(s["density"][index], s["grid"], threshold)
+        angles, _ = _full_circle(angles, np.zeros(angles.size), s["copies"])
+        if angles.size:
+            ax.plot(angles, np.interp(angles, theta, ratio), "v", color="C3", ms=5)
+        finite = ratio[np.isfinite(ratio)]
+        if finite.size and np.ptp(finite) > NEARLY_UNIFORM:
+            ax.set_ylim(bottom=0.0)
+        ax.locator_params(axis="y", nbins=3)
+        ax.set_title(f"t = {t[index]:.4g}: {angles.size} clusters", fontsize="small", loc="right")
+        ax.grid(True, alpha=0.3)
+    _angle_ticks(axes[-1])
+    axes[-1].set_xlabel("theta")
+    fig.supylabel("density / uniform density (own scale per panel)", fontsize="medium")
+    fig.suptitle("density on the circle (markers: clusters)", fontsize="medium")
+    return fig
+
+
+def order_figure(ds: xr.Dataset | str | os.PathLike[str], threshold: float = 2.0) -> Figure:
+    """What an angle's moments would say, in the circle's own terms, against time: the order
+    parameter ``R = |<e^{i theta}>| = |c_1| / c_0`` (0: spread out or symmetric, 1: one
+    point mass; an m-fold run has ``c_1 = 0`` by symmetry, so ``|c_m| / c_0`` is drawn), the
+    first ``FIRST_MODES`` mode amplitudes ``|c_k| / c_0`` (log scale: their growth from
+    noise) and the number of clusters (:func:`tpde.grid.circle.clusters`)."""
+    s = circle_series(ds)
+    grid, m, t = s["grid"], s["copies"], s["time"]
+    top = min(FIRST_MODES, grid.cells[0] // 2 - 1)
+    modes = fourier_modes(s["density"], grid, m * top)
+    amplitude = np.abs(modes) / np.maximum(np.abs(modes[..., :1]), 1e-300)
+    counts = [clusters(rho, grid, threshold)[0].size * m for rho in s["density"]]
+    fig = _figure(12.0, 3.8)
+    ax_r, ax_k, ax_c = fig.subplots(1, 3)
+    order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
+    ax_r.plot(t, amplitude[:, 1], color="k")
+    ax_r.set_ylim(0.0, 1.05)
+    ax_r.set_ylabel(order)
+    ax_r.set_title("order parameter", fontsize="medium")
+    for j in range(1, amplitude.shape[-1]):
+        ax_k.semilogy(
+            t, np.maximum(amplitude[:, j], 1e-18), color=f"C{j - 1}", label=f"k = {j * m}"
+        )
+    ax_k.set_ylabel("|c_k| / c_0")
+    ax_k.set_title("first Fourier modes", fontsize="medium")
+    ax_k.legend(fontsize="small")
+    ax_c.step(t, counts, where="post", color="C3")
+    ax_c.set_ylim(bottom=0)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)
+    ax_c.set_ylabel("clusters")
+    ax_c.set_title(f"clusters (maxima above {threshold:g} x uniform)", fontsize="medium")
+    for ax in (ax_r, ax_k, ax_c):
+        ax.set_xlabel("t")
+        ax.grid(True, alpha=0.3)
+    title = str(s.get("title", "") or "")
+    fig.suptitle(f"{title}: order and clusters" if title else "order and clusters")
     return fig
 
 

@@ -67,18 +67,19 @@ __all__ = [
 
 MONOTONE = ("increasing", "decreasing", "none")
 
-#: name -> (long_name, formula) of each energy (the attributes of its output record)
+#: name -> (long_name, formula) of each energy (the attributes of its output record; the
+#: long_name short, for xarray's plot labels: the reference is the record's ``comment``)
 DESCRIPTIONS = {
     "trace_lyapunov": (
-        "trace of V^-1 times the covariance (Lyapunov function, docs/theory.md, 'Closed forms')",
+        "trace Lyapunov function tr(V^-1 Sigma)",
         "tr(V^-1 Sigma)",
     ),
     "interaction": (
-        "interaction energy (docs/theory.md, 'Gradient flows and energies')",
+        "interaction energy",
         "1/2 iint exp(<A x, y>) rho(x) rho(y) dx dy",
     ),
     "sinkhorn_self_cost": (
-        "half the entropic self-transport cost (docs/theory.md, 'Gradient flows and energies')",
+        "half the entropic self-transport cost",
         "1/2 OT_eps(mu, mu) = 1/2 (int f dmu + int g dmu), OT_eps(mu, nu) "
         "= min_pi int -<A x, y> dpi + eps KL(pi | mu x nu), mu normalised",
     ),

@@ -132,6 +132,7 @@ __all__ = [
     "netcdf_to_zarr",
     "open_output",
     "outcome",
+    "physical_density",
     "positions_from_dataset",
     "read",
     "renamed",
@@ -183,14 +184,39 @@ _LONG_NAMES = {
     "max_speed": "largest face velocity of the last step",
     "dt": "last time step",
     "slice_mass": "mass of each position slice",
-    "slice_mean": "mean of each position slice (normalised by its mass)",
-    "slice_covariance": "covariance of each position slice (normalised by its mass)",
-    "frame_mean": "co-moving frame: origin m of x = m + L xi",
-    "frame_matrix": "co-moving frame: matrix L of x = m + L xi",
-    "frame_jacobian": "co-moving frame: |det L| (physical density = density / frame_jacobian)",
+    "slice_mean": "mean of each position slice",
+    "slice_covariance": "covariance of each position slice",
+    "frame_mean": "co-moving frame: origin m",
+    "frame_matrix": "co-moving frame: matrix L",
+    "frame_jacobian": "co-moving frame: |det L|",
+}
+#: the detail of a record beyond its short long_name (xarray's plots label an axis with the
+#: long_name: a long one was clipped)
+_COMMENTS = {
+    "slice_mean": "normalised by the slice's mass",
+    "slice_covariance": "normalised by the slice's mass",
+    "frame_mean": "origin m of the frame map x = m + L xi",
+    "frame_matrix": "matrix L of the frame map x = m + L xi",
+    "frame_jacobian": "|det L| of x = m + L xi: physical density = density / frame_jacobian",
 }
 #: the physical coordinate of every cell centre in the co-moving frame, per axis
 PHYSICAL = "physical_"
+#: ``density``'s attributes in a co-moving-frame file: it is mass per frame volume
+FRAME_DENSITY_ATTRIBUTES = {
+    "long_name": "density per frame-coordinate volume",
+    "comment": "cell averages in the frame coordinates xi of x = m + L xi; the physical "
+    "density is density / frame_jacobian (tpde.io.physical_density)",
+}
+#: where an energy record's theory is told (its ``comment``)
+ENERGY_COMMENT = (
+    "docs/theory.md, 'Gradient flows and energies' and 'Energies and Lyapunov functions'"
+)
+#: the attributes of :func:`physical_density`
+PHYSICAL_DENSITY_ATTRIBUTES = {
+    "long_name": "token density (physical space)",
+    "comment": "density / frame_jacobian: mass per unit physical volume, at the cell "
+    "centres physical_<axis> (x = m + L xi)",
+}
 #: the static measure of the density's cells, by the grid's dimension (:func:`_define_cell_measure`)
 CELL_MEASURES = {1: "cell_length", 2: "cell_area", 3: "cell_volume"}
 _CELL_MEASURE_COMMENT = (
@@ -597,7 +623,8 @@ def _axis_attributes(a: int) -> dict[str, str]:
     name = AXES[a]
     attributes = {
         "units": "1",
-        "long_name": f"token coordinate {a + 1} (cell centre)",
+        "long_name": f"token coordinate {a + 1}",
+        "comment": f"cell centres; the cells' edges are {name}_bounds",
         "bounds": f"{name}_bounds",
     }
     if name == "z":
@@ -734,13 +761,19 @@ def _record_variable(
     chunks: tuple[int, ...],
     comment: str = "",
     cell_methods: str = "time: point",
+    units: str | None = "1",
     **compression: Any,
 ) -> None:
-    """A float64 record ``name(time, *dims)`` (``dims`` in the stored order, NaN fill)."""
+    """A float64 record ``name(time, *dims)`` (``dims`` in the stored order, NaN fill);
+    ``units=None``: none (CF asks none of a dimensionless quantity, and xarray's plots
+    label a variable ``long_name [units]``)."""
     var = nc.createVariable(
         name, "f8", ("time", *dims), fill_value=np.nan, chunksizes=chunks, **compression
     )
-    var.setncatts({"long_name": _LONG_NAMES[name], "units": "1", "cell_methods": cell_methods})
+    var.setncatts({"long_name": _LONG_NAMES[name], "cell_methods": cell_methods})
+    if units is not None:
+        var.setncattr("units", units)
+    comment = comment or _COMMENTS.get(name, "")
     if comment:
         var.setncattr("comment", comment)
 
@@ -803,6 +836,7 @@ def _define_records(nc: netCDF4.Dataset, grid: Grid, positions: Positions | None
         dims,
         spatial_chunks([sizes[name] for name in dims], grid.ndim),
         cell_methods="time: point " + " ".join(f"{a}:" for a in grid.axis_names) + " mean",
+        units=None,  # (the density is what users plot: no "[1]" on its label)
         compression="zlib",
         complevel=4,
         shuffle=True,
@@ -1572,12 +1606,14 @@ class SnapshotWriter(OutputWriter):
                 )
                 var.setncatts(
                     {
-                        "long_name": f"physical coordinate {grid.axis_names[a]} of the cell "
-                        "centres (x = m + L xi)",
-                        "units": "1",
+                        "long_name": f"physical {grid.axis_names[a]} of the cell centre",
+                        "comment": "x = m + L xi of the cell centre xi (frame_mean m, "
+                        "frame_matrix L)",
                     }
                 )
             nc["density"].setncattr("coordinates", " ".join(names))
+            # mass per frame-coordinate volume, not the physical density (physical_density)
+            nc["density"].setncatts(FRAME_DENSITY_ATTRIBUTES)
             if CELL_MEASURES[d] in nc.variables:  # the frame's cells, not the physical ones
                 comment = _cell_measure_comment(grid, self.positions, True)
                 nc[CELL_MEASURES[d]].setncattr("comment", comment)
@@ -1619,6 +1655,7 @@ class SnapshotWriter(OutputWriter):
                 var.setncatts(
                     {
                         "long_name": str(getattr(value, "long_name", "") or name),
+                        "comment": ENERGY_COMMENT,
                         "formula": str(getattr(value, "formula", "")),
                         "units": "1",
                         "monotone": monotone,
@@ -1969,6 +2006,24 @@ def _result_provenance(result: Any) -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numba is a dependency
         pass
     return out
+
+
+def physical_density(ds: xr.Dataset) -> xr.DataArray:
+    """The token density in physical space of a file read by :func:`read`: in a co-moving
+    frame run ``density / frame_jacobian`` (the frame map x = m + L xi takes a frame cell of
+    volume v onto a physical one of volume |det L| v, so mass per physical volume is the
+    stored density, mass per frame volume, divided by |det L|), with the coordinates
+    ``physical_<axis>`` of the cell centres; in any other file ``density`` itself.
+
+    >>> rho = physical_density(read("out.nc")).isel(time=-1)  # doctest: +SKIP
+    >>> rho.plot(x="physical_x", y="physical_y")  # doctest: +SKIP
+    """
+    density = ds["density"]
+    if "frame_jacobian" not in ds.variables:
+        return density
+    out = density / ds["frame_jacobian"]
+    out.attrs = dict(PHYSICAL_DENSITY_ATTRIBUTES)
+    return out.rename("physical_density")
 
 
 def to_dataset(

@@ -62,6 +62,23 @@ SIGMAS = (1.0, 2.0)
 # The three slice / projection planes of a 3-D density: (horizontal axis, vertical axis).
 PLANES = ((0, 1), (0, 2), (1, 2))
 POSITION = "s"  # the position dimension of masked (causal) attention
+#: a record whose largest magnitude is at most this times its natural scale (the spread for a
+#: mean, the initial mass for a mass drift) is zero to round-off: said in words, not drawn
+#: (a 1e-14 curve on its own axis looks like an exponential blow-up)
+ROUNDOFF = 1e-10
+#: what an energy record is, in words (the panel's title) and as a formula (its axis label);
+#: docs/theory.md, 'Energies and Lyapunov functions'
+ENERGY_NAMES = {
+    "trace_lyapunov": ("trace Lyapunov function", "tr(V^-1 Sigma)"),
+    "interaction": ("interaction energy", "1/2 iint exp(<A x, y>) dmu dmu"),
+    "sinkhorn_self_cost": ("entropic self-transport cost", "1/2 OT_eps(mu, mu)"),
+}
+#: what the theory says of an energy record's ``monotone`` attribute, in words
+MONOTONE_WORDS = {
+    "decreasing": "the theory: never increases",
+    "increasing": "the theory: never decreases",
+    "none": "the theory: no monotonicity proven for these parameters",
+}
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -238,6 +255,31 @@ def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarra
 
 
 # ---- drawing helpers ------------------------------------------------------------------------
+def _roundoff(values: np.ndarray, scale: float) -> float | None:
+    """The largest finite ``|values|`` when it is at most ``ROUNDOFF * scale`` (the record is
+    zero to round-off), else None (also for a record with no finite value)."""
+    v = np.asarray(values, float)
+    finite = v[np.isfinite(v)]
+    if finite.size == 0 or not np.isfinite(scale):
+        return None
+    top = float(np.max(np.abs(finite)))
+    return top if top <= ROUNDOFF * abs(scale) else None
+
+
+def _roundoff_notice(ax: Axes, what: str, bound: float, y: float = 0.5) -> None:
+    """Say on ``ax`` that ``what`` is zero to round-off, instead of drawing its noise."""
+    ax.text(
+        0.5,
+        y,
+        f"{what}:\nzero to round-off (|.| <= {bound:.1e})",
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize="medium",
+        color="0.25",
+    )
+
+
 def _figure(
     width: float, height: float, layout: Literal["constrained", "compressed"] = "constrained"
 ) -> Figure:
@@ -597,7 +639,7 @@ def projection_figure(
     for a, b in PLANES:
         fixed = 3 - a - b
         projections.append(np.nansum(rho * widths[fixed].reshape(shape[fixed]), axis=fixed))
-    vmax = _vmax(projections)
+    vmax = _norm(_vmax(projections))  # one scale object: the colour bar shows all three
     fig = _figure(11.0, 3.9, "compressed")
     axes = fig.subplots(1, 3)
     mesh = None
@@ -629,8 +671,11 @@ def moments_figure(
     """Mean components and covariance eigenvalues against time.
 
     The eigenvalues (``numpy.linalg.eigvalsh``, ascending) are drawn as lambda_1 ... lambda_d;
-    ``reference`` moments are drawn dashed in the same colours; ``log=True`` puts the
+    ``reference`` moments are drawn dashed with open markers in the same colours, on top of
+    the run's (wider, paler) curves so that neither hides the other; ``log=True`` puts the
     eigenvalues on a log scale. Snapshots with non-finite covariances (a blow-up) are gaps.
+    A mean component that stays zero to round-off (``|mean| <= ROUNDOFF`` times the spread
+    ``sqrt(max tr Sigma)``, in the run and in the reference) is not drawn: the panel says so.
     """
     ds = _as_dataset(ds)
     spatial = _spatial_dims(ds)
@@ -644,32 +689,59 @@ def moments_figure(
     mean = mean.reshape(t.size, d)
     cov = np.asarray(ds["covariance"].transpose("time", ...).values, float)
     eigs = _eigenvalues(cov.reshape(t.size, d, d))
+    traces = np.trace(cov.reshape(t.size, d, d), axis1=1, axis2=2)
+    spread = float(np.sqrt(np.nanmax(traces))) if np.isfinite(traces).any() else np.nan
 
     fig = _figure(11.0, 4.2)
     ax_mean, ax_eig = fig.subplots(1, 2)
+    run_style = {"lw": 2.4, "alpha": 0.55, "zorder": 2}
+    ref_style = {"lw": 1.1, "marker": "o", "ms": 3.5, "mfc": "none", "zorder": 3}
+    zero: list[tuple[int, float]] = []
     for k in range(d):
-        ax_mean.plot(t, mean[:, k], "-", color=f"C{k}", label=f"mean {spatial[k]}")
-        ax_eig.plot(t, eigs[:, k], "-", color=f"C{k}", label=f"lambda_{k + 1}")
+        bound = _roundoff(mean[:, k], spread)
+        if bound is not None and ref is not None:
+            ref_bound = _roundoff(ref["mean"][:, k], spread)
+            bound = None if ref_bound is None else max(bound, ref_bound)
+        if bound is None:
+            ax_mean.plot(t, mean[:, k], "-", color=f"C{k}", label=f"mean {spatial[k]}", **run_style)
+        else:
+            zero.append((k, bound))
+        ax_eig.plot(t, eigs[:, k], "-", color=f"C{k}", label=f"lambda_{k + 1}", **run_style)
     if ref is not None:
         rt = ref["time"]
+        every = max(1, rt.size // 12)
         ref_eigs = _eigenvalues(ref["cov"])
+        drawn_mean = False
         for k in range(d):
-            ax_mean.plot(
-                rt,
-                ref["mean"][:, k],
-                "--",
-                color=f"C{k}",
-                lw=1.0,
-                label="reference" if k == 0 else None,
-            )
+            label = "reference (dashed)"
+            if k not in [z for z, _ in zero]:
+                ax_mean.plot(
+                    rt,
+                    ref["mean"][:, k],
+                    "--",
+                    color=f"C{k}",
+                    markevery=every,
+                    label=None if drawn_mean else label,
+                    **ref_style,
+                )
+                drawn_mean = True
             ax_eig.plot(
                 rt,
                 ref_eigs[:, k],
                 "--",
                 color=f"C{k}",
-                lw=1.0,
-                label="reference" if k == 0 else None,
+                markevery=every,
+                label=label if k == 0 else None,
+                **ref_style,
             )
+    if zero:
+        names = ", ".join(f"mean {spatial[k]}" for k, _ in zero)
+        where = 0.5 if len(zero) == d else 0.12
+        _roundoff_notice(ax_mean, names, max(b for _, b in zero), where)
+        if len(zero) == d:
+            ax_mean.set_yticks([])
+            if t[-1] > t[0]:
+                ax_mean.set_xlim(t[0], t[-1])
     ax_mean.set_xlabel("t")
     ax_mean.set_ylabel("mean")
     ax_mean.set_title("mean")
@@ -680,7 +752,8 @@ def moments_figure(
         ax_eig.set_yscale("log")
     for ax in (ax_mean, ax_eig):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
     _suptitle(fig, ds, "moments")
     return fig
 
@@ -695,24 +768,44 @@ def _eigenvalues(cov: np.ndarray) -> np.ndarray:
     return out
 
 
+def _energy_names(name: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
+    """(what it is in words, its formula) of the record ``energy_<name>``: tpde's own
+    energies by :data:`ENERGY_NAMES`, others by their ``long_name`` and ``formula``."""
+    key = name[len("energy_") :]
+    if key in ENERGY_NAMES:
+        return ENERGY_NAMES[key]
+    words = _plain(attrs.get("long_name", key) or key, 40)
+    return words, _plain(attrs.get("formula", "") or key, 32)
+
+
 def energies_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     """The run's energy records (``energy_<name>``, docs/theory.md, 'Energies and Lyapunov
-    functions') against time, one panel each, titled with what the theory predicts (the
-    record's ``monotone`` attribute: increasing, decreasing or none)."""
+    functions') against time, one panel each, titled with what the record is and, in words,
+    what the theory predicts of it (its ``monotone`` attribute: :data:`MONOTONE_WORDS`); the
+    y axis is labelled with its formula. A record constant to round-off (its range at most
+    ``ROUNDOFF`` times its size) is said so on the panel."""
     ds = _as_dataset(ds)
     names = [str(n) for n in ds.data_vars if str(n).startswith("energy_")]
     if not names:
         raise ValueError(f"plot: {_source(ds)} has no energy records (energy_<name>)")
     t = _times(ds)
-    fig = _figure(4.4 * len(names) + 0.6, 3.8)
+    fig = _figure(4.6 * len(names) + 0.6, 4.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names, strict=True):
         attrs = ds[name].attrs
-        ax.plot(t, np.asarray(ds[name].values, float), "-", color="C0")
-        monotone = _plain(attrs.get("monotone", "none"), 20)
-        ax.set_title(f"{name[len('energy_') :]} ({monotone})", fontsize="medium")
+        values = np.asarray(ds[name].values, float)
+        words, formula = _energy_names(name, attrs)
+        ax.plot(t, values, "-", color="C0")
+        monotone = str(attrs.get("monotone", "none"))
+        said = MONOTONE_WORDS.get(monotone, f"the theory: {_plain(monotone, 20)}")
+        ax.set_title(f"{words}\n({said})", fontsize="medium")
         ax.set_xlabel("t")
-        ax.set_ylabel(_plain(attrs.get("long_name", name), 40), fontsize="small")
+        ax.set_ylabel(formula, fontsize="small")
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            bound = _roundoff(finite - finite[0], float(np.max(np.abs(finite))))
+            if bound is not None and finite.size > 1:
+                _roundoff_notice(ax, "change", bound, 0.2)
         ax.grid(True, alpha=0.3)
     _suptitle(fig, ds, "energies")
     return fig
@@ -741,11 +834,20 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     ax.set_ylabel("mass")
     ax.set_title("mass and outflow")
     ax.legend(fontsize="small")
-    ax_drift.plot(t, total - total[0], "-", color="k")
+    drift = total - total[0]
+    bound = _roundoff(drift, float(abs(total[0])) if np.isfinite(total[0]) else np.nan)
+    if bound is None:
+        ax_drift.plot(t, drift, "-", color="k")
+    else:  # the conservative scheme's round-off: said, not drawn as a curve
+        _roundoff_notice(ax_drift, "drift", bound)
+        ax_drift.set_yticks([])
+        if t.size > 1 and t[-1] > t[0]:
+            ax_drift.set_xlim(t[0], t[-1])
     ax_drift.set_xlabel("t")
-    ax_drift.set_ylabel("(mass + outflow)(t) - (mass + outflow)(0)")
+    ax_drift.set_ylabel("(mass + outflow)(t) - (mass + outflow)(0)", fontsize="small")
     ax_drift.set_title("conservation")
-    ax_drift.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
+    if bound is None:
+        ax_drift.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
     for a in (ax, ax_drift):
         a.grid(True, alpha=0.3)
     _suptitle(fig, ds, "mass")
@@ -996,9 +1098,16 @@ def plot_all(
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
         ]
+        circle = ds.attrs.get("geometry") == "circle"
+        if circle:  # an angle's mean and variance mean little: tpde.circle_plots
+            from tpde import circle_plots
+
+            jobs[:2] = [
+                ("density.png", lambda: circle_plots.snapshots_figure(ds, times)),
+                ("moments.png", lambda: circle_plots.order_figure(ds)),
+            ]
         if any(str(name).startswith("energy_") for name in ds.data_vars):
             jobs.append(("energies.png", lambda: energies_figure(ds)))
-        jobs += []
         if len(spatial) == 3:
             jobs.append(("projections.png", lambda: projection_figure(ds, reference=reference)))
         if _sliced(ds):
@@ -1006,9 +1115,7 @@ def plot_all(
                 ("slices.png", lambda: slices_figure(ds)),
                 ("position_marginal.png", lambda: position_marginal_figure(ds)),
             ]
-        if ds.attrs.get("geometry") == "circle":  # tpde.circle_plots
-            from tpde import circle_plots
-
+        if circle:
             jobs += [
                 ("space_time.png", lambda: circle_plots.space_time_figure(ds)),
                 ("ring.png", lambda: circle_plots.ring_figure(ds)),
@@ -1200,12 +1307,31 @@ def compare_figure(
     ax_mean, ax_eig, ax_diff, ax_w, ax_energy, ax_info = bottom.subplots(2, 3).ravel()
     labels = {**labels, "tokens": "tokens"}  # the moments are the tokens', not the histogram's
     curves = {name: _moments_of(ds, d) for name, ds in present.items()}
+    zero: list[tuple[str, float]] = []  # (whose mean, bound): zero to round-off, not drawn
     for name, (tt, mean, cov) in curves.items():
         eig = _eigenvalues(cov)
+        traces = np.trace(cov, axis1=1, axis2=2)
+        spread = float(np.sqrt(np.nanmax(traces))) if np.isfinite(traces).any() else np.nan
+        bounds = [_roundoff(mean[:, k], spread) for k in range(d)]
+        if all(b is not None for b in bounds):
+            zero.append((labels[name], max(b for b in bounds if b is not None)))
         for k in range(d):
-            for ax, values in ((ax_mean, mean), (ax_eig, eig)):
-                label = f"{labels[name]}" if k == 0 else None
-                ax.plot(tt, values[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+            label = f"{labels[name]}" if k == 0 else None
+            if bounds[k] is None:
+                ax_mean.plot(tt, mean[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+            ax_eig.plot(tt, eig[:, k], styles[name], color=f"C{k}", lw=1.2, label=label)
+    if zero:
+        _roundoff_notice(
+            ax_mean,
+            "mean of the " + ", ".join(who for who, _ in zero),
+            max(b for _, b in zero),
+            0.5 if not ax_mean.lines else 0.15,
+        )
+        if not ax_mean.lines:
+            ax_mean.set_yticks([])
+            run_times = curves["grid"][0]
+            if run_times.size > 1 and run_times[-1] > run_times[0]:
+                ax_mean.set_xlim(run_times[0], run_times[-1])
     ax_mean.set_title("mean (colour: component)")
     ax_eig.set_title("covariance eigenvalues")
     if np.all([np.nanmin(_eigenvalues(c[2])) > 0 for c in curves.values()]):
@@ -1233,28 +1359,12 @@ def compare_figure(
                 lw=1.0,
                 label=f"|{what}| {labels[name]} - grid",
             )
-    ax_diff.set_yscale("log")
+    if _positive(ax_diff):  # (a log axis of no positive value warns and shows nothing)
+        ax_diff.set_yscale("log")
     ax_diff.set_title("differences to the grid run")
     _distances(ax_w, run, sets, spatial, grid, curves, labels, styles, distances)
     energies = [str(n) for n in run.data_vars if str(n).startswith("energy_")]
-    for k, name in enumerate(energies):
-        ax_energy.plot(
-            t_run,
-            np.asarray(run[name].values, float),
-            "-",
-            color=f"C{k}",
-            label=_plain(run[name].attrs.get("long_name", name), 40),
-        )
-    ax_energy.set_title("energies of the grid run")
-    if not energies:
-        ax_energy.text(
-            0.5,
-            0.5,
-            "no energy records in the run",
-            ha="center",
-            va="center",
-            transform=ax_energy.transAxes,
-        )
+    _relative_energies(ax_energy, run, t_run, energies)
     ax_info.axis("off")
     lines = [
         f"{labels[name]}: {_plain(ds.attrs.get('title', ''), 60)}"
@@ -1329,5 +1439,48 @@ def _distances(ax, run, sets, spatial, grid, curves, labels, styles, count) -> N
             ts.append(t_run[i])
             values.append(value)
         ax.plot(ts, values, styles[name], marker="o", ms=3, label=f"{labels[name]} - grid")
-    ax.set_yscale("log")
+    if _positive(ax):
+        ax.set_yscale("log")
     ax.set_title("W2 distance to the grid run")
+
+
+def _positive(ax: Axes) -> bool:
+    """Whether a line of ``ax`` has a finite positive value (a log axis can show it)."""
+    for line in ax.lines:
+        y = np.asarray(line.get_ydata(), float)
+        if np.any(np.isfinite(y) & (y > 0)):
+            return True
+    return False
+
+
+def _relative_energies(ax: Axes, run: xr.Dataset, t: np.ndarray, energies: list[str]) -> None:
+    """The run's energies as relative changes ``(E(t) - E(0)) / |E(0)|`` on one axis: energies
+    of very different sizes (1e8 apart) stay readable, and the sign of each change (what the
+    theory predicts of it) shows. An energy with E(0) = 0 is drawn as ``E(t)``."""
+    for k, name in enumerate(energies):
+        values = np.asarray(run[name].values, float)
+        words, _ = _energy_names(name, run[name].attrs)
+        first = values[np.isfinite(values)][:1]
+        start = float(first[0]) if first.size else np.nan
+        if np.isfinite(start) and start != 0.0:
+            values = (values - start) / abs(start)
+            if _roundoff(values, 1.0) is not None:  # constant: its round-off is not drawn
+                values = np.where(np.isfinite(values), 0.0, np.nan)
+                words += " (constant to round-off)"
+        else:
+            words += " (absolute)"
+        ax.plot(t, values, "-", color=f"C{k}", label=words)
+    ax.set_title("energies of the grid run: relative change")
+    if energies:
+        ax.set_ylabel("(E(t) - E(0)) / |E(0)|", fontsize="small")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
+    else:
+        ax.set_yticks([])
+        ax.text(
+            0.5,
+            0.5,
+            "no energy records in the run",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )

@@ -19,7 +19,7 @@ import numpy as np
 
 from tpde.grid import cubed_sphere as cs
 
-__all__ = ["plot_sphere", "raster"]
+__all__ = ["density_map_figure", "moments_figure", "plot_sphere", "raster"]
 
 
 def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
@@ -35,24 +35,24 @@ def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
     return lon, lat, np.asarray(density)[p, i, j]
 
 
-def plot_sphere(
-    path: str | Path,
-    outdir: str | Path,
-    times: Sequence[float] | None = None,
-    title: str | None = None,
-) -> list[Path]:
-    import matplotlib
+def _figure(width: float, height: float):
+    """A constrained-layout figure on its own Agg canvas (no pyplot, no backend switch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
-    from .sphere import from_file, grid_of, read_sphere
 
-    ds = read_sphere(path)
+def density_map_figure(ds, times: Sequence[float] | None = None, title: str | None = None):
+    """The density at up to four snapshots (or the nearest to each of ``times``) on
+    Mollweide maps, each with its colour bar (density / uniform), the clusters of the last
+    marked; ``ds`` a sphere file read by :func:`tpde.sphere.read_sphere`."""
+    from .sphere import from_file, grid_of
+
     if ds.sizes.get("time", 0) == 0:
-        raise ValueError(f"plot: {path} has no snapshots")
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+        raise ValueError("plot: the sphere file has no snapshots")
     grid = grid_of(ds)
     all_times = ds["time"].values
     if times:
@@ -63,7 +63,7 @@ def plot_sphere(
     uniform = 1.0 / cs.FOUR_PI
     columns = min(2, len(picks))
     rows = (len(picks) + columns - 1) // columns
-    fig = plt.figure(figsize=(6.4 * columns, 3.6 * rows), layout="constrained")
+    fig = _figure(6.4 * columns, 3.6 * rows)
     for slot, k in enumerate(picks):
         ax = fig.add_subplot(rows, columns, slot + 1, projection="mollweide")
         lon, lat, values = raster(grid, rho[k])
@@ -79,20 +79,27 @@ def plot_sphere(
             ax.set_title(
                 f"t = {all_times[k]:.4g}: {masses.size} clusters (> 2x uniform)", fontsize=10
             )
-    fig.suptitle(title or str(ds.attrs.get("title", "tpde on the sphere")))
-    out = [outdir / "density.png"]
-    fig.savefig(out[0], dpi=110)
-    plt.close(fig)
+    text = title or " ".join(str(ds.attrs.get("title", "tpde on the sphere")).split())[:100]
+    fig.suptitle(text.replace("$", r"\$"))
+    return fig
 
+
+def moments_figure(ds):
+    """The mean vector and its length, the eigenvalues of the second moment and, when the
+    file records them, the interaction energy and the degree amplitudes ``A_l``, ``l >= 1``
+    (log scale), against t."""
+    all_times = ds["time"].values
     recorded = [name for name in ("energy_interaction", "harmonic_amplitude") if name in ds]
     rows = 2 if recorded else 1
-    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.6 * rows), layout="constrained", squeeze=False)
+    fig = _figure(10, 3.6 * rows)
+    axes = fig.subplots(rows, 2, squeeze=False)
     left, right = axes[0]
     mean = ds["mean_vector"].values
     for c, name in enumerate("xyz"):
         left.plot(all_times, mean[:, c], label=f"mean {name}")
     left.plot(all_times, np.linalg.norm(mean, axis=1), "k--", label="|mean|")
     left.set_xlabel("t")
+    left.set_title("mean vector int x dmu", fontsize=10)
     left.legend(fontsize=8)
     eig = np.linalg.eigvalsh(ds["second_moment"].values)
     right.plot(all_times, eig)
@@ -112,7 +119,30 @@ def plot_sphere(
         ax.set_xlabel("t")
     if len(recorded) == 1:
         axes[1, 1].set_visible(False)
-    out.append(outdir / "moments.png")
-    fig.savefig(out[1], dpi=110)
-    plt.close(fig)
+    for ax in axes.ravel():
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_sphere(
+    path: str | Path,
+    outdir: str | Path,
+    times: Sequence[float] | None = None,
+    title: str | None = None,
+) -> list[Path]:
+    """Write ``density.png`` (:func:`density_map_figure`) and ``moments.png``
+    (:func:`moments_figure`) of the sphere file ``path`` into ``outdir``."""
+    from .sphere import read_sphere
+
+    ds = read_sphere(path)
+    if ds.sizes.get("time", 0) == 0:
+        raise ValueError(f"plot: {path} has no snapshots")
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    out = [outdir / "density.png", outdir / "moments.png"]
+    for target, fig in zip(
+        out, (density_map_figure(ds, times, title), moments_figure(ds)), strict=True
+    ):
+        fig.savefig(target, dpi=110)
+        fig.clear()
     return out

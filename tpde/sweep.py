@@ -1120,6 +1120,13 @@ def _axis(values: np.ndarray) -> tuple[np.ndarray, list | None, float]:
 
 
 def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = None) -> Path:
+    """Write :func:`phase_figure` of ``summary`` to ``path``."""
+    path = Path(path)
+    phase_figure(summary, x, y).savefig(path, dpi=110)
+    return path
+
+
+def phase_figure(summary, x: str | None = None, y: str | None = None):
     """The phase diagram of a sweep summary: outcome per run over the parameters ``x`` and
     ``y`` (default: ``[phase]`` of the sweep file). Non-numeric parameters get categorical
     axes; the other parameters get one panel per combination of values (up to 6), or are
@@ -1207,6 +1214,4 @@ def plot_phase(summary, path: str | Path, x: str | None = None, y: str | None = 
     ]
     fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(f"tpde sweep: {n} runs", fontsize=10)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return fig

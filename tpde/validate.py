@@ -268,13 +268,32 @@ def mean_field_study(
 
 
 # ---- figures --------------------------------------------------------------------------------
-def covariance_figure(path: Path, refinement, tokens: dict) -> None:
-    import matplotlib
+def _figure(width: float, height: float):
+    """A constrained-layout figure on its own Agg canvas (no pyplot, no backend switch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+
+def _log_ticks(axis) -> None:
+    """Ticks of a log axis at 1, 2 and 5 times the powers of ten, labelled plainly ("200"),
+    no labels on the minor ticks: matplotlib labels every minor tick of an axis spanning
+    less than a decade or so, and those labels ran into one another."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def covariance_figure(path: Path, refinement, tokens: dict):
+    """Covariance eigenvalues of the grid, the Gauss-Hermite tokens and the Gaussian ODE
+    against t, written to ``path``; returns the figure."""
+    fig = _figure(6.4, 4.2)
+    ax = fig.add_subplot()
     ode_eigs = np.linalg.eigvalsh(refinement.ode_covariances)
     grid_eigs = np.linalg.eigvalsh(np.array(refinement.grid_covariances))
     token_eigs = np.linalg.eigvalsh(tokens["covariances"])
@@ -299,33 +318,34 @@ def covariance_figure(path: Path, refinement, tokens: dict) -> None:
         )
     ax.set_xlabel("t")
     ax.set_ylabel("eigenvalues of the covariance")
-    ax.set_title("softmax, c1 matrices: grid vs tokens vs Gaussian ODE")
-    ax.legend()
-    fig.tight_layout()
+    ax.set_title("softmax, c1 matrices: grid vs tokens vs Gaussian ODE", fontsize="medium")
+    ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def mean_field_figure(path: Path, studies_out: dict[str, dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def mean_field_figure(path: Path, studies_out: dict[str, dict]):
+    """W1 between n tokens and the grid against n (log-log) with the fitted slopes and
+    n^-1/2, written to ``path``; returns the figure."""
+    fig = _figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    n = np.array([1.0])
+    out: dict = {}
     for k, (label, out) in enumerate(studies_out.items()):
         n = np.array(out["n"], float)
         ax.loglog(n, out["distances"], "o", color=f"C{k}", label=f"{label}")
         fit = np.exp(np.polyval(np.polyfit(np.log(n), np.log(out["distances"]), 1), np.log(n)))
         ax.loglog(n, fit, "-", color=f"C{k}", label=f"slope {out['slope']:.2f}")
-    ax.loglog(n, out["distances"][0] * (n / n[0]) ** -0.5, "k:", label="n^-1/2")
+    if out:
+        ax.loglog(n, out["distances"][0] * (n / n[0]) ** -0.5, "k:", label="n^-1/2")
+    _log_ticks(ax.xaxis)
+    _log_ticks(ax.yaxis)
     ax.set_xlabel("tokens n")
     ax.set_ylabel("W1(tokens, grid) at t = 0.5")
-    ax.set_title("mean-field limit: tokens -> grid solution")
-    ax.legend()
-    fig.tight_layout()
+    ax.set_title("mean-field limit: tokens -> grid solution", fontsize="medium")
+    ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 # ---- the suites -----------------------------------------------------------------------------

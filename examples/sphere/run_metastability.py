@@ -105,7 +105,7 @@ def figure(study: dict):
     grid = study["grids"][2048]
     density = np.stack(study["densities"][2048])
     extent = (times[0], times[-1], 0.0, 2 * math.pi)
-    ax_s.imshow(
+    image = ax_s.imshow(
         np.log10(np.maximum(density.T * 2 * math.pi, 1e-3)),
         origin="lower",
         aspect="auto",
@@ -130,7 +130,8 @@ def figure(study: dict):
     ax_s.plot([], [], "x", color="C3", label="clusters, i.i.d. tokens (seed 0)")
     ax_s.set_xlabel("t")
     ax_s.set_ylabel("theta")
-    ax_s.set_title(f"log10(2 pi rho), grid {grid.cells[0]} cells")
+    ax_s.set_title(f"density, grid {grid.cells[0]} cells, and the clusters")
+    fig.colorbar(image, ax=ax_s, label="log10(2 pi rho) = log10(density / uniform)")
     ax_s.legend(fontsize=8, loc="upper right")
     return fig
 
