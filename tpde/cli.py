@@ -337,7 +337,7 @@ def cmd_run(args) -> int:
         # resolution_action = "warn") is said here too, not only in the file
         for line in io.events(path):
             if line.split(" ", 1)[0] in ("box_limited", "under_resolved"):
-                print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
+                print(f"tpde: warning: {' '.join(line.split())[:600]}", file=sys.stderr)
     return 0
 
 
