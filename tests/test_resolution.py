@@ -435,3 +435,31 @@ def test_the_advice_names_atoms_only_for_a_narrow_cluster():
     print("\n" + "\n".join(messages.values()))
     assert "atoms: the cluster at x = (1.625, 1.125)" in messages["narrow"]
     assert "atoms" not in messages["wide"] and "refine the grid to about" in messages["wide"]
+
+
+def test_the_resolution_keys_of_a_config():
+    """run.resolution_action takes "warn" (the default), "stop" and "warn_then_stop"; another
+    value is one ConfigError naming the key and the choices; the default tolerance is the
+    policy's (RESOLUTION_TOLERANCE)."""
+    from tpde.config import ConfigError, build
+    from tpde.schemes.monitor import RESOLUTION_ACTIONS, RESOLUTION_TOLERANCE
+
+    raw = {
+        "grid": {"lower": [-8.0], "upper": [8.0], "cells": [16]},
+        "attention": {"variant": "softmax", "A": [[0.3]], "V": [[-1.0]]},
+        "run": {"t_end": 0.1},
+    }
+    problem = build(raw).problem
+    assert problem.resolution_action == "warn"
+    assert problem.resolution_tolerance == RESOLUTION_TOLERANCE == 1e-3
+    for action in RESOLUTION_ACTIONS:
+        raw["run"]["resolution_action"] = action
+        assert build(raw).problem.resolution_action == action
+    raw["run"]["resolution_action"] = "continue"
+    try:
+        build(raw)
+    except ConfigError as exc:
+        message = str(exc)
+    print("\n" + message)
+    assert message.startswith("run.resolution_action") and "warn_then_stop" in message
+    assert "\n" not in message
