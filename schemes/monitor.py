@@ -17,9 +17,13 @@ the covariance is blowing up, and when it collapses to a lower rank.
   scheme's reconstruction makes per unit time (:func:`reconstruction_error_rate`: the larger
   of the share of the mass it misplaces and the relative drift of the covariance it causes,
   at the start of every step) is integrated over the run; before a step that would take it
-  past ``resolution_tolerance`` the event records the time (or the run ends there). No box
-  measure sees this: a law that thins (clustering) or a grid too coarse for its data loses
-  accuracy while it stays inside.
+  past ``resolution_tolerance`` the event records the time (or the run ends there;
+  ``"warn_then_stop"``: a fixed box ends at RESOLUTION_STOP_FACTOR times it). The estimate
+  is the density's relative L1 error (0.72-1.00 of it on the flat examples, which bounds
+  their mean and covariance errors; docs/theory.md, 'Calibrating the resolution monitor'),
+  and the message names the remedies in reach: the co-moving frame, a cell count, atoms
+  (:func:`cluster_width`). No box measure sees this: a law that thins (clustering) or a grid
+  too coarse for its data loses accuracy while it stays inside.
 * **Collapse** (an event, the run goes on). When the ratio of the smallest to the largest
   covariance eigenvalue first falls below ``collapse_ratio``, the time and the rank (the
   eigenvalues above that fraction of the largest) are recorded; then again at each lower rank.
@@ -122,10 +126,13 @@ def reconstruction_error_rates(
     """The relative errors the reconstruction makes per unit time, ``(mass, covariance,
     mean)``:
 
-    * the share of the mass it misplaces, ``sum_c |div dF| / sum_c rho``, and
+    * the share of the mass it misplaces, ``sum_c |div dF| / sum_c rho``,
     * the relative drift of the covariance it causes,
       ``|| sum_f dF_f Delta_f[(x - m)(x - m)^T] || / (||Sigma|| sum_c rho)``
       (spectral norms; ``Delta_f`` the difference across face f of the cell-centre values),
+      and
+    * the drift of the mean it causes, ``| sum_f dF_f Delta_f[x - m] | / (||Sigma||^1/2
+      sum_c rho)`` (the moments' rates are 0 on a periodic axis),
 
     with the flux error ``dF = u_n (q - q7) / h`` at every face: q the scheme's own upwind face
     state (``face_states(axis)`` returns the left and right states at the faces normal to
