@@ -17,9 +17,13 @@ the covariance is blowing up, and when it collapses to a lower rank.
   scheme's reconstruction makes per unit time (:func:`reconstruction_error_rate`: the larger
   of the share of the mass it misplaces and the relative drift of the covariance it causes,
   at the start of every step) is integrated over the run; before a step that would take it
-  past ``resolution_tolerance`` the event records the time (or the run ends there). No box
-  measure sees this: a law that thins (clustering) or a grid too coarse for its data loses
-  accuracy while it stays inside.
+  past ``resolution_tolerance`` the event records the time (or the run ends there;
+  ``"warn_then_stop"``: a fixed box ends at RESOLUTION_STOP_FACTOR times it). The estimate
+  is the density's relative L1 error (0.72-1.00 of it on the flat examples, which bounds
+  their mean and covariance errors; docs/theory.md, 'Calibrating the resolution monitor'),
+  and the message names the remedies in reach: the co-moving frame, a cell count, atoms
+  (:func:`cluster_width`). No box measure sees this: a law that thins (clustering) or a grid
+  too coarse for its data loses accuracy while it stays inside.
 * **Collapse** (an event, the run goes on). When the ratio of the smallest to the largest
   covariance eigenvalue first falls below ``collapse_ratio``, the time and the rank (the
   eigenvalues above that fraction of the largest) are recorded; then again at each lower rank.
@@ -44,6 +48,34 @@ from .operator import view3
 #: cells along each face whose mass counts as reaching the box
 EDGE_CELLS = 1
 BOX_ACTIONS = ("stop", "warn")
+
+# ---- the resolution policy (docs/theory.md, 'Calibrating the resolution monitor') -----------
+#: run.resolution_action: "warn" (an event at the tolerance, and the run goes on), "stop" (the
+#: run ends with status ``under_resolved`` at the tolerance), "warn_then_stop" (the event,
+#: and a fixed box ends ``under_resolved`` before its estimate passes RESOLUTION_STOP_FACTOR
+#: times the tolerance)
+RESOLUTION_ACTIONS = ("warn", "stop", "warn_then_stop")
+#: the default run.resolution_action ("warn_then_stop" would stop the far-beyond runs, and
+#: the coarse smoke and I/O runs of the tests with them: docs/theory.md, 'Calibrating the
+#: resolution monitor')
+RESOLUTION_ACTION = "warn"
+#: the default run.resolution_tolerance: the share of the mass the reconstruction may have
+#: misplaced (the density's relative L1 error, which the estimate tracks to 0.7-1.0 and which
+#: bounds the mean and covariance errors of every flat example)
+RESOLUTION_TOLERANCE = 1e-3
+#: "far beyond the tolerance": a warned fixed-box run ("warn_then_stop") stops there
+RESOLUTION_STOP_FACTOR = 10.0
+#: the order the estimate falls with the cell size (h^5: WENO5 against the seventh-order
+#: value), from which the message suggests a cell count
+RESOLUTION_ORDER = 5
+#: the cells the message suggests aim at 1 / SUGGESTED_MARGIN of the tolerance at t_end (the
+#: extrapolation of the estimate fell short by up to 1.7x where the rate grows)
+SUGGESTED_MARGIN = 3.0
+#: the largest growth exponent the extrapolation of the estimate assumes (E ~ t^q)
+MAX_GROWTH_EXPONENT = 6.0
+#: a cluster whose standard deviation at the density's maximum is below this many cells is
+#: beyond what refining the grid buys cheaply: the message suggests atoms
+ATOM_WIDTH_CELLS = 2.0
 
 
 @dataclass
@@ -83,12 +115,24 @@ FaceStates = Callable[[int], tuple[np.ndarray, np.ndarray]]
 def reconstruction_error_rate(
     density: np.ndarray, grid: Grid, normal: list[np.ndarray], face_states: FaceStates
 ) -> float:
-    """The relative error the reconstruction makes per unit time: the larger of
+    """The monitor's rate: the larger of :func:`reconstruction_error_rates` (same
+    arguments)."""
+    return max(reconstruction_error_rates(density, grid, normal, face_states))
 
-    * the share of the mass it misplaces, ``sum_c |div dF| / sum_c rho``, and
+
+def reconstruction_error_rates(
+    density: np.ndarray, grid: Grid, normal: list[np.ndarray], face_states: FaceStates
+) -> tuple[float, float, float]:
+    """The relative errors the reconstruction makes per unit time, ``(mass, covariance,
+    mean)``:
+
+    * the share of the mass it misplaces, ``sum_c |div dF| / sum_c rho``,
     * the relative drift of the covariance it causes,
       ``|| sum_f dF_f Delta_f[(x - m)(x - m)^T] || / (||Sigma|| sum_c rho)``
       (spectral norms; ``Delta_f`` the difference across face f of the cell-centre values),
+      and
+    * the drift of the mean it causes, ``| sum_f dF_f Delta_f[x - m] | / (||Sigma||^1/2
+      sum_c rho)`` (the moments' rates are 0 on a periodic axis),
 
     with the flux error ``dF = u_n (q - q7) / h`` at every face: q the scheme's own upwind face
     state (``face_states(axis)`` returns the left and right states at the faces normal to
@@ -103,7 +147,7 @@ def reconstruction_error_rate(
     shape: cells + 1 along a)."""
     total = float(density.sum())
     if not total > 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     density, d = np.ascontiguousarray(density), grid.ndim
     # the covariance drift needs coordinates: none on a periodic axis
     moments = not any(mode == "periodic" for mode in grid.boundary)
@@ -114,6 +158,7 @@ def reconstruction_error_rate(
         offsets.append(x - float(marginal @ x) / total)
     divergence = np.zeros(density.shape)
     drift = np.zeros((d, d))
+    shift = np.zeros(d)
     for a, u in enumerate(normal):
         n, h = grid.cells[a], grid.spacing[a]
         left, right = face_states(a)
@@ -139,7 +184,9 @@ def reconstruction_error_rate(
         # are (a, a) and (a, b)
         x = np.concatenate([[0.0], offsets[a], [0.0]])
         jump, rest = x[1:] - x[:-1], tuple(range(1, d))
-        drift[a, a] += float((x[1:] ** 2 - x[:-1] ** 2) @ flux.sum(axis=rest))
+        along = flux.sum(axis=rest)
+        drift[a, a] += float((x[1:] ** 2 - x[:-1] ** 2) @ along)
+        shift[a] = float(jump @ along)
         for b in range(d):
             if b != a:
                 axis_b = b + 1 if b < a else b  # (where b lies in the moved array)
@@ -150,8 +197,12 @@ def reconstruction_error_rate(
     mass_rate = float(np.abs(divergence).sum()) / total
     scale = float(np.linalg.norm(_covariance(density, offsets, total), 2)) if moments else 0.0
     if not scale > 0:
-        return mass_rate
-    return max(mass_rate, float(np.linalg.norm(drift, 2)) / (scale * total))
+        return mass_rate, 0.0, 0.0
+    return (
+        mass_rate,
+        float(np.linalg.norm(drift, 2)) / (scale * total),
+        float(np.linalg.norm(shift)) / (math.sqrt(scale) * total),
+    )
 
 
 def _covariance(density: np.ndarray, offsets: list[np.ndarray], total: float) -> np.ndarray:
@@ -167,6 +218,57 @@ def _covariance(density: np.ndarray, offsets: list[np.ndarray], total: float) ->
                 weight = weight * x.reshape(shape)
             out[a, b] = out[b, a] = float(weight.sum()) / total
     return out
+
+
+def extrapolated_estimate(estimate: float, rate: float, t: float, t_end: float) -> float:
+    """The estimate E at t_end from its value and rate at t, as the power law through both:
+    ``E(T) = E (T / t)^q`` with ``q = r t / E`` (a rate growing like t^(q - 1), as a law
+    that narrows makes it: the linear extrapolation ``E + r (T - t)`` fell short by 2x on
+    the softmax example at 40^2, this one by 1.7x); linear where t = 0 (q unknown), E
+    itself where t_end is not finite. q is capped at MAX_GROWTH_EXPONENT."""
+    if not math.isfinite(t_end) or t_end <= t:
+        return estimate
+    if not (t > 0 and estimate > 0):
+        return estimate + rate * (t_end - t)
+    q = min(MAX_GROWTH_EXPONENT, rate * t / estimate)
+    return estimate * (t_end / t) ** q
+
+
+def cluster_width(density: np.ndarray, grid: Grid) -> tuple[float, np.ndarray]:
+    """The width test: the standard deviation, in cells, of the density around its largest
+    cell, the smallest over the axes, and that cell's centre (grid coordinates).
+
+    Along axis a, from the second difference ``D_a`` of ``log rho`` at the maximum c:
+    ``sigma_a^2 = h_a^2 (-1 / D_a - 1/12)`` (exact for the cell averages of a Gaussian to
+    O(h^4): their log curvature is ``-1 / (sigma^2 + h^2 / 12)``); an empty neighbour gives
+    0, a flat or convex top no width along that axis, an outflow edge cell is read inwards
+    only (no width). density: grid.shape, or with leading position slices (summed)."""
+    rho = np.asarray(density, dtype=float)
+    d = grid.ndim
+    if rho.ndim > d:
+        rho = rho.reshape(-1, *rho.shape[-d:]).sum(axis=0)
+    c = np.unravel_index(int(np.argmax(rho)), rho.shape)
+    centre = np.array([grid.centres(a)[c[a]] for a in range(d)])
+    peak = float(rho[c])
+    if not peak > 0:
+        return math.inf, centre
+    width = math.inf
+    for a in range(d):
+        n = grid.cells[a]
+        if n < 3 or (grid.boundary[a] != "periodic" and c[a] in (0, n - 1)):
+            continue
+        values = []
+        for step in (-1, 1):
+            index = list(c)
+            index[a] = (c[a] + step) % n
+            values.append(float(rho[tuple(index)]))
+        if min(values) <= 0.0:
+            return 0.0, centre
+        curvature = math.log(values[0]) + math.log(values[1]) - 2.0 * math.log(peak)
+        if curvature >= 0.0:
+            continue
+        width = min(width, math.sqrt(max(0.0, -1.0 / curvature - 1.0 / 12.0)))
+    return width, centre
 
 
 def predicted_blowup(times: list[float], covariances: list[np.ndarray]) -> float:
@@ -208,37 +310,102 @@ class Monitor:
     #: the largest truncation measure seen (indicator or edge mass)
     largest: float = 0.0
     #: the reconstruction error a run may accumulate before an ``under_resolved`` event
-    resolution_tolerance: float = 1e-4
+    resolution_tolerance: float = RESOLUTION_TOLERANCE
     #: the accumulated estimate: the integral over time of :func:`reconstruction_error_rate`
     #: (the relative error the reconstruction has injected), carried over resumes
     reconstruction_error: float = 0.0
     resolution_warned: bool = False
-    #: "warn" (record an ``under_resolved`` event, go on) or "stop" (end the run so)
-    resolution_action: str = "warn"
-    #: what the ``under_resolved`` message suggests (the solver adds the co-moving frame
-    #: where the run is in a fixed box and its field has one)
-    resolution_advice: str = "refine the grid"
+    #: one of RESOLUTION_ACTIONS
+    resolution_action: str = RESOLUTION_ACTION
+    #: what the advice of an ``under_resolved`` message knows (:meth:`watch_resolution`)
+    grid: Grid | None = None
+    t_end: float = math.inf
+    #: whether the co-moving frame is in reach (a fixed-box run of a field that has one)
+    frame_advice: bool = False
+    in_frame: bool = False
+    #: a fixed box (a bounded axis, not the frame): where "warn_then_stop" stops far beyond
+    fixed_box: bool = False
 
-    def check_resolution(self, amount: float, t: float, t_next: float) -> tuple[str, str] | None:
+    def watch_resolution(self, grid: Grid, t_end: float, in_frame: bool, has_frame: bool) -> None:
+        """What the ``under_resolved`` advice needs: the run's grid (its cells, and the
+        width test of :func:`cluster_width`), its end, whether it runs in the co-moving
+        frame and whether its field has one."""
+        self.grid, self.t_end, self.in_frame = grid, t_end, in_frame
+        self.frame_advice = has_frame and not in_frame
+        self.fixed_box = not in_frame and any(mode != "periodic" for mode in grid.boundary)
+
+    def check_resolution(
+        self, amount: float, t: float, t_next: float, density: np.ndarray | None = None
+    ) -> tuple[str, str] | None:
         """Before the step from t to t_next, which adds ``amount`` (rate times step) to the
         estimate: when that would first take it past the tolerance, with
         ``resolution_action = "stop"`` return the status that ends the run at t, before the
         step (``under_resolved``) and its message, else record one event at t (the run goes
-        on). The run then adds the step's amount with :meth:`add_reconstruction_error`."""
+        on); with "warn_then_stop", in a fixed box (:meth:`watch_resolution`), return it too
+        once the step would take the estimate past RESOLUTION_STOP_FACTOR times the
+        tolerance. The message says which remedies are in
+        reach (:meth:`advice`; ``density``: the cell averages at t, for the width test). The
+        run then adds the step's amount with :meth:`add_reconstruction_error`."""
         projected = self.reconstruction_error + amount
-        if self.resolution_warned or not projected > self.resolution_tolerance:
+        tolerance = self.resolution_tolerance
+        if not projected > tolerance:
             return None
-        self.resolution_warned = True
-        message = (
-            f"the grid no longer resolves the dynamics at t = {t:.6g}: the step to "
-            f"t = {t_next:.6g} would take the estimated reconstruction error to "
-            f"{projected:.2e} > run.resolution_tolerance = {self.resolution_tolerance:g} "
-            f"({self.resolution_advice})"
+        limit = RESOLUTION_STOP_FACTOR * tolerance
+        far = self.resolution_action == "warn_then_stop" and self.fixed_box and projected > limit
+        if self.resolution_warned and not far:
+            return None
+        advice = self.advice(projected, amount / max(t_next - t, 1e-300), t, density)
+        if not self.resolution_warned:
+            self.resolution_warned = True
+            message = (
+                f"the grid no longer resolves the dynamics at t = {t:.6g}: the step to "
+                f"t = {t_next:.6g} would take the estimated reconstruction error to "
+                f"{projected:.2e} > run.resolution_tolerance = {tolerance:g} ({advice})"
+            )
+            if self.resolution_action == "stop":
+                return "under_resolved", message
+            self.events.append(Event("under_resolved", t, message))
+        if not far:
+            return None
+        return "under_resolved", (
+            f"stopped at t = {t:.6g}, far beyond the resolution: the step to t = "
+            f"{t_next:.6g} would take the estimated reconstruction error to {projected:.2e} "
+            f"> {RESOLUTION_STOP_FACTOR:g} x run.resolution_tolerance = {tolerance:g} "
+            f'({advice}; run.resolution_action = "warn" goes on regardless)'
         )
-        if self.resolution_action == "stop":
-            return "under_resolved", message
-        self.events.append(Event("under_resolved", t, message))
-        return None
+
+    def advice(self, estimate: float, rate: float, t: float, density: np.ndarray | None) -> str:
+        """The remedies in reach, in one clause: the co-moving frame (``frame_advice``), a
+        finer grid (the cells per axis that bring the estimate, extrapolated to t_end by
+        :func:`extrapolated_estimate`, to 1 / SUGGESTED_MARGIN of the tolerance: it falls like
+        h^RESOLUTION_ORDER) and atoms (when :func:`cluster_width` finds the density's
+        maximum narrower than ATOM_WIDTH_CELLS)."""
+        remedies = []
+        if self.frame_advice:
+            remedies.append('follow the law with scheme.frame = "affine"')
+        if self.grid is None:
+            remedies.append("refine the grid")
+        else:
+            end = extrapolated_estimate(estimate, rate, t, self.t_end)
+            factor = (SUGGESTED_MARGIN * end / self.resolution_tolerance) ** (
+                1.0 / RESOLUTION_ORDER
+            )
+            cells = " x ".join(str(math.ceil(n * factor)) for n in self.grid.cells)
+            until = f" by t = {self.t_end:.6g}" if math.isfinite(self.t_end) else ""
+            remedies.append(
+                f"refine the grid to about {cells} cells (the estimate falls like "
+                f"h^{RESOLUTION_ORDER}, and extrapolates to {end:.1e}{until})"
+            )
+            if density is not None:
+                width, centre = cluster_width(density, self.grid)
+                if width < ATOM_WIDTH_CELLS:
+                    at = "xi" if self.in_frame else "x"  # (frame or physical coordinates)
+                    position = ", ".join(f"{c:.4g}" for c in centre)
+                    remedies.append(
+                        f"atoms: the cluster at {at} = ({position}) is {width:.2g} cells wide "
+                        "(standard deviation)"
+                    )
+        return "; or ".join(remedies)
 
     def add_reconstruction_error(self, amount: float) -> None:
         """Add a step's ``amount`` (rate times step) to the estimate."""

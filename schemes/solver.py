@@ -38,7 +38,15 @@ from .frame import (
     truncation_indicator,
     unheld_share,
 )
-from .monitor import BOX_ACTIONS, Event, Monitor, reconstruction_error_rate
+from .monitor import (
+    BOX_ACTIONS,
+    RESOLUTION_ACTION,
+    RESOLUTION_ACTIONS,
+    RESOLUTION_TOLERANCE,
+    Event,
+    Monitor,
+    reconstruction_error_rate,
+)
 from .operator import (
     FACE_VELOCITIES,
     FaceVelocity,
@@ -196,9 +204,11 @@ class Problem:
     collapse_ratio : record a ``collapse`` event when the covariance's smallest/largest
         eigenvalue ratio falls below this (default 1e-4).
     resolution_tolerance : record an ``under_resolved`` event when the estimated share of the
-        mass the reconstruction has misplaced since t = 0 exceeds this (default 1e-4;
-        :mod:`.monitor`). resolution_action : "warn" (default: the event, and the run goes
-        on) | "stop" (the run ends with status ``under_resolved``).
+        mass the reconstruction has misplaced since t = 0 exceeds this (default
+        RESOLUTION_TOLERANCE = 1e-3; :mod:`.monitor`). resolution_action : "warn" (default:
+        the event, and the run goes on) | "stop" (the run ends with status ``under_resolved``
+        at the tolerance) | "warn_then_stop" (the event; a fixed box ends ``under_resolved``
+        before the estimate passes RESOLUTION_STOP_FACTOR = 10 times the tolerance).
         initial_reconstruction_error : that estimate at t_start (a resumed run).
     """
 
@@ -217,8 +227,8 @@ class Problem:
     box_tolerance: float = 1e-4
     box_action: str = "stop"
     collapse_ratio: float = 1e-4
-    resolution_tolerance: float = 1e-4
-    resolution_action: str = "warn"
+    resolution_tolerance: float = RESOLUTION_TOLERANCE
+    resolution_action: str = RESOLUTION_ACTION
     initial_reconstruction_error: float = 0.0
 
     def __post_init__(self) -> None:
@@ -239,10 +249,10 @@ class Problem:
             raise ValueError(
                 f"run.resolution_tolerance: must be > 0, got {self.resolution_tolerance!r}"
             )
-        if self.resolution_action not in BOX_ACTIONS:
+        if self.resolution_action not in RESOLUTION_ACTIONS:
             raise ValueError(
                 f"run.resolution_action: unknown {self.resolution_action!r}; choose one of "
-                f"{', '.join(BOX_ACTIONS)}"
+                f"{', '.join(RESOLUTION_ACTIONS)}"
             )
         if self.box_action not in BOX_ACTIONS:
             raise ValueError(
@@ -396,10 +406,9 @@ class Solver:
         self.monitor = Monitor(problem.box_tolerance, problem.box_action, problem.collapse_ratio)
         self.monitor.resolution_tolerance = problem.resolution_tolerance
         self.monitor.resolution_action = problem.resolution_action
-        if self.frame is None and problem.velocity.has_frame():
-            self.monitor.resolution_advice = (
-                'refine the grid, or follow the law with scheme.frame = "affine"'
-            )
+        self.monitor.watch_resolution(
+            self.grid, problem.t_end, self.frame is not None, problem.velocity.has_frame()
+        )
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
         self.status_message = ""
         if self.frame is not None and not self.interpolate_faces:
@@ -653,7 +662,7 @@ class Solver:
             rate = self.reconstruction_error_rate(velocity)  # of this step's start
             handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
-            unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt)
+            unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt, self.density)
             if unresolved is not None:  # (the run ends before the step that would pass)
                 self.status_message = unresolved[1]
                 return unresolved[0]

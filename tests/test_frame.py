@@ -416,6 +416,7 @@ def test_blowups_stop_before_their_error_grows(name):
             times[-1],
             snapshots=times,
             resolution_action="stop",
+            resolution_tolerance=1e-4,
         )
     ).run()
     fixed_errors = [

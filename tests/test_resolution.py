@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pytest
 from scipy.special import erf
 
 from tpde.grid import Grid, gaussian, gaussian_mixture, moments
@@ -149,15 +150,16 @@ def test_a_periodic_axis_wraps():
 
 
 def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
-    """E5 on a fixed 96^2 box fitted to 0.9 t* (1.9 cells per standard deviation): the event
-    comes before the covariance error reaches the tolerance 1e-4, and the error does grow past
-    it after (3.3e-4 at 0.1 t*, printed); the co-moving frame on 48^2
+    """E5 on a fixed 96^2 box fitted to 0.9 t* (1.9 cells per standard deviation),
+    run.resolution_tolerance = 1e-4: the event comes before the covariance error reaches it,
+    and the error does grow past it after (3.3e-4 at 0.1 t*, printed); the co-moving frame on
+    48^2
     (residual 0 for Gaussian data) records none up to the same time. (On 64^2 the first step
     would already pass the tolerance: the event comes at t = 0.)"""
     t_star = softmax_blowup_time(E5_COV, E5_A, 1.0)
     t_end = 0.1 * t_star
     times = list(np.linspace(0.0, t_end, 11))
-    _, fixed, covariance_errors = e5_fixed_run(96, t_end, times)
+    _, fixed, covariance_errors = e5_fixed_run(96, t_end, times, resolution_tolerance=1e-4)
     errors = {s.time: e for s, e in zip(fixed.snapshots, covariance_errors, strict=True)}
     events = [e for e in fixed.events if e.kind == "under_resolved"]
     print(f"\nfixed 96^2: event at {events[0].time / t_star:.4f} t*" if events else "no event")
@@ -184,11 +186,15 @@ def test_an_under_resolved_fixed_box_is_reported_before_its_error_grows():
 
 def test_the_stop_action_ends_the_run_before_its_error_grows():
     """run.resolution_action = "stop": the same fixed E5 run ends with status under_resolved
-    before the step that would take its estimate past the tolerance, its covariance within
-    1e-4 of the closed form there."""
+    before the step that would take its estimate past the tolerance (1e-4), its covariance
+    within 1e-4 of the closed form there."""
     t_half = 0.5 * softmax_blowup_time(E5_COV, E5_A, 1.0)
     t_star, result, errors = e5_fixed_run(
-        96, t_half, np.linspace(0.0, t_half, 51), resolution_action="stop"
+        96,
+        t_half,
+        np.linspace(0.0, t_half, 51),
+        resolution_action="stop",
+        resolution_tolerance=1e-4,
     )
     error = errors[-1]
     print(f"\nstopped {result.status} at {result.status_time / t_star:.4f} t*: error {error:.2e}")
@@ -274,3 +280,186 @@ def test_the_event_suggests_the_frame_only_where_it_helps():
     assert 'scheme.frame = "affine"' in messages["softmax"]
     assert "frame" not in messages["sigmoid"] and "refine the grid" in messages["sigmoid"]
     assert framed.status == "under_resolved" and "frame" not in framed.status_message
+
+
+# ---- calibration (docs/theory.md, 'Calibrating the resolution monitor') -------------------
+#: softmax on the c1 matrices (examples/softmax.toml): its box, N(MEAN1, COV1), to t = 1
+C1_A = np.array([[-0.6, 0.8], [-0.2, -0.3]])
+C1_V = np.array([[1.0, 0.5], [-0.3, 0.8]])
+C1_MEAN, C1_COV = np.array([0.5, -0.3]), np.array([[1.0, 0.4], [0.4, 0.6]])
+
+
+def c1_run(cells: int, t_end: float = 1.0, **options):
+    """examples/softmax.toml on cells^2 to t_end (21 snapshots): the result and, per
+    snapshot, (t, the density's relative L1 error against the exact cell averages of the
+    Gaussian solution, the relative covariance error, the mean error / ||Sigma||^1/2)."""
+    grid = Grid([-5.5, -5.25], [6.5, 4.5], [cells, cells])
+    params = Head(C1_A, C1_V)
+    result = Solver(
+        Problem(
+            grid,
+            gaussian(grid, C1_MEAN, C1_COV),
+            ATTENTION["softmax"](params),
+            t_end,
+            snapshots=21,
+            **options,
+        )
+    ).run()
+    solution = solve("softmax", C1_MEAN, C1_COV, params, t_end)
+    rows = []
+    for snap in result.snapshots:
+        mean_ref, cov_ref = solution.at(snap.time)
+        exact = gaussian(grid, mean_ref, cov_ref)
+        _, mean, cov = moments(snap.density, grid)
+        scale = np.linalg.norm(cov_ref, 2)
+        rows.append(
+            (
+                snap.time,
+                float(np.abs(snap.density - exact).sum() / exact.sum()),
+                float(np.linalg.norm(cov - cov_ref, 2) / scale),
+                float(np.linalg.norm(mean - mean_ref) / np.sqrt(scale)),
+            )
+        )
+    return result, rows
+
+
+def test_the_warning_fires_where_the_true_error_passes_the_tolerance():
+    """The default tolerance (1e-3) against the true errors of the softmax example (the
+    Gaussian solution): on 80^2 the density's L1 error and the moments' stay below it to
+    t = 1 and no warning fires; on 48^2 (resolution_action = "stop", to read the state at
+    the warning) the run ends under_resolved where the true L1 error is 1.0..1.5 times the
+    tolerance (the estimate tracks it to 0.7..1.0), with the covariance and mean errors
+    below the L1 error, and before that every snapshot was below 1.5 times the tolerance."""
+    from tpde.schemes.monitor import RESOLUTION_TOLERANCE
+
+    resolved, fine = c1_run(80)
+    stopped, coarse = c1_run(48, resolution_action="stop")
+    print("\n   n  status          t      l1 error   cov error   mean error   estimate")
+    for n, result, rows in ((80, resolved, fine), (48, stopped, coarse)):
+        t, l1, cov, mean = rows[-1]
+        print(
+            f"{n:4d}  {result.status:14s} {t:5.3f}  {l1:.2e}   {cov:.2e}    {mean:.2e}     "
+            f"{result.reconstruction_error:.2e}"
+        )
+    assert resolved.status == "completed" and not resolved.events
+    assert max(max(r[1:]) for r in fine) < RESOLUTION_TOLERANCE
+    assert stopped.status == "under_resolved" and 0 < stopped.status_time < 1
+    t, l1, cov, mean = coarse[-1]
+    assert t == stopped.status_time
+    assert RESOLUTION_TOLERANCE <= l1 <= 1.5 * RESOLUTION_TOLERANCE
+    assert max(cov, mean) < l1
+    assert all(row[1] < 1.5 * RESOLUTION_TOLERANCE for row in coarse)
+
+
+def test_a_fixed_box_far_beyond_its_resolution_stops():
+    """resolution_action = "warn_then_stop": the softmax example on 32^2 records the
+    event at the tolerance and then stops, status under_resolved with its time, before the
+    step that takes the estimate past 10 times the tolerance (its true L1 error there within
+    a factor 1.5 of that); the event's advice names the co-moving frame and a cell count."""
+    from tpde.schemes.monitor import RESOLUTION_STOP_FACTOR, RESOLUTION_TOLERANCE
+
+    stopped, rows = c1_run(32, resolution_action="warn_then_stop")
+    events = [e for e in stopped.events if e.kind == "under_resolved"]
+    t, l1, cov, mean = rows[-1]
+    print(f"\n32^2: {stopped.status} at t = {stopped.status_time:.4g}: l1 error {l1:.2e}")
+    print(events[0].message)
+    print(stopped.status_message)
+    limit = RESOLUTION_STOP_FACTOR * RESOLUTION_TOLERANCE
+    assert stopped.status == "under_resolved" and t == stopped.status_time < 1.0
+    assert len(events) == 1 and events[0].time < stopped.status_time
+    assert limit / 1.5 <= l1 <= 1.5 * limit
+    assert "far beyond" in stopped.status_message
+    assert 'scheme.frame = "affine"' in events[0].message
+    assert "refine the grid to about" in events[0].message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cells", [40, 48, 56])
+def test_the_suggested_cells_resolve_the_run(cells):
+    """The cell count the under_resolved event of the softmax example suggests (40^2, 48^2,
+    56^2, run to t = 1): the run on that many cells ends without a
+    warning, its true L1 error below the tolerance at t = 1."""
+    from tpde.schemes.monitor import RESOLUTION_TOLERANCE
+
+    coarse, _ = c1_run(cells)
+    message = coarse.events[0].message
+    suggested = int(message.split("refine the grid to about ")[1].split(" x ")[0])
+    refined, rows = c1_run(suggested)
+    print(
+        f"\n{cells}^2: estimate {coarse.reconstruction_error:.2e} at t = 1; suggested "
+        f"{suggested}^2: {refined.status}, events {len(refined.events)}, estimate "
+        f"{refined.reconstruction_error:.2e}, l1 error {rows[-1][1]:.2e}"
+    )
+    assert cells < suggested < 2 * cells
+    assert refined.status == "completed" and not refined.events
+    assert rows[-1][1] < RESOLUTION_TOLERANCE
+
+
+def test_the_width_test_measures_a_cluster_in_cells():
+    """cluster_width on exact cell averages of Gaussians: the standard deviation in cells
+    to 3 % from 0.6 to 6 cells (the narrowest axis counts), inf for a flat density."""
+    from tpde.schemes.monitor import cluster_width
+
+    grid = Grid([-6.0, -6.0], [6.0, 6.0], [60, 60])  # h = 0.2
+    rows = []
+    for sigma in (0.12, 0.3, 0.6, 1.2):
+        rho = gaussian(grid, [0.31, -0.47], [[4 * sigma**2, 0.0], [0.0, sigma**2]])
+        width, centre = cluster_width(rho, grid)
+        rows.append((sigma / 0.2, width, centre))
+    print("\n  sigma/h   width test   at")
+    for expected, width, centre in rows:
+        print(f"  {expected:6.2f}   {width:8.3f}    {centre}")
+    assert all(abs(w / e - 1) <= 0.03 for e, w, _ in rows)
+    assert all(np.allclose(c, [0.3, -0.5]) for _, _, c in rows)
+    assert cluster_width(np.ones(grid.shape), grid)[0] == np.inf
+
+
+def test_the_advice_names_atoms_only_for_a_narrow_cluster():
+    """A mixture with one component 0.7 cells wide gets "atoms" in its under_resolved advice
+    (at that component's position), a law 4 cells wide does not."""
+    grid = Grid([-6.0, -6.0], [6.0, 6.0], [48, 48])  # h = 0.25
+    field = ATTENTION["softmax"](Head(0.3 * np.eye(2), -np.eye(2)))
+    laws = {
+        "narrow": gaussian_mixture(
+            grid, [0.5, 0.5], [[-2.0, 0.0], [1.6, 1.1]], [np.eye(2), 0.03 * np.eye(2)]
+        ),
+        "wide": gaussian(grid, [0.0, 0.0], np.eye(2)),
+    }
+    messages = {}
+    for name, rho in laws.items():
+        result = Solver(
+            Problem(grid, rho, field, 0.01, resolution_action="stop", resolution_tolerance=1e-14)
+        ).run()
+        assert result.status == "under_resolved"
+        messages[name] = result.status_message
+    print("\n" + "\n".join(messages.values()))
+    assert "atoms: the cluster at x = (1.625, 1.125)" in messages["narrow"]
+    assert "atoms" not in messages["wide"] and "refine the grid to about" in messages["wide"]
+
+
+def test_the_resolution_keys_of_a_config():
+    """run.resolution_action takes "warn" (the default), "stop" and "warn_then_stop"; another
+    value is one ConfigError naming the key and the choices; the default tolerance is the
+    policy's (RESOLUTION_TOLERANCE)."""
+    from tpde.config import ConfigError, build
+    from tpde.schemes.monitor import RESOLUTION_ACTIONS, RESOLUTION_TOLERANCE
+
+    raw = {
+        "grid": {"lower": [-8.0], "upper": [8.0], "cells": [16]},
+        "attention": {"variant": "softmax", "A": [[0.3]], "V": [[-1.0]]},
+        "run": {"t_end": 0.1},
+    }
+    problem = build(raw).problem
+    assert problem.resolution_action == "warn"
+    assert problem.resolution_tolerance == RESOLUTION_TOLERANCE == 1e-3
+    for action in RESOLUTION_ACTIONS:
+        raw["run"]["resolution_action"] = action
+        assert build(raw).problem.resolution_action == action
+    raw["run"]["resolution_action"] = "continue"
+    try:
+        build(raw)
+    except ConfigError as exc:
+        message = str(exc)
+    print("\n" + message)
+    assert message.startswith("run.resolution_action") and "warn_then_stop" in message
+    assert "\n" not in message

@@ -355,7 +355,7 @@ def cmd_run(args) -> int:
     # progress, never a warning
     for line in io.events(path):
         if line.split(" ", 1)[0] in WARNED_EVENTS:
-            print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
+            print(f"tpde: warning: {' '.join(line.split())[:600]}", file=sys.stderr)
     return 0
 
 

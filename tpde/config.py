@@ -79,7 +79,12 @@ from tpde.grid import (
 )
 from tpde.schema import FLAT
 from tpde.schemes.frame import AffineFrame, mixture_frame
-from tpde.schemes.monitor import BOX_ACTIONS
+from tpde.schemes.monitor import (
+    BOX_ACTIONS,
+    RESOLUTION_ACTION,
+    RESOLUTION_ACTIONS,
+    RESOLUTION_TOLERANCE,
+)
 from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
     ATTENTION,
@@ -926,10 +931,12 @@ def _run_settings(run: dict) -> dict:
         "box_action": _choice("run.box_action", run.get("box_action", "stop"), BOX_ACTIONS),
         "collapse_ratio": _number("run.collapse_ratio", run.get("collapse_ratio", 1e-4)),
         "resolution_tolerance": _number(
-            "run.resolution_tolerance", run.get("resolution_tolerance", 1e-4)
+            "run.resolution_tolerance", run.get("resolution_tolerance", RESOLUTION_TOLERANCE)
         ),
         "resolution_action": _choice(
-            "run.resolution_action", run.get("resolution_action", "warn"), BOX_ACTIONS
+            "run.resolution_action",
+            run.get("resolution_action", RESOLUTION_ACTION),
+            RESOLUTION_ACTIONS,
         ),
     }
     snapshots = run.get("snapshots", 41)

@@ -125,10 +125,14 @@ FLAT: dict[str, dict[str, Entry]] = {
         "box_tolerance": ("1e-4", "the box measures' limit (edge mass, cut of the tilted laws)"),
         "box_action": ('"stop"', "`stop` with status `box_limited`, or `warn`: record an event"),
         "collapse_ratio": ("1e-4", "record a `collapse` event below this eigenvalue ratio"),
-        "resolution_tolerance": ("1e-4", "the resolution monitor's limit"),
+        "resolution_tolerance": (
+            "1e-3",
+            "the resolution monitor's limit: the share of the mass the reconstruction misplaced",
+        ),
         "resolution_action": (
             '"warn"',
-            "`warn`: record an `under_resolved` event; `stop`: end the run there",
+            "`warn`: record an `under_resolved` event and go on; `stop`: end the run there; "
+            "`warn_then_stop`: end a fixed box at 10x the tolerance",
         ),
     },
 }
