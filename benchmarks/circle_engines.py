@@ -32,7 +32,7 @@ from tpde.grid.circle import circle_grid, von_mises_mixture  # noqa: E402
 from tpde.grid.threads import set_num_threads  # noqa: E402
 from tpde.schemes.solver import Problem, Solver  # noqa: E402
 from tpde.variants import Head  # noqa: E402
-from tpde.variants.spherical import CircleAttention  # noqa: E402
+from tpde.variants.spherical import CircleAttention, is_conformal  # noqa: E402
 
 BLOCK = 5
 MIXTURE = [(0.5, 0.5, 6.0), (0.3, 2.8, 10.0), (0.2, 4.5, 4.0)]
@@ -55,7 +55,10 @@ def main() -> int:
     dt = 0.2 * grid.spacing[0] / 8.0  # within the CFL bound of both (|theta'| <= ||C||)
     for solver in solvers.values():  # warm-up: compilation, kernel tables
         solver.step(dt)
-    engines = {name: f.last_engine for name, f in fields.items()}
+    engines = {  # the engine "auto" took, and which of its two ways
+        name: f"{f.last_engine} ({'convolution' if is_conformal(head.A) else 'series'})"
+        for (name, f), head in zip(fields.items(), (CONFORMAL, GENERAL), strict=True)
+    }
     ratios, times = [], {name: [] for name in solvers}
     for _ in range(max(1, args.steps // BLOCK)):
         block = {}
