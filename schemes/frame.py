@@ -293,3 +293,47 @@ def embedded_error(start: AffineFrame, second: AffineFrame, end: AffineFrame) ->
         float(np.abs(end.matrix - heun_matrix).max()),
     )
     return err / scale if scale > 0 else math.inf
+
+
+#: the frame's step control gives up on a step whose retries do not lower its embedded error
+#: estimate at least like this power of the step (SSP-RK3 against Heun: a smooth frame's
+#: estimate falls like dt^3; rates that jump by e from stage to stage give dt e, order 1):
+#: the estimate is then the roughness of the frame's rates in time (an under-resolved law
+#: whose fit jumps between stages), which no shorter step resolves. The threshold is the
+#: noise's own order, so only an error no better than noise stops a run (a mix of step and
+#: noise error, order between 1 and 3, keeps shortening the step). Measured on the
+#: three-bump law of docs/theory.md, 'When the frame cannot go on': orders 0.74 - 0.89
+ROUGH_ORDER = 1.0
+#: retries of one step are only compared when the step shrank by at least this factor (closer
+#: steps cannot tell an order)
+ROUGH_STEP_RATIO = 0.8
+#: and it gives up after this many rejections of one step, whatever their errors
+FRAME_RETRIES = 8
+
+
+def rough_rates(tries: Sequence[tuple[float, float]], tolerance: float) -> str | None:
+    """Why the frame's step control gives up on a step, or None (a storm of rejected steps).
+
+    tries: the ``(dt, embedded error)`` of the step's rejected attempts so far, in order. A
+    retry whose error fell by less than ``(dt_2 / dt_1)^ROUGH_ORDER`` (with ``dt_2 <=
+    ROUGH_STEP_RATIO dt_1``) shows an error that does not come from the step; after
+    ``FRAME_RETRIES`` rejections the step control has failed whatever the errors."""
+    if len(tries) >= FRAME_RETRIES:
+        return (
+            f"the frame's step control rejected {len(tries)} steps in a row (FRAME_RETRIES), "
+            f"down to dt = {tries[-1][0]:.3e} with error {tries[-1][1]:.2e} > "
+            f"scheme.frame_tolerance = {tolerance:g}"
+        )
+    for (dt1, e1), (dt2, e2) in zip(tries, tries[1:], strict=False):
+        if not (0.0 < dt2 <= ROUGH_STEP_RATIO * dt1 and e1 > 0.0 and e2 > 0.0):
+            continue
+        order = math.log(e1 / e2) / math.log(dt1 / dt2)
+        if order < ROUGH_ORDER:
+            return (
+                f"the frame's rates are rough in time: its error estimate fell from {e1:.2e} "
+                f"to {e2:.2e} when the step shrank from {dt1:.3e} to {dt2:.3e} (order "
+                f"{order:.2f} < ROUGH_ORDER = {ROUGH_ORDER:g}; a smooth frame's falls like "
+                f"dt^3), so no step meets scheme.frame_tolerance = {tolerance:g} (refine the "
+                "grid, or raise scheme.frame_tolerance)"
+            )
+    return None

@@ -462,14 +462,24 @@ class Monitor:
                 self.warned = True
                 self.events.append(Event("box_limited", t, message))
             return None
-        t_star = predicted_blowup(self.times, self.covariances)
-        grown = self.covariances and float(np.linalg.eigvalsh(self.covariances[-1])[-1]) > (
-            2.0 * self.largest0
-        )
+        return self.ended(t, "box_limited", message, what)
+
+    def ended(self, t: float, status: str, message: str, why: str) -> tuple[str, str]:
+        """The status of a run that has to stop at time t, and its message: ``blowup`` with
+        the predicted time where the covariance has grown (its largest eigenvalue past
+        twice the initial one) and a blow-up is predicted (:func:`predicted_blowup`), the
+        stop's own ``status`` and ``message`` otherwise. ``why``: the stop's reason, for the
+        blow-up message. The box's truncation, the frame's step control and a non-finite
+        value in a frame run all end here."""
+        with np.errstate(all="ignore"):  # (a covariance near singular: inf is an answer)
+            t_star = predicted_blowup(self.times, self.covariances)
+            grown = bool(self.covariances) and float(
+                np.linalg.eigvalsh(self.covariances[-1])[-1]
+            ) > (2.0 * self.largest0)
         if math.isfinite(t_star) and grown:
             return "blowup", (
                 f"covariance blowing up: predicted blow-up at t* = {t_star:.9g} "
                 f"(inverse covariance extrapolated linearly); stopped at t = {t:.6g} "
-                f"= {t / t_star:.3f} t* because {what}"
+                f"= {t / t_star:.3f} t* because {why}"
             )
-        return "box_limited", message
+        return status, message

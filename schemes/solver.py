@@ -35,6 +35,7 @@ from .frame import (
     affine_fit,
     embedded_error,
     face_density,
+    rough_rates,
     truncation_indicator,
     unheld_share,
 )
@@ -75,6 +76,10 @@ class SimulationError(RuntimeError):
 
 class FrameStepRejected(ArithmeticError):
     """A step whose frame error exceeded the tolerance (redone with a shorter step)."""
+
+    def __init__(self, error: float, tolerance: float):
+        super().__init__(f"frame error {error:.3e} > {tolerance:.1e}")
+        self.error = error
 
 
 @dataclass
@@ -460,6 +465,8 @@ class Solver:
                 self.truncation = max(self.truncation, found)
             if frame is not None:
                 normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
+                if not (np.all(np.isfinite(rates.mean)) and np.all(np.isfinite(rates.matrix))):
+                    raise SimulationError(f"frame: non-finite rates at t = {t:.6g}")
             values = list(normal)  # the operator interpolates them along the faces
         else:
             offsets = [off for node_offsets, _ in self.nodes for off in node_offsets]
@@ -580,7 +587,7 @@ class Solver:
             factor = 0.9 * (tolerance / error) ** (1.0 / 3.0) if error > 0 else 4.0
             self._frame_dt = dt * min(4.0, max(0.2, factor))
             if error > 2.0 * tolerance:
-                raise FrameStepRejected(f"frame error {error:.3e} > {tolerance:.1e}")
+                raise FrameStepRejected(error, tolerance)
         if not kernels.all_finite(flat_out):
             raise SimulationError(
                 f"non-finite density at t = {self.t + dt:.6g}, step {self.steps + 1}"
@@ -631,7 +638,24 @@ class Solver:
         return snap
 
     def advance_to(self, t_target: float) -> str:
-        """Step until t == t_target exactly. Returns a status (``completed`` when reached)."""
+        """Step until t == t_target exactly. Returns a status (``completed`` when reached).
+
+        In the co-moving frame a non-finite value (:class:`SimulationError`) ends the run
+        with a status instead: ``blowup`` with its prediction where the covariance has grown
+        (:meth:`.monitor.Monitor.ended`), else ``failed``; numpy's floating-point warnings
+        are off in the step (every non-finite value is checked for and named)."""
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if self.frame is None:
+                return self._advance_to(t_target)
+            try:
+                return self._advance_to(t_target)
+            except SimulationError as exc:
+                status, self.status_message = self.monitor.ended(
+                    self.t, "failed", str(exc), f"the numerics failed: {exc}"
+                )
+                return status
+
+    def _advance_to(self, t_target: float) -> str:
         scheme = self.problem.scheme
         while self.t < t_target:
             if self.steps >= self.problem.max_steps:
@@ -666,6 +690,7 @@ class Solver:
             if unresolved is not None:  # (the run ends before the step that would pass)
                 self.status_message = unresolved[1]
                 return unresolved[0]
+            tries: list[tuple[float, float]] = []  # the frame's rejected (dt, error)
             for _attempt in range(30):
                 try:
                     self.step(dt, handed.pop() if handed else None)
@@ -673,8 +698,16 @@ class Solver:
                 except PositivityError:  # redone from scratch (the stage-0 velocity too)
                     self.rejected += 1
                     dt *= 0.5
-                except FrameStepRejected:
+                except FrameStepRejected as exc:
                     self.rejected += 1
+                    tries.append((dt, exc.error))
+                    rough = rough_rates(tries, scheme.frame_tolerance)
+                    if rough is not None:  # a storm of rejections: the run ends here
+                        message = f"at t = {self.t:.6g}: {rough}"
+                        status, self.status_message = self.monitor.ended(
+                            self.t, "under_resolved", message, rough
+                        )
+                        return status
                     dt = self._frame_dt
             else:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")

@@ -26,12 +26,16 @@ Engines (``engine=``):
   density's modes beyond the grid's Nyquist mode: spectral accuracy. The accuracy is
   absolute, ``~1e-16`` of the largest term, and it is exact mode by mode, which the linear
   rates need (a mode's velocity is its own coefficient times the kernel's, whatever the
-  other modes hold).
+  other modes hold). Any other 2 x 2 ``A`` takes the Jacobi-Anger series of
+  :mod:`tpde.variants.engines.bessel` from the same coefficients: per target ``c = A x``,
+  ``e^{c.y} = sum_k I_k(|c|) e^{i k (phi - arg c)}``, cut a posteriori where the tail bound
+  falls below 1e-14 of the sums' scale (``O(N K)`` per lattice, ``K ~ |A| + 30``; the same
+  absolute accuracy).
 * ``"direct"``: any ``A``, ``C``: dense sums over eighth-order point values of the density
   (``tpde.grid.stencils.point_values``, negatives set to zero) with all terms positive:
   relative accuracy in the denominator however small the sums are (a clustered density
   far from its clusters), ``O(N^2)`` per lattice.
-* ``"auto"`` (default): ``"fft"`` for a rotation-invariant kernel with ``|A| <= 8``
+* ``"auto"`` (default): ``"fft"`` for any head with ``|A| <= 8``
   (``e^{2 |A|} 1e-16 <= 1e-9``: the relative error of the smallest sums), ``"direct"``
   otherwise.
 
@@ -54,10 +58,11 @@ from numpy.typing import ArrayLike
 from scipy.special import ive
 
 from tpde.grid import Grid
-from tpde.grid.circle import TWO_PI, circle_copies
+from tpde.grid.circle import TWO_PI, circle_copies, fourier_modes
 from tpde.grid.stencils import point_values
 from tpde.schemes.velocity import VelocityField
 
+from .engines.bessel import BesselSeries
 from .engines.cache import Recent
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 
@@ -137,7 +142,7 @@ class CircleAttention(VelocityField):
         self.normalised = bool(normalised)
         self.engine = engine
         self.last_engine: str | None = None
-        self._fixed = Recent(8)  # kernel coefficients / matrices per (grid, head, offset)
+        self._fixed = Recent(16)  # kernel coefficients / tables per (grid, head, offset)
 
     # ---- the protocol ----------------------------------------------------------------------
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
@@ -157,8 +162,10 @@ class CircleAttention(VelocityField):
         # centre j - 1/2, and the last face (n) repeats face 0
         offs = [float(np.asarray(off, float).reshape(-1)[0]) for off in offsets]
         shifts = [-0.5 if off == 0.5 else off for off in offs]
-        if engine == "fft":
+        if engine == "fft" and is_conformal(head.A):
             values = self._fft(rho, grid, head, copies, shifts)
+        elif engine == "fft":
+            values = self._bessel(rho, grid, head, shifts)
         else:
             values = self._direct(rho, grid, head, shifts)
         return [
@@ -178,25 +185,23 @@ class CircleAttention(VelocityField):
             if self.engine == "direct":
                 raise ValueError('grid.copies: an m-fold circle grid needs engine = "fft"')
             return "fft"
-        if self.engine == "fft":
-            if not conformal:
-                raise ValueError(
-                    'attention.engine: "fft" on the circle needs A = a I + b J (a kernel of '
-                    'phi - theta); use "direct"'
-                )
-            return "fft"
-        if self.engine == "direct":
-            return "direct"
-        return "fft" if conformal and np.linalg.norm(head.A, 2) <= FFT_AUTO_MAX_NORM else "direct"
+        if self.engine in ("fft", "direct"):
+            return self.engine
+        return "fft" if self._norms(head)[0] <= FFT_AUTO_MAX_NORM else "direct"
+
+    def _norms(self, head: Head) -> tuple[float, float]:
+        """``(||A||_2, ||C||_2)``, kept while the head is (an SVD each: a step's cost)."""
+        key = ("norms", id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            norms = (float(np.linalg.norm(head.A, 2)), float(np.linalg.norm(head.C, 2)))
+            cached = (head, norms)
+            self._fixed[key] = cached
+        return cached[1]
 
     def _bound(self, head: Head) -> float:
         """``||C||_2``: the clip of a normalised velocity."""
-        key = ("bound", id(head))
-        cached = self._fixed.get(key)
-        if cached is None or cached[0] is not head:
-            cached = (head, float(np.linalg.norm(head.C, 2)))
-            self._fixed[key] = cached
-        return cached[1]
+        return self._norms(head)[1]
 
     # ---- the FFT engine -------------------------------------------------------------------
     def _fft_coefficients(self, grid: Grid, head: Head, copies: int, shift: float):
@@ -260,6 +265,59 @@ class CircleAttention(VelocityField):
             out.append(u)
         return out
 
+    # ---- the Jacobi-Anger series (any A) --------------------------------------------------
+    def _series(self, grid: Grid, head: Head, shift: float):
+        """Per lattice: the Bessel table of the tilts ``A x`` and ``C^T t`` at the targets
+        (:class:`~.engines.bessel.BesselSeries`), fixed while grid and head are."""
+        key = ("bessel", grid, id(head), shift)
+        cached = self._fixed.get(key)
+        if cached is not None and cached[0] is head:
+            return cached[1]
+        targets = grid.lower[0] + (np.arange(grid.cells[0]) + 0.5 + shift) * grid.spacing[0]
+        tilts = np.stack([np.cos(targets), np.sin(targets)], axis=1) @ head.A.T  # c = A x
+        tangents = np.stack([-np.sin(targets), np.cos(targets)], axis=1)
+        series = BesselSeries(
+            np.hypot(tilts[:, 0], tilts[:, 1]), np.arctan2(tilts[:, 1], tilts[:, 0])
+        )
+        entry = (series, tangents @ head.C)  # <t, C y> = (C^T t) . y
+        self._fixed[key] = (head, entry)
+        return entry
+
+    def _mode_factors(self, grid: Grid) -> np.ndarray:
+        """``(2 pi / n) e^{-i m theta_0} / sinc(m h / 2)``, ``m = 0 .. n // 2 - 1``: the rfft
+        of the cell averages to ``c_m`` (:func:`tpde.grid.circle.fourier_modes`)."""
+        key = ("modes", grid)
+        cached = self._fixed.get(key)
+        if cached is None:
+            delta = np.zeros(grid.cells[0])
+            delta[0] = 1.0  # its rfft is 1 in every mode: fourier_modes gives the factors
+            cached = fourier_modes(delta, grid)
+            self._fixed[key] = cached
+        return cached
+
+    def _bessel(self, rho, grid: Grid, head: Head, shifts: list[float]):
+        """theta' from the series sums ``e^{-r} Z`` and ``e^{-r} (M_1 + i M_2)``: the
+        numerator ``(C^T t) . M``, over ``Z`` (normalised) or times ``e^{r}``."""
+        if self._norms(head)[0] > 300.0:
+            raise ValueError("attention.A: |A| > 300 overflows the sums on the circle")
+        bound = self._bound(head)
+        tables = [self._series(grid, head, shift) for shift in shifts]
+        # the coefficients c_m the longest series reads (m <= K + 1), below Nyquist
+        count = min(max(series.order for series, _ in tables) + 2, grid.cells[0] // 2)
+        positive = np.fft.rfft(rho)[:count] * self._mode_factors(grid)[:count]
+        out = []
+        for series, weights in tables:
+            z, moment = series.sums(positive)
+            numerator = weights[:, 0] * moment.real + weights[:, 1] * moment.imag
+            if self.normalised:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    u = np.where(z > 0.0, numerator / z, 0.0)
+                np.clip(u, -bound, bound, out=u)
+            else:
+                u = numerator * np.exp(series.radius)
+            out.append(u)
+        return out
+
     # ---- the direct engine ----------------------------------------------------------------
     def _direct_matrices(self, grid: Grid, head: Head, shift: float):
         key = ("direct", grid, id(head), shift)
@@ -281,7 +339,7 @@ class CircleAttention(VelocityField):
         return matrices
 
     def _direct(self, rho, grid: Grid, head: Head, shifts: list[float]):
-        if np.linalg.norm(head.A, 2) > 300.0:
+        if self._norms(head)[0] > 300.0:
             raise ValueError("attention.A: |A| > 300 overflows the direct sums on the circle")
         weights = np.maximum(point_values(rho, grid), 0.0) * grid.spacing[0]
         bound = self._bound(head)
@@ -309,8 +367,6 @@ def interaction_energy(density: np.ndarray, grid: Grid, beta: float) -> float:
     (:func:`tpde.grid.circle.fourier_modes`; spectrally accurate, absolute accuracy
     ``1e-16 E``).
     """
-    from tpde.grid.circle import fourier_modes
-
     copies = circle_copies(grid)
     modes = fourier_modes(density, grid)
     k = copies * np.arange(modes.shape[-1])

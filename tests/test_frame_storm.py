@@ -1,0 +1,160 @@
+"""The co-moving frame never crashes (docs/theory.md, 'When the frame cannot go on'): a
+non-finite value ends the run with ``blowup`` and its prediction where the covariance has
+grown (else ``failed``), a storm of rejected frame steps ends with a status naming its
+reason, and no numpy warning escapes. References: the softmax closed form
+``Sigma(t)^-1 = Sigma0^-1 - t (A + A^T)`` (V = I) and its blow-up time t*."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from tpde.grid import Grid, gaussian
+from tpde.schemes.frame import FRAME_RETRIES, AffineFrame, rough_rates
+from tpde.schemes.solver import Problem, Scheme, Solver
+from tpde.validation.gaussian import softmax_blowup_time
+from tpde.variants import Head
+from tpde.variants.softmax import SoftmaxAttention
+
+A = np.array([[0.6, 0.2], [0.0, 0.4]])
+COV0 = np.array([[1.0, 0.3], [0.3, 0.8]])
+T_STAR = softmax_blowup_time(COV0, A, 1.0)
+
+
+class Faulty(SoftmaxAttention):
+    """Softmax whose frame velocity overflows from ``t_bad`` on (``mode = "overflow"``: a
+    product past the largest double, as numpy's sums do when tilts grow), or carries a
+    random shift of size ``noise`` per evaluation (``mode = "noise"``: rates rough in time)."""
+
+    def __init__(self, mode: str, t_bad: float = 0.0, noise: float = 0.0):
+        super().__init__(Head(A, np.eye(2)))
+        self.mode, self.t_bad, self.noise = mode, t_bad, noise
+        self.rng = np.random.default_rng(7)
+
+    def frame_components(self, density, grid, t, offsets, components, frame):
+        out = super().frame_components(density, grid, t, offsets, components, frame)
+        if t < self.t_bad:
+            return out
+        if self.mode == "overflow":
+            return [u * np.float64(1e300) * np.float64(1e300) for u in out]
+        # one random shift per lattice: the frame's fit takes it into its rates whole
+        return [u + self.noise * self.rng.standard_normal() for u in out]
+
+
+def frame_run(field: SoftmaxAttention, t_end: float, tolerance: float = 1e-8):
+    grid = Grid([-16.0] * 2, [16.0] * 2, [48, 48])
+    problem = Problem(
+        grid,
+        gaussian(grid, np.zeros(2), np.eye(2)),
+        field,
+        t_end,
+        scheme=Scheme(frame="affine", frame_tolerance=tolerance),
+        frame=AffineFrame.following(np.zeros(2), COV0),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning reaches the user
+        return Solver(problem).run()
+
+
+def test_a_non_finite_velocity_after_growth_ends_with_blowup_and_its_prediction():
+    result = frame_run(Faulty("overflow", t_bad=0.55 * T_STAR), T_STAR)
+    print(f"\n{result.status}: {result.status_message}")
+    assert result.status == "blowup", result.status_message
+    assert "the numerics failed" in result.status_message
+    predicted = float(result.status_message.split("t* = ")[1].split()[0])
+    assert abs(predicted - T_STAR) <= 1e-3 * T_STAR, (predicted, T_STAR)
+    assert result.status_time < 0.55 * T_STAR + 0.05
+
+
+def test_a_non_finite_velocity_before_growth_ends_failed():
+    result = frame_run(Faulty("overflow", t_bad=0.02), 0.5)
+    print(f"\n{result.status}: {result.status_message}")
+    assert result.status == "failed"
+    assert "non-finite" in result.status_message
+    assert 0.0 < result.status_time < 0.05
+
+
+def test_rough_rates_end_the_run_with_a_status():
+    result = frame_run(Faulty("noise", noise=1e-3), 0.5)
+    print(f"\n{result.status} after {result.steps} steps, {result.rejected_steps} rejected: ")
+    print(result.status_message)
+    assert result.status == "under_resolved"
+    assert "rough in time" in result.status_message or "FRAME_RETRIES" in result.status_message
+    assert result.steps <= 2 and result.rejected_steps <= FRAME_RETRIES
+
+
+def test_the_storm_rule():
+    tolerance = 1e-10
+    smooth = [(1e-3, 8e-10), (0.5e-3, 1e-10 * 1.01)]  # error ~ dt^3
+    assert rough_rates(smooth, tolerance) is None
+    rough = [(1e-3, 8e-10), (0.5e-3, 5e-10)]  # order 0.68: no better than noise
+    assert "rough in time" in rough_rates(rough, tolerance)
+    mixed = [(1e-3, 8e-10), (0.5e-3, 3e-10)]  # order 1.4: the step's error shows
+    assert rough_rates(mixed, tolerance) is None
+    close = [(1e-3, 8e-10), (0.9e-3, 7.9e-10)]  # steps too close to tell an order
+    assert rough_rates(close, tolerance) is None
+    many = [(1e-3 * 0.95**k, 2e-10) for k in range(FRAME_RETRIES)]
+    assert "FRAME_RETRIES" in rough_rates(many, tolerance)
+
+
+@pytest.mark.parametrize("status", ["box_limited", "under_resolved"])
+def test_a_stop_without_growth_keeps_its_own_status(status):
+    from tpde.schemes.monitor import Monitor
+
+    monitor = Monitor()
+    monitor.record(0.0, COV0)
+    monitor.record(0.1, COV0 * 1.01)
+    assert monitor.ended(0.1, status, "why", "why") == (status, "why")
+
+
+#: the three-bump law of docs/theory.md, 'When the frame cannot go on'
+THREE_BUMPS = {
+    "kind": "mixture",
+    "weights": [0.4, 0.3, 0.3],
+    "means": [[-1.5, 0.0], [1.5, 0.5], [0.0, 1.8]],
+    "covariances": [[[0.2, 0.0], [0.0, 0.2]]] * 3,
+}
+
+
+def three_bumps(radius: float, cells: int, frame: str, t_end: float = 3.0):
+    from tpde.config import build
+
+    return build(
+        {
+            "grid": {"lower": [-radius] * 2, "upper": [radius] * 2, "cells": [cells] * 2},
+            "initial": THREE_BUMPS,
+            "attention": {"variant": "softmax", "A": np.eye(2).tolist(), "V": np.eye(2).tolist()},
+            "scheme": {"frame": frame},
+            "run": {"t_end": t_end, "snapshots": [0.0, t_end]},
+        }
+    ).problem
+
+
+@pytest.mark.slow
+def test_three_bumps_in_the_frame_end_with_blowup_and_its_prediction():
+    """The frame on +-16 at 64^2 ends blowup or box_limited with a prediction, without a
+    warning; the prediction against a fixed +-6 box at 192^2 stopped at the same time."""
+    import time
+
+    from tpde.schemes.monitor import predicted_blowup
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        framed = Solver(three_bumps(16.0, 64, "affine")).run()
+    wall = time.perf_counter() - start
+    print(f"\nframe: {framed.status} at t = {framed.status_time:.6g}, {framed.steps} steps, ")
+    print(f"{framed.rejected_steps} rejected, {wall:.1f} s: {framed.status_message}")
+    assert framed.status in ("blowup", "box_limited"), framed.status_message
+    assert "t* = " in framed.status_message
+    predicted = float(framed.status_message.split("t* = ")[1].split()[0])
+    reference = Solver(three_bumps(6.0, 192, "fixed", framed.status_time))
+    fixed = reference.run()
+    t_fixed = predicted_blowup(reference.monitor.times, reference.monitor.covariances)
+    print(
+        f"fixed +-6 at 192^2 to t = {fixed.status_time:.6g} ({fixed.status}): t* = {t_fixed:.6g}; "
+        f"frame t* = {predicted:.6g}, relative difference {abs(predicted / t_fixed - 1):.2e}"
+    )
+    assert fixed.status_time == pytest.approx(framed.status_time)
