@@ -318,6 +318,34 @@ def gauss_nodes(nodes: int) -> tuple[np.ndarray, np.ndarray]:
     return 0.5 * x, 0.5 * w
 
 
+def _tensor_points(T: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``sum_{m, k} T[g, i, m] T[h, j, k] q[..., m, k]`` as ``(..., n, n, g, g)``: the tensor
+    reconstruction by two matrix products (``T (g, n, n)``)."""
+    rows = np.matmul(T, q[..., None, :, :])  # (..., g, i, k)
+    values = np.tensordot(rows, T, axes=([-1], [2]))  # (..., g, i, h, j)
+    return np.moveaxis(values, (-4, -2), (-2, -1))  # (..., i, j, g, h)
+
+
+@functools.lru_cache(maxsize=8)
+def _node_geometry(n: int, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`point_values` reuses on one grid: the weights ``T (g, n, n)``, the
+    reconstruction of the metric's averages ``(n, n, g, g)``, the points
+    ``(6, n, n, g, g, 3)`` and the area weights ``(n, n, g, g)`` (read-only)."""
+    grid = CubedSphere(n)
+    s, w = gauss_nodes(nodes)
+    T = point_weights(n, s)  # (g, n, n)
+    jbar = grid.areas[0] / grid.h**2
+    metric_values = np.ascontiguousarray(_tensor_points(T, jbar))
+    a = grid.centres[:, None] + grid.h * s[None, :]  # (n, g)
+    aa = a[:, None, :, None]
+    bb = a[None, :, None, :]
+    points = to_sphere(np.arange(6)[:, None, None, None, None], aa, bb)
+    weights = metric(aa, bb) * (w[:, None] * w[None, :]) * grid.h**2
+    for array in (T, metric_values, points, weights):
+        array.flags.writeable = False
+    return T, metric_values, points, weights
+
+
 def point_values(
     grid: CubedSphere, density, nodes: int = 3
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -328,19 +356,11 @@ def point_values(
     coordinate averages of ``q = J rho`` divided by that of the metric's own averages
     ``J_bar = A / h^2``. Both are fifth order; the quotient is exact for a constant density,
     so the uniform measure is reproduced to round-off and its attention field is the
-    quadrature error of the kernel alone."""
-    s, w = gauss_nodes(nodes)
-    T = point_weights(grid.n, s)  # (g, n, n)
-    q = grid.to_coordinate(density)
-    values = np.einsum("gim,hjk,pmk->pijgh", T, T, q)
-    jbar = grid.areas[0] / grid.h**2
-    values /= np.einsum("gim,hjk,mk->ijgh", T, T, jbar)[None]
-    a = grid.centres[:, None] + grid.h * s[None, :]  # (n, g)
-    aa = a[:, None, :, None]
-    bb = a[None, :, None, :]
-    jac = metric(aa, bb)
-    points = to_sphere(np.arange(6)[:, None, None, None, None], aa, bb)
-    weights = jac * (w[:, None] * w[None, :]) * grid.h**2
+    quadrature error of the kernel alone. The points and weights are shared, read-only
+    arrays (the same on every call for one grid)."""
+    T, metric_values, points, weights = _node_geometry(grid.n, int(nodes))
+    values = _tensor_points(T, grid.to_coordinate(density))
+    values /= metric_values
     return points, values, np.broadcast_to(weights, values.shape)
 
 
