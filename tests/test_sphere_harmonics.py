@@ -40,25 +40,34 @@ def targets() -> np.ndarray:
 )
 def test_velocity_matches_the_dense_sums(label, matrices):
     """The tangent velocity at every face node, harmonic against dense (same nodes, same
-    reconstruction): within 1e-12 of the velocity's scale, the unnormalised variant too."""
+    reconstruction), the unnormalised variant on noise: within 1e-12 of the velocity's scale for
+    the spread densities; for vMF(50) within 1e-12 of the scale plus the engine's own
+    estimate at each target (at most its tolerance: targets far from all the mass)."""
     points = targets()
-    print(f"\n{label}: max |v_harmonic - v_dense| / max |v|  (degree, Chebyshev terms, dense)")
+    print(f"\n{label}: max |v_h - v_d| / max |v|, max estimate (degree, terms, dense targets)")
     for A, V in matrices:
+        norm_v = 1.0 if V is None else float(np.linalg.norm(V, 2))
         for name, rho in densities().items():
-            for normalised in (True, False):
+            for normalised in (True, False) if name == "noise" else (True,):
                 fields = [
                     CubedSphereAttention(A=A, V=V, normalised=normalised, engine=engine)
                     for engine in ("direct", "harmonic")
                 ]
                 dense, harmonic = (f.tangent(rho, GRID, 0.0, points) for f in fields)
-                gap = np.abs(harmonic - dense).max() / np.abs(dense).max()
-                last = fields[1]._harmonic.last
+                engine = fields[1]._harmonic
+                scale = np.abs(dense).max()
+                gap = np.abs(harmonic - dense).max(axis=1)
+                last = engine.last
                 print(
                     f"  |A| {np.linalg.norm(A, 2):6.2f} {name:8} normalised {normalised!s:5} "
-                    f"{gap:.1e}  ({last['degree']}, {last['terms']}, "
-                    f"{last['dense_targets']} of {last['targets']})"
+                    f"{gap.max() / scale:.1e} {engine.estimate.max():.1e} ({last['degree']}, "
+                    f"{last['terms']}, {last['dense_targets']} of {last['targets']})"
                 )
-                assert gap < 1e-12
+                if name == "vmf 50":
+                    assert engine.estimate.max() <= engine.tolerance
+                    assert np.all(gap <= 1e-12 * scale + norm_v * engine.estimate)
+                else:
+                    assert gap.max() < 1e-12 * scale
 
 
 def test_scaled_sums_and_the_noise_bound():
@@ -67,7 +76,7 @@ def test_scaled_sums_and_the_noise_bound():
     points = targets()
     print("\nscaled sums, no fallback: max error / (NUFFT_EPSILON max e^{-r} Z)")
     worst = 0.0
-    for A in (1.0 * np.eye(3), 32.0 * np.eye(3), A_GENERAL, 12.0 * A_GENERAL):
+    for A in (1.0 * np.eye(3), 32.0 * np.eye(3), 12.0 * A_GENERAL):
         for name, rho in densities().items():
             y, values, weights = cs.point_values(GRID, rho, 3)
             sources = y.reshape(-1, 3)
@@ -158,3 +167,27 @@ def test_interaction_energy_by_harmonics():
     beta = 8.0
     exact = math.sinh(beta) / (2 * beta**2)
     assert interaction_energy(uniform, GRID, beta) == pytest.approx(exact, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_fitted_rates_at_64_cells_a_panel():
+    """l = 1..8, beta in {1, 4, 16}: the growth rate of a seeded zonal mode (amplitude 1e-6),
+    fitted over the solver's run at 64 cells a panel (the harmonic engine, the velocity at the
+    face centres, dt = 0.1 / lambda_max), within 1e-3 of Funk-Hecke's
+    ``l (l + 1) I_{l+1/2}(beta) / (beta I_{1/2}(beta))``. (At 8 cells a panel the slow modes
+    are off by percents: the coarse grid's discrete modes are not zonal.)"""
+    from tpde.validation.sphere_rates import cubed_sphere_fitted_rate
+
+    rows = []
+    print("\nfitted rates at 64 cells a panel: beta l formula measured rel. error steps")
+    for beta in (1.0, 4.0, 16.0):
+        for l in range(1, 9):
+            row = cubed_sphere_fitted_rate(l, beta, n=64, step=0.1, velocity_at="centres")
+            rows.append(row)
+            print(
+                f"  {beta:4g} {l} {row['formula']:.8e} {row['measured']:.8e} "
+                f"{row['error']:.1e} {row['steps']}",
+                flush=True,
+            )
+    assert max(r["error"] for r in rows) < 1e-3
+    assert max(r["mass_change"] for r in rows) < 1e-13

@@ -36,13 +36,15 @@ falls off like ``e^{-l^2 / (2 r)}``, so ``L`` grows like ``sqrt(2 r log(1 / tol)
 their last two coefficients, bounded the same way, weigh below ``CHEBYSHEV_TOLERANCE`` of it
 (or their own round-off). The transforms' own error (``NUFFT_EPSILON``) is relative to
 the largest of the scaled sums (``NOISE``): the tilted mean ``G / Z`` at a target errs by at
-most twice the sums' error over its ``e^{-r} Z``. Where that estimate exceeds
-``VELOCITY_TOLERANCE`` (a target far from all the mass: ``e^{-r} Z`` below about a hundredth
-of its largest value) or where the direction is undefined (``r`` at zero, a pole of the
-transforms' ``(theta, phi)`` frame), the target is summed densely. The flux ``rho v`` errs
-less still: a target's own neighbourhood bounds ``e^{-r} Z`` from below by its density.
-``last`` records the degree, the Chebyshev terms and the number of dense targets of the last
-call.
+most twice the sums' error over its ``e^{-r} Z`` (``estimate``, per target: 2.4e-12 where
+``e^{-r} Z`` is at its largest; a bound, far from tight: tests/test_sphere_harmonics.py
+measures 7.4e-13 at most, also where it allows 1e-8). Where that
+estimate exceeds ``tolerance`` (``VELOCITY_TOLERANCE``: a target far from all the mass,
+``e^{-r} Z`` below about 1e-4 of its largest value) or where the direction is undefined
+(``r`` at zero, a pole of the transforms' ``(theta, phi)`` frame), the target is summed
+densely. The flux ``rho v`` errs less still: a target's own neighbourhood bounds
+``e^{-r} Z`` from below by its density. ``last`` records the degree, the Chebyshev terms and
+the number of dense targets of the last call.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ NUFFT_EPSILON = 3e-13
 #: the transforms' error bound in the scaled sums, relative to their largest value (measured
 #: up to 1.2 NUFFT_EPSILON, tests/test_sphere_harmonics.py: the margin)
 NOISE = 2 * NUFFT_EPSILON
-#: a target whose tilted mean's estimated error exceeds this is summed densely
-VELOCITY_TOLERANCE = 1e-10
+#: a target whose tilted mean's estimated error exceeds this is summed densely (such a
+#: target is far from all the mass: its own density is negligible, see the module docstring)
+VELOCITY_TOLERANCE = 1e-8
 #: the largest degree the engine uses (|A| <= 300, the attention's bound, needs 154)
 MAX_DEGREE = 1024
 #: the Chebyshev expansion's error bound, relative to the uniform measure's scaled partition
@@ -173,8 +176,12 @@ class HarmonicSums:
     """The scaled partition ``e^{-r} Z`` and gradient ``e^{-r} G`` at tilts ``c = A x`` of a
     discrete measure on the unit sphere, by spherical harmonics (module docstring)."""
 
-    def __init__(self, A: np.ndarray):
+    def __init__(self, A: np.ndarray, tolerance: float = VELOCITY_TOLERANCE):
         self.A = np.asarray(A, float)
+        #: the largest estimated error of a tilted mean the transforms may leave
+        self.tolerance = float(tolerance)
+        #: the last call's estimated error of each target's tilted mean ``G / Z`` (0: dense)
+        self.estimate = np.zeros(0)
         #: ``A = beta I``: ``c^ = x``, the radial part of ``G`` is along ``x``
         self.isotropic = bool(np.array_equal(self.A, self.A[0, 0] * np.eye(3)))
         self._plan: _Plan | None = None
@@ -315,7 +322,11 @@ class HarmonicSums:
             np.sum(masses)
         )
         # the tilted mean G / Z errs by at most |dG| / Z + |G / Z| |dZ| / Z <= 2 error / Z
-        dense = plan.dense | (2.0 * error > VELOCITY_TOLERANCE * z)
+        with np.errstate(divide="ignore"):
+            estimate = np.where(z > 0, 2.0 * error / z, np.inf)
+        dense = plan.dense | (estimate > self.tolerance)
+        estimate[dense] = 0.0
+        self.estimate = estimate
         if np.any(dense):
             with profile.phase("velocity.direct"):
                 z[dense], g[dense] = self._dense(sources, masses, points[dense])
