@@ -137,6 +137,37 @@ def _banded_apply(first, band, values, out):  # pragma: no cover - compiled
                     out[b, j, g, k] = acc
 
 
+@nb.njit(cache=True)
+def _gauss_fluxes(first, band, weights, h, states, speeds, cells, high, low):  # pragma: no cover
+    """The high- and first-order fluxes of every face ``(2, 6, n + 1, n)``: the line averages
+    ``states (2, 2, 6, n + 1, n)`` (left / right) to the Gauss nodes (banded weights), upwind
+    per node, ``h sum_g w_g (s^+ q_L + s^- q_R)``; the first-order flux from the cells on both
+    sides ``cells (2, 6, n + 2, n)``, ``h (sum_g w_g s^+) q_c + h (sum_g w_g s^-) q_c'``."""
+    for x in range(states.shape[0]):
+        for p in range(states.shape[2]):
+            for f in range(states.shape[3]):
+                for j in range(states.shape[4]):
+                    total = 0.0
+                    up = 0.0
+                    down = 0.0
+                    for g in range(first.shape[0]):
+                        c = first[g, j]
+                        left = 0.0
+                        right = 0.0
+                        for u in range(5):
+                            left += band[g, j, u] * states[x, 0, p, f, c + u]
+                            right += band[g, j, u] * states[x, 1, p, f, c + u]
+                        speed = speeds[x, p, f, j, g]
+                        if speed > 0.0:
+                            total += weights[g] * speed * left
+                            up += weights[g] * speed
+                        else:
+                            total += weights[g] * speed * right
+                            down += weights[g] * speed
+                    high[x, p, f, j] = h * total
+                    low[x, p, f, j] = h * (up * cells[x, p, f, j] + down * cells[x, p, f + 1, j])
+
+
 def _along_faces(banded: tuple[np.ndarray, np.ndarray], values: np.ndarray) -> np.ndarray:
     """``sum_m weights[g, j, m] values[..., m, k]`` as ``(..., j, g, k)``: values along a
     face's grid line to its nodes (the weights :func:`_banded`), compiled."""
@@ -284,16 +315,20 @@ class CubedSphereOperator:
             states[1, 0],
             states[1, 1],
         )
-        # the line averages to the face's Gauss nodes: (x, s, p, f, j, g)
-        nodes = _along_faces(self._transverse, states[..., None])[..., 0]
-        up = np.maximum(speeds, 0.0)
-        down = np.minimum(speeds, 0.0)
-        w = self.node_weights
-        high = h * np.einsum("xpfjg,g->xpfj", up * nodes[:, 0] + down * nodes[:, 1], w)
         cells = self._neighbours(q)
-        low = h * (
-            np.einsum("xpfjg,g->xpfj", up, w) * cells[:, :, :-1]
-            + np.einsum("xpfjg,g->xpfj", down, w) * cells[:, :, 1:]
+        high = np.empty((2, 6, n + 1, n))
+        low = np.empty((2, 6, n + 1, n))
+        first, band = self._transverse
+        _gauss_fluxes(
+            first,
+            band,
+            self.node_weights,
+            h,
+            states,
+            np.ascontiguousarray(speeds),
+            cells,
+            high,
+            low,
         )
         return self._unify(high), self._unify(low)
 
