@@ -318,6 +318,34 @@ def gauss_nodes(nodes: int) -> tuple[np.ndarray, np.ndarray]:
     return 0.5 * x, 0.5 * w
 
 
+def _tensor_points(T: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``sum_{m, k} T[g, i, m] T[h, j, k] q[..., m, k]`` as ``(..., n, n, g, g)``: the tensor
+    reconstruction by two matrix products (``T (g, n, n)``)."""
+    rows = np.matmul(T, q[..., None, :, :])  # (..., g, i, k)
+    values = np.tensordot(rows, T, axes=([-1], [2]))  # (..., g, i, h, j)
+    return np.moveaxis(values, (-4, -2), (-2, -1))  # (..., i, j, g, h)
+
+
+@functools.lru_cache(maxsize=8)
+def _node_geometry(n: int, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`point_values` reuses on one grid: the weights ``T (g, n, n)``, the
+    reconstruction of the metric's averages ``(n, n, g, g)``, the points
+    ``(6, n, n, g, g, 3)`` and the area weights ``(n, n, g, g)`` (read-only)."""
+    grid = CubedSphere(n)
+    s, w = gauss_nodes(nodes)
+    T = point_weights(n, s)  # (g, n, n)
+    jbar = grid.areas[0] / grid.h**2
+    metric_values = np.ascontiguousarray(_tensor_points(T, jbar))
+    a = grid.centres[:, None] + grid.h * s[None, :]  # (n, g)
+    aa = a[:, None, :, None]
+    bb = a[None, :, None, :]
+    points = to_sphere(np.arange(6)[:, None, None, None, None], aa, bb)
+    weights = metric(aa, bb) * (w[:, None] * w[None, :]) * grid.h**2
+    for array in (T, metric_values, points, weights):
+        array.flags.writeable = False
+    return T, metric_values, points, weights
+
+
 def point_values(
     grid: CubedSphere, density, nodes: int = 3
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -328,19 +356,11 @@ def point_values(
     coordinate averages of ``q = J rho`` divided by that of the metric's own averages
     ``J_bar = A / h^2``. Both are fifth order; the quotient is exact for a constant density,
     so the uniform measure is reproduced to round-off and its attention field is the
-    quadrature error of the kernel alone."""
-    s, w = gauss_nodes(nodes)
-    T = point_weights(grid.n, s)  # (g, n, n)
-    q = grid.to_coordinate(density)
-    values = np.einsum("gim,hjk,pmk->pijgh", T, T, q)
-    jbar = grid.areas[0] / grid.h**2
-    values /= np.einsum("gim,hjk,mk->ijgh", T, T, jbar)[None]
-    a = grid.centres[:, None] + grid.h * s[None, :]  # (n, g)
-    aa = a[:, None, :, None]
-    bb = a[None, :, None, :]
-    jac = metric(aa, bb)
-    points = to_sphere(np.arange(6)[:, None, None, None, None], aa, bb)
-    weights = jac * (w[:, None] * w[None, :]) * grid.h**2
+    quadrature error of the kernel alone. The points and weights are shared, read-only
+    arrays (the same on every call for one grid)."""
+    T, metric_values, points, weights = _node_geometry(grid.n, int(nodes))
+    values = _tensor_points(T, grid.to_coordinate(density))
+    values /= metric_values
     return points, values, np.broadcast_to(weights, values.shape)
 
 
@@ -403,14 +423,42 @@ def harmonic_power(points: np.ndarray, masses: np.ndarray, l_max: int) -> np.nda
     return out
 
 
+#: the accuracy asked of ducc0's non-uniform adjoint transform (its floor in double: 2e-13)
+NUFFT_EPSILON = 3e-13
+
+
+def _harmonic_power_nufft(points: np.ndarray, masses: np.ndarray, l_max: int) -> np.ndarray:
+    """:func:`harmonic_power` by one non-uniform adjoint synthesis (ducc0's
+    ``sht.experimental.adjoint_synthesis_general``; the same orthonormal harmonics, ``m >= 0``
+    in ``m``-major order): for the ``10^5`` Gauss nodes of a grid, where the harmonic loop takes
+    seconds. Relative accuracy ``NUFFT_EPSILON`` of the largest coefficient."""
+    from ducc0.sht.experimental import adjoint_synthesis_general
+
+    x = np.asarray(points, float).reshape(-1, 3)
+    theta = np.arctan2(np.hypot(x[:, 0], x[:, 1]), x[:, 2])
+    phi = np.arctan2(x[:, 1], x[:, 0]) % (2.0 * math.pi)
+    l_max = int(l_max)
+    alm = adjoint_synthesis_general(
+        map=np.ascontiguousarray(np.asarray(masses, float).reshape(1, -1)),
+        spin=0,
+        lmax=l_max,
+        loc=np.ascontiguousarray(np.stack([theta, phi], 1)),
+        epsilon=NUFFT_EPSILON,
+    )[0]
+    l_of = np.concatenate([np.arange(m, l_max + 1) for m in range(l_max + 1)])
+    doubled = np.full(l_of.size, 2.0)
+    doubled[: l_max + 1] = 1.0  # m = 0 once, m > 0 twice (|c_{l,-m}| = |c_lm|)
+    return np.bincount(l_of, weights=doubled * np.abs(alm) ** 2, minlength=l_max + 1)
+
+
 def harmonic_amplitudes(grid: CubedSphere, density, l_max: int = 8, nodes: int = 4) -> np.ndarray:
     """The amplitude of every degree ``l = 0 .. l_max`` of a density, ``A_l = sqrt(4 pi
-    (2 l + 1) P_l) / m`` (:func:`harmonic_power` of the density at ``nodes^2`` Gauss nodes a
-    cell from the fifth-order reconstruction, ``m`` its mass): ``(m / 4 pi)(1 + a
-    P_l(<axis, x>))`` has ``A_l = |a|`` about any axis (``A_0 = 1``), so ``A_l`` is the
-    rotation-invariant :func:`zonal_projection`."""
+    (2 l + 1) P_l) / m`` (:func:`harmonic_power`, by a non-uniform transform, of the density
+    at ``nodes^2`` Gauss nodes a cell from the fifth-order reconstruction, ``m`` its mass):
+    ``(m / 4 pi)(1 + a P_l(<axis, x>))`` has ``A_l = |a|`` about any axis (``A_0 = 1``), so
+    ``A_l`` is the rotation-invariant :func:`zonal_projection`."""
     points, values, weights = point_values(grid, density, nodes)
-    power = harmonic_power(points, values * weights, l_max)
+    power = _harmonic_power_nufft(points, values * weights, l_max)
     l = np.arange(power.size)
     return np.sqrt(FOUR_PI * (2 * l + 1) * power) / grid.integrate(density)
 

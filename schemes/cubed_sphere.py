@@ -36,6 +36,7 @@ from typing import Protocol
 import numba as nb
 import numpy as np
 
+from tpde.grid import profile
 from tpde.grid.cubed_sphere import (
     GHOSTS,
     SIDES,
@@ -114,6 +115,75 @@ def lagrange_weights(n: int, offsets) -> np.ndarray:
     return out
 
 
+def _banded(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first column ``(g, n)`` and the 5 entries ``(g, n, 5)`` of each row of interpolation
+    weights ``(g, n, n)`` with 5 consecutive non-zeros a row."""
+    first = np.clip(np.argmax(weights != 0.0, axis=-1), 0, weights.shape[-1] - 5)
+    columns = first[..., None] + np.arange(5)
+    return first.astype(np.int64), np.take_along_axis(weights, columns, axis=-1)
+
+
+@nb.njit(cache=True)
+def _banded_apply(first, band, values, out):  # pragma: no cover - compiled
+    """``out[b, j, g, k] = sum_u band[g, j, u] values[b, first[g, j] + u, k]``."""
+    for b in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            for g in range(first.shape[0]):
+                f = first[g, j]
+                for k in range(values.shape[2]):
+                    acc = 0.0
+                    for u in range(5):
+                        acc += band[g, j, u] * values[b, f + u, k]
+                    out[b, j, g, k] = acc
+
+
+@nb.njit(cache=True)
+def _gauss_fluxes(first, band, weights, h, states, speeds, cells, high, low):  # pragma: no cover
+    """The high- and first-order fluxes of every face ``(2, 6, n + 1, n)``: the line averages
+    ``states (2, 2, 6, n + 1, n)`` (left / right) to the Gauss nodes (banded weights), upwind
+    per node, ``h sum_g w_g (s^+ q_L + s^- q_R)``; the first-order flux from the cells on both
+    sides ``cells (2, 6, n + 2, n)``, ``h (sum_g w_g s^+) q_c + h (sum_g w_g s^-) q_c'``."""
+    for x in range(states.shape[0]):
+        for p in range(states.shape[2]):
+            for f in range(states.shape[3]):
+                for j in range(states.shape[4]):
+                    total = 0.0
+                    up = 0.0
+                    down = 0.0
+                    for g in range(first.shape[0]):
+                        c = first[g, j]
+                        left = 0.0
+                        right = 0.0
+                        for u in range(5):
+                            left += band[g, j, u] * states[x, 0, p, f, c + u]
+                            right += band[g, j, u] * states[x, 1, p, f, c + u]
+                        speed = speeds[x, p, f, j, g]
+                        if speed > 0.0:
+                            total += weights[g] * speed * left
+                            up += weights[g] * speed
+                        else:
+                            total += weights[g] * speed * right
+                            down += weights[g] * speed
+                    high[x, p, f, j] = h * total
+                    low[x, p, f, j] = h * (up * cells[x, p, f, j] + down * cells[x, p, f + 1, j])
+
+
+def _along_faces(banded: tuple[np.ndarray, np.ndarray], values: np.ndarray) -> np.ndarray:
+    """``sum_m weights[g, j, m] values[..., m, k]`` as ``(..., j, g, k)``: values along a
+    face's grid line to its nodes (the weights :func:`_banded`), compiled."""
+    first, band = banded
+    n, k = values.shape[-2:]
+    flat = np.ascontiguousarray(values).reshape(-1, n, k)
+    out = np.empty((flat.shape[0], n, first.shape[0], k))
+    _banded_apply(first, band, flat, out)
+    return out.reshape(values.shape[:-2] + (n, first.shape[0], k))
+
+
+def _dot3(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``sum_k u[..., k] v[..., k]`` over a last axis of 3 (no einsum temporaries)."""
+    return u[..., 0] * v[..., 0] + u[..., 1] * v[..., 1] + u[..., 2] * v[..., 2]
+
+
 class CubedSphereOperator:
     """Face nodes, fluxes and limited Euler steps on one cubed sphere (module docstring).
 
@@ -147,6 +217,7 @@ class CubedSphereOperator:
         s, w = gauss_nodes(3)
         self.node_weights = w
         self.transverse = point_weights(n, s)  # (3, n, n)
+        self._transverse = _banded(self.transverse)
         e, c = grid.edges, grid.centres
         along = c[:, None] + h * s[None, :]  # (n, 3)
         panels = np.arange(6)[:, None, None, None]
@@ -162,8 +233,10 @@ class CubedSphereOperator:
         centres_b = to_sphere(panels[..., 0], c[None, None, :], normal[..., 0])
         self.face_centres = np.stack([centres_a, centres_b])  # (2, 6, n + 1, n, 3)
         self.centre_to_nodes = lagrange_weights(n, s)  # (3, n, n)
+        self._centre_to_nodes = _banded(self.centre_to_nodes)
 
     # ---- velocity --------------------------------------------------------------------------
+    @profile.timed("velocity")
     def node_speeds(self, velocity: SphereVelocity, density: np.ndarray, t: float) -> np.ndarray:
         """``a'`` (family 0) and ``b'`` (family 1) at the face nodes: ``(2, 6, n + 1, n, 3)``.
 
@@ -173,17 +246,13 @@ class CubedSphereOperator:
         if self.velocity_at == "centres":
             flat = self.face_centres.reshape(-1, 3)
             at_centres = np.asarray(velocity.tangent(density, self.grid, t, flat), float)
-            v = np.einsum(
-                "gjm,xpfmk->xpfjgk",
-                self.centre_to_nodes,
-                at_centres.reshape(self.face_centres.shape),
-            )
+            v = _along_faces(self._centre_to_nodes, at_centres.reshape(self.face_centres.shape))
         else:
             flat = self.points.reshape(-1, 3)
             v = np.asarray(velocity.tangent(density, self.grid, t, flat), float).reshape(
                 self.points.shape
             )
-        return np.einsum("...k,...k->...", v, self.gradients)
+        return _dot3(v, self.gradients)
 
     def max_outflow(self, speeds: np.ndarray) -> float:
         """``max_c sum_faces (outflow rate) / h^2``: a step ``dt`` keeps the first-order update
@@ -232,6 +301,7 @@ class CubedSphereOperator:
         flux[1, :, 0], flux[1, :, n] = -mean[:, 2], mean[:, 3]
         return flux
 
+    @profile.timed("fluxes")
     def fluxes(self, q: np.ndarray, speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """High- and first-order fluxes ``(2, 6, n + 1, n)`` in the + direction of each face."""
         n, h = self.grid.n, self.grid.h
@@ -245,15 +315,20 @@ class CubedSphereOperator:
             states[1, 0],
             states[1, 1],
         )
-        nodes = np.einsum("gjm,xspfm->xspfjg", self.transverse, states)
-        up = np.maximum(speeds, 0.0)
-        down = np.minimum(speeds, 0.0)
-        w = self.node_weights
-        high = h * np.einsum("xpfjg,g->xpfj", up * nodes[:, 0] + down * nodes[:, 1], w)
         cells = self._neighbours(q)
-        low = h * (
-            np.einsum("xpfjg,g->xpfj", up, w) * cells[:, :, :-1]
-            + np.einsum("xpfjg,g->xpfj", down, w) * cells[:, :, 1:]
+        high = np.empty((2, 6, n + 1, n))
+        low = np.empty((2, 6, n + 1, n))
+        first, band = self._transverse
+        _gauss_fluxes(
+            first,
+            band,
+            self.node_weights,
+            h,
+            states,
+            np.ascontiguousarray(speeds),
+            cells,
+            high,
+            low,
         )
         return self._unify(high), self._unify(low)
 
@@ -268,6 +343,7 @@ class CubedSphereOperator:
         high, _ = self.fluxes(self.grid.to_coordinate(density), speeds)
         return -self.grid.from_coordinate(self._divergence(high)) / self.grid.h**2
 
+    @profile.timed("euler")
     def euler(self, q: np.ndarray, speeds: np.ndarray, dt: float) -> np.ndarray:
         """One forward-Euler step of the coordinate averages, positivity-limited."""
         h2 = self.grid.h**2
@@ -275,6 +351,12 @@ class CubedSphereOperator:
         result = q - (dt / h2) * self._divergence(high)
         if not self.limiter or result.min() >= 0.0:
             return result
+        with profile.phase("limiter"):
+            return self._limited(q, high, low, dt)
+
+    def _limited(self, q: np.ndarray, high: np.ndarray, low: np.ndarray, dt: float) -> np.ndarray:
+        """The FCT-limited update where the unlimited one has a negative cell."""
+        h2 = self.grid.h**2
         tol = 1e-12 * max(float(q.max()), 0.0)
         first = q - (dt / h2) * self._divergence(low)
         if first.min() < -tol:

@@ -164,7 +164,10 @@ CIRCLE: dict[str, dict[str, Entry]] = {
         "V": ("identity", "2 x 2 values (with `A`)"),
         "W": ("none", "2 x 2 output matrix"),
         "normalised": ("true", "false: the unnormalised variant"),
-        "engine": ('"auto"', "`auto`, `fft` (A = a I + b J), `direct` (any A)"),
+        "engine": (
+            '"auto"',
+            "`auto`, `fft` (any A: convolution or Bessel series), `direct` (dense sums)",
+        ),
         "masked": ("false", "causal attention over `grid.positions` slices"),
     },
 }
@@ -194,6 +197,7 @@ SPHERE: dict[str, dict[str, Entry]] = {
         "V": ("identity", "3 x 3 values (with `A`)"),
         "normalised": ("true", "false: the unnormalised variant"),
         "nodes": ("3", "Gauss nodes a cell axis for the attention sums (2 .. 5)"),
+        "engine": ('"auto"', "`auto` = `harmonic` (spherical harmonics), `direct` (dense sums)"),
     },
     "scheme": {
         "reconstruction": ('"weno5z"', "`upwind`, `muscl`, `weno5`, `weno5z`"),

@@ -27,7 +27,8 @@ Keys::
                  axis, default [0, 0, 1]), "noise" (amplitude, l_max, seed),
                  "von_mises_fisher" (mean, kappa), "mixture" (weights, means, kappas)
     [attention]  variant = "softmax"; beta (A = beta I, V = I) or A, V (3 x 3);
-                 normalised (default true); nodes (Gauss nodes a cell axis, default 3)
+                 normalised (default true); nodes (Gauss nodes a cell axis, default 3);
+                 engine ("auto" | "direct" | "harmonic"; auto: harmonic)
     [scheme]     reconstruction (weno5z), integrator (ssprk3), cfl (0.5), dt_max,
                  limiter (true), velocity_at ("nodes" | "centres")
     [run]        t_end, snapshots (a count or a list of times), output
@@ -50,7 +51,7 @@ import numpy as np
 import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
-from tpde.variants.cubed_sphere import CubedSphereAttention
+from tpde.variants.cubed_sphere import SPHERE_ENGINES, CubedSphereAttention
 
 from . import io
 from .config import (
@@ -85,7 +86,7 @@ KEYS = {
     "grid": {"geometry", "cells"},
     "initial": {"kind", "modes", "axis", "amplitude", "l_max", "seed", "mean", "kappa"}
     | {"weights", "means", "kappas"},
-    "attention": {"variant", "beta", "A", "V", "normalised", "nodes"},
+    "attention": {"variant", "beta", "A", "V", "normalised", "nodes", "engine"},
     "scheme": {"reconstruction", "integrator", "cfl", "dt_max", "limiter", "velocity_at"},
     "run": {"t_end", "snapshots", "output"},
 }
@@ -208,6 +209,12 @@ def _attention(table: Mapping) -> CubedSphereAttention:
     nodes = int(_number("attention.nodes", table.get("nodes", 3), True, True))
     if not 2 <= nodes <= 5:
         raise ConfigError(f"attention.nodes: expected 2 .. 5 Gauss nodes a cell axis, got {nodes}")
+    engine = table.get("engine", "auto")
+    if engine not in SPHERE_ENGINES:
+        raise ConfigError(
+            f"attention.engine: unknown {engine!r} on the sphere; choose one of "
+            f"{', '.join(SPHERE_ENGINES)}"
+        )
     if "beta" in table:
         for key in ("A", "V"):
             if key in table:
@@ -222,7 +229,11 @@ def _attention(table: Mapping) -> CubedSphereAttention:
             kwargs["V"] = _matrix("attention.V", table["V"], (3, 3))
     try:
         return CubedSphereAttention(
-            nodes=nodes, cache_entries=60_000_000, normalised=normalised, **kwargs
+            nodes=nodes,
+            cache_entries=60_000_000,
+            normalised=normalised,
+            engine=str(engine),
+            **kwargs,
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
@@ -287,6 +298,7 @@ def build_sphere(raw: dict) -> SphereConfig:
     stored = {section: dict(table) for section, table in raw.items()}
     stored["attention"].setdefault("normalised", True)
     stored["attention"].setdefault("nodes", attention.nodes)
+    stored["attention"].setdefault("engine", attention.engine)
     stored.setdefault("scheme", {})
     for key, value in scheme.items():
         if value is not None:

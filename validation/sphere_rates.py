@@ -482,10 +482,12 @@ def cubed_sphere_fitted_rate(
     noise_span: float = 20.0,
     step: float = 0.2,
     snapshots: int = 11,
+    velocity_at: str = "nodes",
 ) -> dict:
     """Seed ``P_l(z)`` at ``amplitude`` on the uniform measure, run the cubed-sphere solver
-    (SSP-RK3, positivity limiter) to ``T = min(span / lambda_l, noise_span / lambda_max)`` with
-    ``dt = step / lambda_max`` and fit the growth rate of the projected amplitude. Where
+    (SSP-RK3, positivity limiter; the velocity at ``velocity_at``) to ``T = min(span /
+    lambda_l, noise_span / lambda_max)`` with ``dt = step / lambda_max`` and fit the growth
+    rate of the projected amplitude. Where
     ``lambda_l`` is far below ``lambda_max`` the grid's coupling of ``P_l`` to faster modes,
     grown over ``T``, swamps the projection (docs/theory.md, 'The cubed sphere')."""
     from tpde.grid import cubed_sphere as cs
@@ -503,6 +505,7 @@ def cubed_sphere_fitted_rate(
         t_end,
         dt_max=step / fastest,
         snapshots=snapshots,
+        velocity_at=velocity_at,
     )
     amplitudes = [cs.zonal_projection(grid, d, l) for d in result.densities]
     return _run_record(

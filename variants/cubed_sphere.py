@@ -24,9 +24,34 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpde.grid import profile
 from tpde.grid.cubed_sphere import CubedSphere, point_values
 
-__all__ = ["SolidRotation", "CubedSphereAttention", "interaction_energy", "rotate"]
+from .engines.sphere_harmonics import HarmonicSums, scaled_energy
+
+__all__ = [
+    "SPHERE_ENGINES",
+    "SolidRotation",
+    "CubedSphereAttention",
+    "interaction_energy",
+    "rotate",
+    "sphere_engine",
+]
+
+#: the kernel-sum engines of the sphere ("auto": the harmonic one)
+SPHERE_ENGINES = ("auto", "direct", "harmonic")
+
+
+def sphere_engine(engine: str) -> str:
+    """The engine that serves ``engine`` on the sphere: ``"auto"`` is ``"harmonic"`` (the
+    spherical-harmonic sums are exact to their bound at every size, and faster than the dense
+    sums from the smallest grids on: ``benchmarks/sphere_step.py``)."""
+    if engine not in SPHERE_ENGINES:
+        raise ValueError(
+            f"attention.engine: unknown {engine!r} on the sphere; choose one of "
+            f"{', '.join(SPHERE_ENGINES)}"
+        )
+    return "harmonic" if engine == "auto" else engine
 
 
 def rotate(x: np.ndarray, axis: np.ndarray, angle: float) -> np.ndarray:
@@ -79,7 +104,11 @@ class CubedSphereAttention:
         A=None,
         V=None,
         normalised: bool = True,
+        engine: str = "auto",
     ):
+        #: the engine asked for and the one that serves it (:func:`sphere_engine`)
+        self.engine = engine
+        self.serving = sphere_engine(engine)
         if (beta is None) == (A is None):
             raise ValueError("attention.beta: give beta (A = beta I) or a 3 x 3 A, not both")
         if beta is not None:
@@ -98,6 +127,9 @@ class CubedSphereAttention:
         self.nodes = int(nodes)
         self.cache_entries = int(cache_entries)
         self._cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._harmonic: HarmonicSums | None = None
+        if self.serving == "harmonic":
+            self._harmonic = HarmonicSums(self.A)
 
     def _exponent(self, points: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``<A x, y> - |A x|`` ``(M, S)`` and the shifts ``|A x|`` ``(M,)``."""
@@ -125,13 +157,24 @@ class CubedSphereAttention:
         return kernel, shift
 
     def sums(
-        self, density, grid: CubedSphere, points: np.ndarray
+        self, density, grid: CubedSphere, points: np.ndarray, radial: bool = True
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``e^{-|A x|} Z(x)`` ``(M,)``, ``e^{-|A x|} int y e^{<A x, y>} rho dA`` ``(M, 3)`` and
-        the shifts ``|A x|`` ``(M,)``."""
+        the shifts ``|A x|`` ``(M,)``. ``radial = False``: the second may lack its part along
+        ``x`` when ``A = beta I`` (what the tangent drops anyway; the harmonic engine then
+        skips one synthesis)."""
         y, values, weights = point_values(grid, density, self.nodes)
         sources = y.reshape(-1, 3)
         mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+        if self._harmonic is not None:
+            return self._harmonic.sums(sources, mass, points, radial)
+        with profile.phase("velocity.direct"):
+            return self._dense_sums(sources, mass, points)
+
+    def _dense_sums(
+        self, sources: np.ndarray, mass: np.ndarray, points: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The dense sums of :meth:`sums` (kernel kept when it fits ``cache_entries``)."""
         columns = np.concatenate([mass[:, None], mass[:, None] * sources], axis=1)  # (S, 4)
         if points.shape[0] * sources.shape[0] <= self.cache_entries:
             kernel, shift = self._kernel(points, sources)
@@ -147,7 +190,7 @@ class CubedSphereAttention:
         return total[:, 0], total[:, 1:], shift
 
     def tangent(self, density, grid: CubedSphere, t: float, points: np.ndarray) -> np.ndarray:
-        z, g, shift = self.sums(density, grid, points)
+        z, g, shift = self.sums(density, grid, points, radial=not self.identity_v)
         if self.normalised:
             gamma = g / z[:, None]
         else:
@@ -158,13 +201,20 @@ class CubedSphereAttention:
 
 
 def interaction_energy(
-    density, grid: CubedSphere, beta: float, nodes: int = 3, block: int = 2048
+    density,
+    grid: CubedSphere,
+    beta: float,
+    nodes: int = 3,
+    block: int = 2048,
+    engine: str = "auto",
 ) -> float:
     """``E = 1/(2 beta) iint e^{beta <x, y>} rho(x) rho(y) dA dA`` from the cell averages by
     the attention's quadrature: the density at the ``nodes x nodes`` Gauss nodes of every cell
     from the fifth-order reconstruction (negatives set to zero), weights ``J w h^2``, the
-    double sum over node pairs (blocked, each term scaled by ``e^{-beta}``). The uniform
-    probability has ``E = sinh(beta) / (2 beta^2)``, a point mass ``e^beta / (2 beta)``
+    double sum over node pairs: by Funk-Hecke from the harmonic coefficients
+    (:func:`tpde.variants.engines.sphere_harmonics.scaled_energy`; ``engine`` "auto" /
+    "harmonic") or dense (``"direct"``: blocked, each term scaled by ``e^{-beta}``). The
+    uniform probability has ``E = sinh(beta) / (2 beta^2)``, a point mass ``e^beta / (2 beta)``
     (docs/theory.md, 'Energy, harmonics and W2 on the sphere')."""
     beta = float(beta)
     if not (math.isfinite(beta) and 0 < beta <= 300):
@@ -172,6 +222,8 @@ def interaction_energy(
     y, values, weights = point_values(grid, density, int(nodes))
     sources = y.reshape(-1, 3)
     mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+    if sphere_engine(engine) == "harmonic":
+        return scaled_energy(sources, mass, beta) * math.exp(beta) / (2.0 * beta)
     total = 0.0
     for start in range(0, sources.shape[0], int(block)):
         rows = slice(start, start + int(block))

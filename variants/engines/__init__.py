@@ -18,4 +18,6 @@ sums for symmetric matrices by convolution. Modules:
 * :mod:`.fft` -- convolutions for symmetric matrices.
 * :mod:`.products` -- table products split over numba's workers.
 * :mod:`.cache` -- a bounded cache for what is fixed while parameters and grid are.
+* :mod:`.sphere_harmonics` -- the sphere's sums by spherical harmonics (the plane-wave
+  expansion, non-uniform transforms).
 """

@@ -1,0 +1,382 @@
+"""Kernel sums on the sphere S^2 by spherical harmonics: the plane-wave expansion of
+``e^{<c, y>}``, non-uniform transforms (ducc0's ``sht.experimental``).
+
+docs/theory.md, 'Kernel sums by spherical harmonics'. For a discrete measure
+``mu = sum_j m_j delta_{y_j}`` on the unit sphere (the Gauss nodes of the cells, weights times
+reconstructed values) and tilts ``c = A x`` at targets ``x`` (``r = |c|``, ``c^ = c / r``),
+the partition and its gradient
+
+    Z(c) = sum_j m_j e^{<c, y_j>},   G(c) = grad_c Z = sum_j m_j y_j e^{<c, y_j>},
+
+follow from the plane-wave expansion (Funk-Hecke for the zonal kernel
+``e^{r <c^, y>}``, the addition theorem for ``P_l``)
+
+    e^{<c, y>} = sum_l (2 l + 1) i_l(r) P_l(<c^, y>) = sum_l 4 pi i_l(r) sum_m Y_lm(c^) Y_lm*(y)
+
+(``i_l`` the modified spherical Bessel functions, ``Y_lm`` orthonormal): with the
+coefficients ``a_lm = sum_j m_j Y_lm*(y_j)`` (one non-uniform adjoint synthesis),
+
+    e^{-r} Z   = sum_l 4 pi e^{-r} i_l(r) S_l(c^),              S_l = sum_m a_lm Y_lm,
+    e^{-r} G   = c^ sum_l 4 pi e^{-r} i_l'(r) S_l(c^) + sum_l 4 pi e^{-r} (i_l(r) / r) grad S_l(c^),
+
+the surface gradient from one spin-1 synthesis (``DERIV1``), the radial part (needed only for
+``V != I``) from a spin-0 one. Every weight is scaled by ``e^{-r}`` (``scipy.special.ive``:
+no overflow; the sums come out scaled as the dense engine's). For ``A = beta I`` every target
+has ``r = beta``: one synthesis per part. For a general ``A`` the weights are expanded in
+Chebyshev polynomials of ``r`` over the targets' range, ``w_l(r) = sum_k C_lk T_k(r)``: one
+synthesis per term ``k`` and part, summed per target with ``T_k(r_x)``.
+
+Truncation, checked a posteriori: ``|P_l| <= 1`` and ``sum_l (2 l + 1) e^{-r} i_l(r) = 1``,
+so dropping the degrees above ``L`` changes the scaled sums by at most ``mass * tail_L(r)``,
+``tail_L(r) = sum_{l > L} (2 l + 1)(1 + l / r) e^{-r} i_l(r)`` (the factor ``1 + l / r`` for
+the gradient). ``L`` is the least degree whose tail is below ``TAIL_TOLERANCE`` times the
+uniform measure's scaled partition ``e^{-r} i_0(r)`` at the largest ``r``: ``e^{-r} i_l(r)``
+falls off like ``e^{-l^2 / (2 r)}``, so ``L`` grows like ``sqrt(2 r log(1 / tol))`` (22 at
+``r = 4``, 52 at ``r = 32``, 154 at ``r = 300``). The Chebyshev terms are doubled until
+their last two coefficients, bounded the same way, weigh below ``CHEBYSHEV_TOLERANCE`` of it
+(or their own round-off). The transforms' own error (``NUFFT_EPSILON``) is relative to
+the largest of the scaled sums (``NOISE``): the tilted mean ``G / Z`` at a target errs by at
+most twice the sums' error over its ``e^{-r} Z`` (``estimate``, per target: 2.4e-12 where
+``e^{-r} Z`` is at its largest; a bound, far from tight: tests/test_sphere_harmonics.py
+measures 7.4e-13 at most, also where it allows 1e-8). Where that
+estimate exceeds ``tolerance`` (``VELOCITY_TOLERANCE``: a target far from all the mass,
+``e^{-r} Z`` below about 1e-4 of its largest value) or where the direction is undefined
+(``r`` at zero, a pole of the transforms' ``(theta, phi)`` frame), the target is summed
+densely. The flux ``rho v`` errs less still: a target's own neighbourhood bounds
+``e^{-r} Z`` from below by its density. ``last`` records the degree, the Chebyshev terms and
+the number of dense targets of the last call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpde.grid import profile
+from tpde.grid.threads import ensure_policy
+
+__all__ = [
+    "MAX_DEGREE",
+    "NUFFT_EPSILON",
+    "VELOCITY_TOLERANCE",
+    "TAIL_TOLERANCE",
+    "HarmonicSums",
+    "SphereHarmonicsError",
+    "coefficients",
+    "degree_for",
+    "scaled_bessel",
+    "scaled_energy",
+]
+
+#: the truncation's tail weight, relative to the uniform measure's scaled partition
+TAIL_TOLERANCE = 1e-14
+#: the accuracy asked of ducc0's non-uniform transforms (its floor in double is 2e-13)
+NUFFT_EPSILON = 3e-13
+#: the transforms' error bound in the scaled sums, relative to their largest value (measured
+#: up to 1.2 NUFFT_EPSILON, tests/test_sphere_harmonics.py: the margin)
+NOISE = 2 * NUFFT_EPSILON
+#: a target whose tilted mean's estimated error exceeds this is summed densely (such a
+#: target is far from all the mass: its own density is negligible, see the module docstring)
+VELOCITY_TOLERANCE = 1e-8
+#: the largest degree the engine uses (|A| <= 300, the attention's bound, needs 154)
+MAX_DEGREE = 1024
+#: the Chebyshev expansion's error bound, relative to the uniform measure's scaled partition
+#: (its coefficients carry round-off near 1e-16 per unit mass: the tail's 1e-14 is out of reach)
+CHEBYSHEV_TOLERANCE = 1e-13
+#: the round-off of a Chebyshev coefficient, relative to its table's largest value
+ROUNDOFF = 64 * float(np.finfo(float).eps)
+#: the most Chebyshev terms in r (a general A whose |A x| spans a wide range)
+MAX_TERMS = 256
+#: targets this close (relative) to r = 0 or to the poles are summed densely
+SINGULAR = 1e-9
+
+
+class SphereHarmonicsError(ValueError):
+    """The harmonic engine cannot reach its tolerance within its limits (degree, terms)."""
+
+
+def scaled_bessel(l_max: int, r: float | np.ndarray) -> np.ndarray:
+    """``e^{-r} i_l(r)`` for ``l = 0 .. l_max`` at radii ``r > 0`` ``(..., l_max + 1)``:
+    ``i_l(r) = sqrt(pi / (2 r)) I_{l + 1/2}(r)``, ``scipy.special.ive``."""
+    from scipy.special import ive
+
+    r = np.asarray(r, float)[..., None]
+    l = np.arange(int(l_max) + 1, dtype=float)
+    return ive(l + 0.5, r) * np.sqrt(0.5 * math.pi / r)
+
+
+def _tail_weights(l_max: int, r: float) -> np.ndarray:
+    """``(2 l + 1)(1 + l / r) e^{-r} i_l(r)``, ``l = 0 .. l_max``: the bound of degree ``l``'s
+    part of the scaled sums and of their gradient, per unit mass."""
+    l = np.arange(int(l_max) + 1)
+    return (2 * l + 1) * (1 + l / r) * scaled_bessel(l_max, r)
+
+
+def degree_for(r_max: float, tolerance: float = TAIL_TOLERANCE) -> int:
+    """The least ``L`` with ``tail_L(r_max) <= tolerance e^{-r} i_0(r)`` (module docstring);
+    raises :class:`SphereHarmonicsError` beyond :data:`MAX_DEGREE`."""
+    r = max(float(r_max), SINGULAR)
+    cap = int(2 * r + 20 * math.sqrt(r) + 60)  # far beyond the tail (ive underflows to 0)
+    u = _tail_weights(cap, r)
+    tail = np.cumsum(u[::-1])[::-1]  # tail[l] = sum_{l' >= l}
+    below = np.flatnonzero(tail <= tolerance * u[0])
+    if below.size == 0 or below[0] > MAX_DEGREE:
+        raise SphereHarmonicsError(
+            f"attention: the harmonic engine needs a degree above {MAX_DEGREE} for |A x| = "
+            f'{r:.4g} (tail {tail[-1]:.1e}); use attention.engine = "direct"'
+        )
+    return max(int(below[0]) - 1, 1)
+
+
+def _locations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(theta, phi)`` ``(M, 2)`` of unit vectors (``theta = atan2(rho, z)``: accurate near the
+    poles), the frame ``e_theta``, ``e_phi`` ``(M, 3)`` and ``rho = sqrt(x^2 + y^2)``."""
+    rho = np.hypot(x[:, 0], x[:, 1])
+    theta = np.arctan2(rho, x[:, 2])
+    phi = np.arctan2(x[:, 1], x[:, 0]) % (2 * math.pi)
+    loc = np.ascontiguousarray(np.stack([theta, phi], 1))
+    safe = np.where(rho > 0, rho, 1.0)
+    cos_phi, sin_phi = x[:, 0] / safe, x[:, 1] / safe
+    e_theta = np.stack([x[:, 2] * cos_phi, x[:, 2] * sin_phi, -rho], 1)
+    e_phi = np.stack([-sin_phi, cos_phi, np.zeros_like(rho)], 1)
+    return loc, np.stack([e_theta, e_phi]), rho
+
+
+def _chebyshev(values: np.ndarray) -> np.ndarray:
+    """Chebyshev coefficients ``(..., K)`` of the values ``(..., K)`` at the first-kind nodes
+    ``t_k = cos(pi (k + 1/2) / K)``."""
+    K = values.shape[-1]
+    k = np.arange(K)
+    cosines = np.cos(np.pi * np.outer(k, k + 0.5) / K)  # (j, k)
+    coefficients = (2.0 / K) * values @ cosines.T
+    coefficients[..., 0] *= 0.5
+    return coefficients
+
+
+@dataclass
+class _Plan:
+    """What is fixed for one set of targets: the directions and radii of the tilts, the
+    degree, the Chebyshev weights per part ``(L + 1, K)`` and basis ``(M, K)``, the targets
+    summed densely."""
+
+    points: np.ndarray
+    loc: np.ndarray
+    frame: np.ndarray  # (2, M, 3): e_theta, e_phi at c^
+    directions: np.ndarray  # (M, 3)
+    shift: np.ndarray  # (M,): r = |A x|
+    degree: int
+    weights: dict[str, np.ndarray]  # "z", "tangent", "radial": (K, nalm) per-alm weights
+    basis: np.ndarray  # (M, K)
+    dense: np.ndarray  # (M,) bool: singular targets
+
+
+class HarmonicSums:
+    """The scaled partition ``e^{-r} Z`` and gradient ``e^{-r} G`` at tilts ``c = A x`` of a
+    discrete measure on the unit sphere, by spherical harmonics (module docstring)."""
+
+    def __init__(self, A: np.ndarray, tolerance: float = VELOCITY_TOLERANCE):
+        self.A = np.asarray(A, float)
+        #: the largest estimated error of a tilted mean the transforms may leave
+        self.tolerance = float(tolerance)
+        #: the last call's estimated error of each target's tilted mean ``G / Z`` (0: dense)
+        self.estimate = np.zeros(0)
+        #: ``A = beta I``: ``c^ = x``, the radial part of ``G`` is along ``x``
+        self.isotropic = bool(np.array_equal(self.A, self.A[0, 0] * np.eye(3)))
+        self._plan: _Plan | None = None
+        #: the bound of the Chebyshev expansion's error per unit mass (0: none)
+        self.chebyshev_error = 0.0
+        self._sources: tuple[np.ndarray, np.ndarray] | None = None
+        #: the last call: degree, Chebyshev terms, targets summed densely, targets
+        self.last: dict[str, int] = {}
+
+    # ---- plans ----------------------------------------------------------------------------
+    def _source_locations(self, sources: np.ndarray) -> np.ndarray:
+        if self._sources is not None and np.array_equal(self._sources[0], sources):
+            return self._sources[1]
+        loc = _locations(sources)[0]
+        self._sources = (sources.copy(), loc)
+        return loc
+
+    def plan(self, points: np.ndarray) -> _Plan:
+        """The plan of the targets ``points (M, 3)`` (kept while they do not change)."""
+        if self._plan is not None and np.array_equal(self._plan.points, points):
+            return self._plan
+        tilts = points @ self.A.T
+        shift = np.linalg.norm(tilts, axis=1)
+        r_hi = float(shift.max())
+        dense = shift <= SINGULAR * max(r_hi, 1.0)
+        directions = tilts / np.where(dense, 1.0, shift)[:, None]
+        directions[dense] = (0.0, 0.0, 1.0)
+        loc, frame, rho = _locations(directions)
+        dense |= rho <= SINGULAR
+        live = shift[~dense]
+        r_lo, r_hi = (float(live.min()), float(live.max())) if live.size else (1.0, 1.0)
+        degree = degree_for(r_hi)
+        self.chebyshev_error = 0.0
+        if r_hi - r_lo <= 1e-14 * r_hi:
+            terms, radii = 1, np.array([r_hi])
+            coefficients = self._tables(degree, radii)  # (L + 1, 1)
+            basis = np.ones((points.shape[0], 1))
+        else:
+            coefficients, terms = self._expansion(degree, r_lo, r_hi)
+            t = np.clip((2 * shift - (r_lo + r_hi)) / (r_hi - r_lo), -1.0, 1.0)
+            basis = np.cos(np.arccos(t)[:, None] * np.arange(terms)[None, :])
+        l_of = np.concatenate([np.arange(m, degree + 1) for m in range(degree + 1)])
+        weights = {
+            k: np.ascontiguousarray(4 * math.pi * v[l_of].T) for k, v in coefficients.items()
+        }
+        self._plan = _Plan(
+            points.copy(), loc, frame, directions, shift, degree, weights, basis, dense
+        )
+        return self._plan
+
+    def _tables(self, degree: int, radii: np.ndarray) -> dict[str, np.ndarray]:
+        """The scaled weights ``(L + 1, len(radii))`` of the parts: ``e^{-r} i_l``,
+        ``e^{-r} i_l / r`` (the surface gradient) and ``e^{-r} i_l'`` (radial)."""
+        b = scaled_bessel(degree + 1, radii).T  # (L + 2, R)
+        l = np.arange(degree + 1)[:, None]
+        # i_l' = i_{l+1} + l / r i_l (also at l = 0: i_0' = i_1)
+        radial = b[1:] + l * b[:-1] / radii[None, :]
+        return {"z": b[:-1], "tangent": b[:-1] / radii[None, :], "radial": radial}
+
+    def _expansion(self, degree: int, r_lo: float, r_hi: float) -> tuple[dict, int]:
+        """Chebyshev coefficients in ``r`` over ``[r_lo, r_hi]`` of the weight tables, with
+        as many terms as their last two coefficients need to weigh below the tolerance, or
+        below their own round-off (``ROUNDOFF`` of each table's largest value)."""
+        l = np.arange(degree + 1)[:, None]
+        bound = (2 * l + 1) * (1 + l / r_lo)
+        floor = CHEBYSHEV_TOLERANCE * float(scaled_bessel(0, r_hi)[0])
+        terms = 8
+        while True:
+            t = np.cos(np.pi * (np.arange(terms) + 0.5) / terms)
+            radii = 0.5 * (r_lo + r_hi) + 0.5 * (r_hi - r_lo) * t
+            tables = self._tables(degree, radii)
+            coefficients = {k: _chebyshev(v) for k, v in tables.items()}
+            worst = max(
+                float(np.sum(bound * (np.abs(c[:, -1:]) + np.abs(c[:, -2:-1]))))
+                for c in coefficients.values()
+            )
+            noise = max(
+                float(np.sum(bound * np.abs(v).max(axis=1, keepdims=True))) for v in tables.values()
+            )
+            if worst <= max(floor, ROUNDOFF * noise):
+                self.chebyshev_error = worst
+                return coefficients, terms
+            if terms >= MAX_TERMS:
+                raise SphereHarmonicsError(
+                    f"attention: |A x| spans {r_lo:.4g} .. {r_hi:.4g}; {MAX_TERMS} Chebyshev "
+                    f'terms leave {worst:.1e}; use attention.engine = "direct"'
+                )
+            terms *= 2
+
+    # ---- sums -----------------------------------------------------------------------------
+    @profile.timed("velocity.harmonic")
+    def sums(
+        self,
+        sources: np.ndarray,
+        masses: np.ndarray,
+        points: np.ndarray,
+        radial: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``e^{-r} Z`` ``(M,)``, ``e^{-r} G`` ``(M, 3)`` and ``r = |A x|`` ``(M,)`` at the
+        targets ``points (M, 3)`` of the measure ``sum_j masses_j delta_{sources_j}``
+        (``sources (S, 3)`` unit vectors, ``masses (S,) >= 0``). ``radial = False`` (only
+        for ``A = beta I``): ``G`` less its part along ``c^ = x``, all that ``P_x G``
+        needs (one synthesis fewer)."""
+        from ducc0.sht.experimental import adjoint_synthesis_general, synthesis_general
+
+        threads = ensure_policy()
+        plan = self.plan(points)
+        degree = plan.degree
+        common = {"lmax": degree, "epsilon": NUFFT_EPSILON, "nthreads": threads}
+        alm = adjoint_synthesis_general(
+            map=np.ascontiguousarray(masses, float)[None, :],
+            spin=0,
+            loc=self._source_locations(sources),
+            **common,
+        )[0]  # (as coefficients(), the source locations kept)
+        M = points.shape[0]
+        z = np.zeros(M)
+        surface = np.zeros((2, M))
+        terms = plan.basis.shape[1]
+        radial_part = np.zeros(M) if radial or not self.isotropic else None
+        for k in range(terms):
+            column = plan.basis[:, k]
+
+            def synthesis(part: str, spin: int, mode: str = "STANDARD", k: int = k) -> np.ndarray:
+                coefficients = (alm * plan.weights[part][k])[None, :]
+                return synthesis_general(
+                    alm=coefficients, spin=spin, loc=plan.loc, mode=mode, **common
+                )
+
+            z += column * synthesis("z", 0)[0]
+            surface += column * synthesis("tangent", 1, "DERIV1")
+            if radial_part is not None:
+                radial_part += column * synthesis("radial", 0)[0]
+        g = surface[0][:, None] * plan.frame[0] + surface[1][:, None] * plan.frame[1]
+        if radial_part is not None:
+            g += radial_part[:, None] * plan.directions
+        error = NOISE * float(z.max()) + (TAIL_TOLERANCE + self.chebyshev_error) * float(
+            np.sum(masses)
+        )
+        # the tilted mean G / Z errs by at most |dG| / Z + |G / Z| |dZ| / Z <= 2 error / Z
+        with np.errstate(divide="ignore"):
+            estimate = np.where(z > 0, 2.0 * error / z, np.inf)
+        dense = plan.dense | (estimate > self.tolerance)
+        estimate[dense] = 0.0
+        self.estimate = estimate
+        if np.any(dense):
+            with profile.phase("velocity.direct"):
+                z[dense], g[dense] = self._dense(sources, masses, points[dense])
+        self.last = {
+            "degree": degree,
+            "terms": terms,
+            "dense_targets": int(np.count_nonzero(dense)),
+            "targets": M,
+        }
+        return z, g, plan.shift
+
+    def _dense(
+        self, sources: np.ndarray, masses: np.ndarray, points: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The scaled sums at a few targets by the dense formula (blocked)."""
+        tilts = points @ self.A.T
+        shift = np.linalg.norm(tilts, axis=1)
+        columns = np.concatenate([masses[:, None], masses[:, None] * sources], axis=1)
+        out = np.empty((points.shape[0], 4))
+        block = max(1, 4_000_000 // max(sources.shape[0], 1))
+        for start in range(0, points.shape[0], block):
+            rows = slice(start, start + block)
+            exponent = tilts[rows] @ sources.T - shift[rows, None]
+            out[rows] = np.exp(exponent, out=exponent) @ columns
+        return out[:, 0], out[:, 1:]
+
+
+def coefficients(sources: np.ndarray, masses: np.ndarray, degree: int) -> np.ndarray:
+    """``a_lm = sum_j masses_j Y_lm*(sources_j)``, ``m >= 0`` (ducc0's order: ``m`` major),
+    by one non-uniform adjoint synthesis."""
+    from ducc0.sht.experimental import adjoint_synthesis_general
+
+    return adjoint_synthesis_general(
+        map=np.ascontiguousarray(masses, float)[None, :],
+        spin=0,
+        lmax=int(degree),
+        loc=_locations(sources)[0],
+        epsilon=NUFFT_EPSILON,
+        nthreads=ensure_policy(),
+    )[0]
+
+
+def scaled_energy(sources: np.ndarray, masses: np.ndarray, beta: float) -> float:
+    """``e^{-beta} sum_{i, j} m_i m_j e^{beta <y_i, y_j>}`` by Funk-Hecke:
+    ``sum_l 4 pi e^{-beta} i_l(beta) sum_{m = -l}^{l} |a_lm|^2`` (module docstring; the degree
+    by :func:`degree_for`, the tail bounded as for the sums)."""
+    degree = degree_for(beta)
+    alm = coefficients(sources, masses, degree)
+    l_of = np.concatenate([np.arange(m, degree + 1) for m in range(degree + 1)])
+    doubled = np.full(l_of.size, 2.0)
+    doubled[: degree + 1] = 1.0  # m = 0 once, m > 0 twice (the real measure's -m)
+    power = np.bincount(l_of, weights=doubled * np.abs(alm) ** 2, minlength=degree + 1)
+    return float(4.0 * math.pi * np.sum(scaled_bessel(degree, beta) * power))
