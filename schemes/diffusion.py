@@ -18,7 +18,11 @@ mass diffuses out and is counted as outflow).
 
 Time. With ``L_a`` the axis operator (a dense ``n x n`` matrix) the substep is
 ``rho <- prod_a exp(tau eps L_a) rho`` (the axis operators commute), one matrix product per
-axis; the exponentials are formed once per substep length (:data:`CACHED_STEPS` kept).
+axis; the exponentials are formed once per substep length (:data:`CACHED_STEPS` kept; the
+solver rounds a noisy step down to :func:`quantised_step` levels so that they repeat).
+Scaling and squaring keeps the relative accuracy of the far, decaying entries, so a
+Gaussian's tails stay accurate far below the round-off of the bulk (a global FFT leaves
+``1e-16 max rho`` there, which the exponential tilts of attention amplify).
 
 Positivity. ``exp(tau L_a)`` of the fourth-order stencil has small negative entries (a
 Gaussian's far tails go negative), the second-order one (``(1, -2, 1) / h^2``, off-diagonals
@@ -56,7 +60,19 @@ from .operator import NEGLIGIBLE_NEGATIVE, view3
 #: h * (face gradient) at face i + 1/2 from rho_{i-1}, rho_i, rho_{i+1}, rho_{i+2}
 FACE_GRADIENT = {4: np.array([1.0, -15.0, 15.0, -1.0]) / 12.0, 2: np.array([0.0, -1.0, 1.0, 0.0])}
 #: substep lengths whose axis exponentials are kept (Strang: the two halves share one)
-CACHED_STEPS = 4
+CACHED_STEPS = 16
+#: a noisy step is rounded down to a power of 2^(1/STEP_LEVELS) (at most 8% shorter), so that
+#: the few step lengths of a run reuse their exponentials: forming them costs ~10 matrix
+#: products of n x n (0.18 s at n = 128, 2.5 s at 256 on a loaded core:
+#: benchmarks/diffusion.py) against one product to apply them
+STEP_LEVELS = 8
+
+
+def quantised_step(dt: float) -> float:
+    """The largest ``2^(j / STEP_LEVELS) <= dt`` (j an integer): the step of a noisy run."""
+    if not (math.isfinite(dt) and dt > 0.0):
+        return dt
+    return float(2.0 ** (math.floor(STEP_LEVELS * math.log2(dt) + 1e-9) / STEP_LEVELS))
 
 
 def check_noise(value: object) -> float:

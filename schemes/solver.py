@@ -29,7 +29,7 @@ from tpde.grid import Grid, Positions, moments, profile
 from tpde.grid.threads import ensure_policy
 
 from . import kernels
-from .diffusion import Diffusion, check_noise, frame_step_bound
+from .diffusion import Diffusion, check_noise, frame_step_bound, quantised_step
 from .frame import (
     FRAMES,
     AffineFrame,
@@ -674,6 +674,8 @@ class Solver:
                 if self.diffusion is not None and velocity.frame_rates is not None:
                     rate = frame_step_bound(velocity.frame_rates.gain, self.grid)
                     dt = min(dt, scheme.cfl / rate) if rate > 0 else dt
+            if self.diffusion is not None and self.frame is None:
+                dt = quantised_step(dt)  # (the diffusion's exponentials repeat)
             remaining = t_target - self.t
             if dt >= remaining * (1 - 1e-12):
                 dt = remaining
