@@ -172,7 +172,7 @@ def test_strang_splitting_is_second_order_in_time():
             grid,
             density,
             ATTENTION["softmax"](head),
-            0.4,
+            0.2,
             scheme=Scheme(dt_max=dt),
             noise=1.0,
             box_action="warn",
@@ -248,7 +248,7 @@ def test_noisy_tokens_match_the_grid_on_the_circle():
     for seed in range(3):
         theta = sample_circle_tokens(initial, grid, 10_000, seed)
         tokens = CircleTokens(theta, circle_head(beta), noise=eps, seed=seed)
-        states = tokens.integrate(times, 0.05)
+        states = tokens.integrate(times, 0.1)
         for i, t in enumerate(times):
             iid = sample_circle_tokens(noisy[i], grid, 10_000, 100 + seed)
             rows.append(
