@@ -674,7 +674,7 @@ class Solver:
                 if self.diffusion is not None and velocity.frame_rates is not None:
                     rate = frame_step_bound(velocity.frame_rates.gain, self.grid)
                     dt = min(dt, scheme.cfl / rate) if rate > 0 else dt
-            if self.diffusion is not None and self.frame is None:
+            if self.diffusion is not None and self.frame is None and scheme.dt is None:
                 dt = quantised_step(dt)  # (the diffusion's exponentials repeat)
             remaining = t_target - self.t
             if dt >= remaining * (1 - 1e-12):
