@@ -29,6 +29,7 @@ from tpde.grid import Grid, Positions, moments, profile
 from tpde.grid.threads import ensure_policy
 
 from . import kernels
+from .diffusion import Diffusion, check_noise, frame_step_bound, quantised_step
 from .frame import (
     FRAMES,
     AffineFrame,
@@ -215,6 +216,8 @@ class Problem:
         at the tolerance) | "warn_then_stop" (the event; a fixed box ends ``under_resolved``
         before the estimate passes RESOLUTION_STOP_FACTOR = 10 times the tolerance).
         initial_reconstruction_error : that estimate at t_start (a resumed run).
+    noise : eps >= 0 of the noisy PDE ``d/dt mu + div(mu Gamma) = eps Delta mu`` (default 0):
+        Strang splitting with the exact diffusion substep of :mod:`.diffusion`.
     """
 
     grid: Grid
@@ -235,8 +238,10 @@ class Problem:
     resolution_tolerance: float = RESOLUTION_TOLERANCE
     resolution_action: str = RESOLUTION_ACTION
     initial_reconstruction_error: float = 0.0
+    noise: float = 0.0
 
     def __post_init__(self) -> None:
+        self.noise = check_noise(self.noise)
         leading = () if self.positions is None else (self.positions.count,)
         self.density = self.grid.check_density(self.density, "initial density", leading)
         self.scheme.validate()
@@ -416,6 +421,10 @@ class Solver:
         )
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
         self.status_message = ""
+        # noise: the exact diffusion substeps around each transport step (.diffusion)
+        self.diffusion = (
+            Diffusion(self.grid, problem.noise, self.operator.lead) if problem.noise else None
+        )
         if self.frame is not None and not self.interpolate_faces:
             raise ValueError(
                 "scheme.frame: the affine frame needs the interpolated face velocity "
@@ -599,6 +608,23 @@ class Solver:
         self.steps += 1
         self.last_dt = dt
 
+    def noisy_step(self, dt: float) -> None:
+        """Strang splitting: diffusion dt / 2, the transport step (its stage-0 velocity from
+        the diffused density), diffusion dt / 2 (second order; :mod:`.diffusion`). A rejected
+        transport step leaves the density as it was before the first half."""
+        assert self.diffusion is not None
+        start = self.density
+        matrix = None if self.frame is None else self.frame.matrix
+        self.density, left = self.diffusion.step(start, 0.5 * dt, matrix)
+        try:
+            self.step(dt)
+        except (PositivityError, FrameStepRejected):
+            self.density = start
+            raise
+        matrix = None if self.frame is None else self.frame.matrix
+        self.density, right = self.diffusion.step(self.density, 0.5 * dt, matrix)
+        self.outflow += left + right
+
     def _initial_frame_dt(self, velocity: FaceVelocity) -> float:
         """Before the first frame step: 1e-3 of the frame's time scale 1 / ||G||."""
         if math.isfinite(self._frame_dt):
@@ -678,6 +704,11 @@ class Solver:
                     dt = min(dt, scheme.dt_max)
             if self.frame is not None:
                 dt = min(dt, self._frame_dt, self._initial_frame_dt(velocity))
+                if self.diffusion is not None and velocity.frame_rates is not None:
+                    rate = frame_step_bound(velocity.frame_rates.gain, self.grid)
+                    dt = min(dt, scheme.cfl / rate) if rate > 0 else dt
+            if self.diffusion is not None and self.frame is None and scheme.dt is None:
+                dt = quantised_step(dt)  # (the diffusion's exponentials repeat)
             remaining = t_target - self.t
             if dt >= remaining * (1 - 1e-12):
                 dt = remaining
@@ -693,7 +724,10 @@ class Solver:
             tries: list[tuple[float, float]] = []  # the frame's rejected (dt, error)
             for _attempt in range(30):
                 try:
-                    self.step(dt, handed.pop() if handed else None)
+                    if self.diffusion is None:
+                        self.step(dt, handed.pop() if handed else None)
+                    else:
+                        self.noisy_step(dt)
                     break
                 except PositivityError:  # redone from scratch (the stage-0 velocity too)
                     self.rejected += 1

@@ -47,6 +47,7 @@ t_end = 2.0               # required
 snapshots = 41
 output = "out.nc"
 max_outflow = 1e-3        # stop with status mass_left_domain beyond this fraction
+noise = 0.0               # eps of the noisy PDE d/dt mu + div(mu Gamma) = eps Delta mu
 ```
 """
 
@@ -938,6 +939,7 @@ def _run_settings(run: dict) -> dict:
             run.get("resolution_action", RESOLUTION_ACTION),
             RESOLUTION_ACTIONS,
         ),
+        "noise": _number("run.noise", run.get("noise", 0.0)),  # eps of eps Delta mu
     }
     snapshots = run.get("snapshots", 41)
     if isinstance(snapshots, list):
@@ -1022,6 +1024,7 @@ def make_problem(
             collapse_ratio=run["collapse_ratio"],
             resolution_tolerance=run["resolution_tolerance"],
             resolution_action=run["resolution_action"],
+            noise=run.get("noise", 0.0),
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
@@ -1127,7 +1130,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         for f in dataclasses.fields(Scheme)
         if isinstance(f.default, bool | str | int | float)
     },
-    "run": {"t_start": 0.0, "snapshots": 41, "max_outflow": 1e-3},
+    "run": {"t_start": 0.0, "snapshots": 41, "max_outflow": 1e-3, "noise": 0.0},
 }
 
 

@@ -129,6 +129,7 @@ FLAT: dict[str, dict[str, Entry]] = {
             "1e-3",
             "the resolution monitor's limit: the share of the mass the reconstruction misplaced",
         ),
+        "noise": ("0.0", "eps of the noise term eps Delta mu (>= 0; docs/guide/noise.md)"),
         "resolution_action": (
             '"warn"',
             "`warn`: record an `under_resolved` event and go on; `stop`: end the run there; "

@@ -420,6 +420,7 @@ def solve(
     atol: float = 1e-14,
     blowup_threshold: float | None = 1e8,
     t0: float = 0.0,
+    noise: float = 0.0,
 ) -> GaussianSolution:
     """Integrate the Gaussian moment ODEs of ``variant`` ('Gaussian closures') from t0 to t_end.
 
@@ -433,6 +434,9 @@ def solve(
 
     mean0: (d,); cov0: (d, d) SPD; params: see ``params_at``; times: output times in
     [t0, t_end] (those after an early stop are dropped); None gives the integrator's steps.
+    noise: eps >= 0 of the noisy PDE ``d/dt mu + div(mu Gamma) = eps Delta mu``
+    (docs/theory.md, 'Noise: the Gaussian reference'): the field on a Gaussian is affine, so
+    the law stays Gaussian and the covariance ODE gains ``+ 2 eps I`` (the mean's is unchanged).
     """
     _check_variant(variant)
     mean0 = np.asarray(mean0, float)
@@ -445,6 +449,9 @@ def solve(
     if not np.allclose(cov0, cov0.T, rtol=1e-12, atol=1e-14 * np.abs(cov0).max()):
         raise ValueError("cov0: not symmetric")
     lam0 = _spd_eigh(cov0, "cov0")[0]
+    if not (math.isfinite(noise) and noise >= 0.0):
+        raise ValueError(f"noise: expected a finite number >= 0, got {noise!r}")
+    diffusion = 2.0 * float(noise) * np.eye(d)
     t0, t_end = float(t0), float(t_end)
     if not (math.isfinite(t0) and math.isfinite(t_end) and t_end > t0):
         raise ValueError(f"t_end: expected a finite number > t0 = {t0}, got {t_end}")
@@ -487,7 +494,7 @@ def solve(
             except NotPositiveDefiniteError:
                 return np.full_like(y, np.nan)  # the step is rejected; the PD event stops
             da, dS = _moment_rhs(b, M, alpha, Sigma)
-            return _pack(da, dS)
+            return _pack(da, dS + diffusion)
 
         return rhs
 

@@ -49,6 +49,8 @@ from tpde.variants.parameters import L2Head, ParamSpec, SigmoidHead, SinkhornHea
 from tpde.variants.sigmoid import sigmoid_sums
 from tpde.variants.sinkhorn import sinkhorn_iterations
 
+from .brownian import check_noise, flat_increment
+
 __all__ = [
     "TOKEN_VARIANTS",
     "TokenSolution",
@@ -411,11 +413,15 @@ def simulate(
     times: Sequence[float] | None = None,
     method: str = "rk4",
     t_start: float = 0.0,
+    noise: float = 0.0,
+    seed: int = 0,
 ) -> TokenSolution:
     """Integrate the token system from t_start to t_end with a fixed step (RK4 or SSP-RK3).
 
     tokens: (n, d); times: output times (default: t_start and t_end); each step is
-    shortened to land on them. Raises if a token velocity is not finite.
+    shortened to land on them. Raises if a token velocity is not finite. ``noise`` eps > 0:
+    ``dX = Gamma dt + sqrt(2 eps) dB``, each step split around exact Brownian substeps of
+    half its length (:mod:`.brownian`: weak order 2), drawn from ``seed``.
     """
     if method not in ("rk4", "ssprk3"):
         raise ValueError(f"tokens.method: unknown {method!r}; choose rk4 or ssprk3")
@@ -426,6 +432,8 @@ def simulate(
         )
     x = np.array(tokens, dtype=float, ndmin=2)
     w = _weights(x, weights)
+    noise = check_noise(noise)
+    rng = np.random.default_rng(seed)
     outputs = sorted(set([float(t_start), float(t_end)] + [float(s) for s in (times or [])]))
     saved, t = [x.copy()], float(t_start)
 
@@ -438,6 +446,8 @@ def simulate(
     for target in outputs[1:]:
         while t < target - 1e-14 * max(1.0, abs(target)):
             h = min(dt, target - t)
+            if noise:
+                x = flat_increment(x, 0.5 * h, noise, rng)
             if method == "rk4":
                 k1 = rhs(x, t)
                 k2 = rhs(x + 0.5 * h * k1, t + 0.5 * h)
@@ -448,6 +458,8 @@ def simulate(
                 y1 = x + h * rhs(x, t)
                 y2 = 0.75 * x + 0.25 * (y1 + h * rhs(y1, t + h))
                 x = x / 3.0 + 2.0 / 3.0 * (y2 + h * rhs(y2, t + 0.5 * h))
+            if noise:
+                x = flat_increment(x, 0.5 * h, noise, rng)
             t = t + h if target - (t + h) > 1e-14 * max(1.0, abs(target)) else target
         saved.append(x.copy())
     return TokenSolution(np.array(outputs), np.array(saved), w)

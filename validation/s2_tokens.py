@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from tpde.grid.cubed_sphere import CubedSphere, harmonic_power, metric, to_sphere
 
+from .brownian import check_noise, sphere_increment, split_step
 from .sphere_tokens import inverse_cdf, march
 
 __all__ = [
@@ -99,7 +101,9 @@ def rotate_tokens(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
 class SphereTokens:
     """A token system on ``S^2``: positions, weights, ``A``, ``V``, normalisation (module
     docstring). ``integrate(times, dt)`` runs CF4 with steps of at most ``dt``, landing on each
-    output time, and returns the positions ``(len(times), n, 3)``."""
+    output time, and returns the positions ``(len(times), n, 3)``. ``noise`` eps > 0: each
+    step is split around rotations by tangent Gaussian increments (:mod:`.brownian`, weak
+    order 1), drawn from ``seed``."""
 
     def __init__(
         self,
@@ -108,6 +112,8 @@ class SphereTokens:
         V: ArrayLike | None = None,
         weights: np.ndarray | None = None,
         normalised: bool = True,
+        noise: float = 0.0,
+        seed: int = 0,
     ):
         x = np.asarray(x, float).reshape(-1, 3)
         if x.shape[0] < 1 or not np.all(np.isfinite(x)):
@@ -126,6 +132,9 @@ class SphereTokens:
         self.normalised = bool(normalised)
         self.t = 0.0
         self.evaluations = 0
+        # noise: the rotation by a tangent Gaussian increment around CF4 (.brownian)
+        self.noise = check_noise(noise)
+        self.rng = np.random.default_rng(seed)
 
     def velocity(self, x: np.ndarray) -> np.ndarray:
         self.evaluations += 1
@@ -149,7 +158,11 @@ class SphereTokens:
         self.x = rotate_tokens(first, (-f1 + 2.0 * f2 + 2.0 * f3 + 3.0 * f4) / 12.0)
 
     def integrate(self, times: ArrayLike, dt: float) -> np.ndarray:
-        return march(self, times, dt, self.step, lambda: self.x)
+        step = self.step if self.noise == 0.0 else partial(split_step, self.step, self._kick)
+        return march(self, times, dt, step, lambda: self.x)
+
+    def _kick(self, tau: float) -> None:
+        self.x = sphere_increment(self.x, tau, self.noise, self.rng)
 
 
 def token_moments(x: np.ndarray, weights: np.ndarray | None = None) -> tuple[np.ndarray, ...]:

@@ -49,6 +49,7 @@ __all__ = [
     "funk_hecke",
     "funk_hecke_quadrature",
     "linear_rate",
+    "noisy_rate",
     "rate_by_quadrature",
     "sphere_grid_rate",
     "sphere_token_rates",
@@ -87,6 +88,16 @@ def linear_rate(l: int, beta: float, d: int = 2, normalised: bool = True) -> flo
     ratio = float(ive(l + nu, beta) / ive(nu, beta))
     rate = l * (l + d - 2) * ratio / beta
     return rate if normalised else rate * funk_hecke(0, beta, d)
+
+
+def noisy_rate(l: int, beta: float, eps: float, d: int = 2, normalised: bool = True) -> float:
+    """The rate of :func:`linear_rate` with noise ``eps Delta`` (docs/theory.md, 'Noise: linear
+    rates'): ``Y_l`` is an eigenfunction of the Laplace-Beltrami operator with eigenvalue
+    ``-l (l + d - 2)``, so the rate is ``linear_rate - eps l (l + d - 2)``."""
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"rates.eps: expected a finite number >= 0, got {eps!r}")
+    l, beta, d = _check(l, beta, d)
+    return linear_rate(l, beta, d, normalised) - eps * l * (l + d - 2)
 
 
 def fastest_mode(beta: float, d: int = 2, l_max: int = 1000) -> int:
@@ -266,10 +277,17 @@ def fit_rate(times: np.ndarray, amplitudes: np.ndarray) -> float:
 
 
 # ---- measured rates: the grid solver and the tokens on the circle ----------------------------
-def _fastest_in(copies: int, beta: float, k_limit: int, exclude: int | None = None) -> float:
+def _fastest_in(
+    copies: int,
+    beta: float,
+    k_limit: int,
+    exclude: int | None = None,
+    noise: float = 0.0,
+    normalised: bool = True,
+) -> float:
     """The largest rate among the modes ``copies, 2 copies, ..`` below ``k_limit``."""
     ks = [j for j in range(copies, k_limit + 1, copies) if j != exclude]
-    return max((linear_rate(j, beta) for j in ks), default=0.0)
+    return max((noisy_rate(j, beta, noise, 2, normalised) for j in ks), default=0.0)
 
 
 def circle_grid_rate(
@@ -283,9 +301,13 @@ def circle_grid_rate(
     step: float = 0.05,
     snapshots: int = 11,
     reconstruction: str = "weno5z",
+    noise: float = 0.0,
+    normalised: bool = True,
 ) -> dict:
     """Seed mode ``k`` at ``amplitude`` on the uniform measure, run the finite-volume solver
     (FFT engine, ``A = beta I``, ``V = I``) and fit the growth rate of the mode's amplitude.
+    ``noise``: eps of the noisy PDE (the formula is :func:`noisy_rate`); ``normalised``:
+    False for the unnormalised model.
 
     ``copies`` (default ``k``): the m-fold reduced grid ``[0, 2 pi / m)`` with ``cells``
     cells per period (``1``: the whole circle, ``cells`` in all). The run lasts
@@ -304,20 +326,22 @@ def circle_grid_rate(
     nyquist = copies * (cells // 2 - 1)
     if k > nyquist:
         raise ValueError(f"mode {k} is beyond the grid's resolved modes (<= {nyquist})")
-    rate = linear_rate(k, beta)
-    others = _fastest_in(copies, beta, nyquist, exclude=k)
-    t_end = span / rate
+    rate = noisy_rate(k, beta, noise, 2, normalised)
+    others = _fastest_in(copies, beta, nyquist, k, noise, normalised)
+    t_end = span / abs(rate)
     if others > 0:
         t_end = min(t_end, noise_span / others)
-    dt = step / max(rate, others)
+    # the transport's own rate sets the step (SSP-RK3's rate error), not the net rate
+    dt = step / max(abs(rate), others, linear_rate(k, beta, 2, normalised))
     density = uniform_modes(grid, [(k, amplitude, 0.0)])
     problem = Problem(
         grid,
         density,
-        CircleAttention(circle_head(beta), engine="fft"),
+        CircleAttention(circle_head(beta), normalised=normalised, engine="fft"),
         t_end,
         scheme=Scheme(reconstruction=reconstruction, dt_max=dt),
         snapshots=snapshots,
+        noise=noise,
     )
     result = Solver(problem).run()
     amplitudes = [mode_amplitude(s.density, grid, k) for s in result.snapshots]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -35,6 +36,8 @@ from tpde.grid import Grid
 from tpde.grid.circle import TWO_PI, circle_copies
 from tpde.variants.parameters import Head, ParamSpec, as_param_spec, params_at
 from tpde.variants.spherical import conformal_parts, is_conformal
+
+from .brownian import check_noise, circle_increment, split_step
 
 __all__ = [
     "CircleTokens",
@@ -197,7 +200,8 @@ class CircleTokens:
 
     ``integrate(times, dt)`` runs classical RK4 in the angles with steps of at most ``dt``,
     landing on each output time, and returns the angles (len(times), n), wrapped to
-    ``[0, 2 pi)``.
+    ``[0, 2 pi)``. ``noise`` eps > 0: each step is split around the exact Brownian
+    substeps of :mod:`.brownian` (weak order 2), drawn from ``seed``.
     """
 
     def __init__(
@@ -207,6 +211,8 @@ class CircleTokens:
         weights: np.ndarray | None = None,
         normalised: bool = True,
         method: str = "auto",
+        noise: float = 0.0,
+        seed: int = 0,
     ):
         self.theta = np.asarray(theta, float).reshape(-1).copy()
         n = self.theta.size
@@ -220,13 +226,20 @@ class CircleTokens:
         self.normalised = bool(normalised)
         self.method = method
         self.t = 0.0
+        # noise: dtheta = ... + sqrt(2 eps) dB, split around RK4 (validation.brownian)
+        self.noise = check_noise(noise)
+        self.rng = np.random.default_rng(seed)
 
     def velocity(self, theta: np.ndarray, t: float) -> np.ndarray:
         head = _head(self.spec, t)
         return circle_token_velocity(theta, self.weights, head, self.normalised, self.method)
 
     def integrate(self, times: ArrayLike, dt: float) -> np.ndarray:
-        return march(self, times, dt, self._rk4, lambda: np.mod(self.theta, TWO_PI))
+        step = self._rk4 if self.noise == 0.0 else partial(split_step, self._rk4, self._kick)
+        return march(self, times, dt, step, lambda: np.mod(self.theta, TWO_PI))
+
+    def _kick(self, tau: float) -> None:
+        self.theta = circle_increment(self.theta, tau, self.noise, self.rng)
 
     def _rk4(self, h: float) -> None:
         th, t = self.theta, self.t
