@@ -29,13 +29,15 @@ def cli(capsys, *args) -> tuple[int, str, str]:
     return code, out, err
 
 
-def shortened_circle(tmp_path: Path, cells: int = 64, t_end: float = 6.0) -> Path:
+def shortened_circle(
+    tmp_path: Path, cells: int = 64, t_end: float = 6.0, snapshots: int = 61
+) -> Path:
     """examples/sphere/clusters.toml on fewer cells and a shorter time (its keys as shipped:
     the defaults ``copies``, ``normalised`` and ``engine`` omitted)."""
     raw = tomllib.loads((ROOT / "examples/sphere/clusters.toml").read_text())
     raw["grid"]["cells"] = cells
     raw["initial"]["k_max"] = 16
-    raw["run"].update(t_end=t_end, snapshots=61)
+    raw["run"].update(t_end=t_end, snapshots=snapshots)
     raw["run"].pop("output")
     path = tmp_path / "clusters.toml"
     path.write_text(dumps(raw))
@@ -105,7 +107,7 @@ def test_circle_tokens_mid_quantiles_and_iid(tmp_path, capsys):
     circle. The mid-quantile tokens' histogram at t = 0 equals the cell averages to 1/n per
     cell (no sampling noise); i.i.d. tokens are within a few standard errors; `tpde
     gaussian` is refused in one line (exit 2)."""
-    config = shortened_circle(tmp_path, cells=64, t_end=1.0)
+    config = shortened_circle(tmp_path, cells=64, t_end=1.0, snapshots=5)
     n = 4000
     mid, iid = tmp_path / "mid.nc", tmp_path / "iid.nc"
     assert cli(capsys, "particles", config, "--tokens", n, "--quantiles", "-o", mid)[0] == 0
@@ -217,3 +219,30 @@ def test_mixture_weights_of_the_wrong_length_name_the_weights():
     }
     with pytest.raises(ConfigError, match=r"^initial\.weights: 3 weights for 2 means"):
         build(raw)
+
+
+def test_compare_draws_a_run_that_stopped_between_snapshots(tmp_path):
+    """`tpde compare` of a grid run that stopped between the tokens' snapshot times draws
+    the tokens' latest earlier snapshot (saying its time), not an empty panel; the title
+    names only the references given."""
+    from tpde.plots import compare_figure
+
+    raw = {
+        "grid": {"lower": [-6.0, -6.0], "upper": [6.0, 6.0], "cells": [24, 24]},
+        "attention": {"A": [[0.5, 0.0], [0.0, 0.2]], "V": [[1.0, 0.0], [0.0, 1.0]]},
+        "run": {"t_end": 0.4, "snapshots": 5},
+    }
+    import tpde
+    from tpde.config import build
+    from tpde.references import particle_reference
+
+    config = build(raw)
+    tokens = particle_reference(config, 300, seed=1)
+    run = tpde.simulate(dict(raw, run={"t_end": 0.25, "snapshots": [0.0, 0.1, 0.25]}))
+    fig = compare_figure(run, tokens)
+    titles = [ax.get_title() for ax in fig.get_axes()]
+    texts = [t.get_text() for ax in fig.get_axes() for t in ax.texts]
+    print(f"\n{titles[:2]}; suptitle {fig._suptitle.get_text()!r}")
+    assert "token histogram at t = 0.2" in titles
+    assert not any("no snapshot" in t for t in texts)
+    assert "Gaussian ODE" not in fig._suptitle.get_text()

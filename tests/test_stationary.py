@@ -190,10 +190,12 @@ def test_branch_fold_stability_and_first_order_point():
     assert abs(gap) < 1e-11 * abs(st.uniform_free_energy("circle", 5.0, eps))
 
 
-def test_continue_command(tmp_path, capsys):
+def test_continue_command(tmp_path, capsys, monkeypatch):
     import xarray as xr
 
     from tpde.cli import main
+
+    monkeypatch.chdir(tmp_path)  # a config without output keys writes under ./out
 
     config = tmp_path / "c.toml"
     config.write_text(
@@ -201,15 +203,15 @@ def test_continue_command(tmp_path, capsys):
         "eps_min = 0.6\neps_max = 1.0\namplitude_max = 0.85\n"
     )
     assert main(["continue", str(config)]) == 0
-    ds = xr.open_dataset(tmp_path / "c.nc")
+    ds = xr.open_dataset(tmp_path / "out" / "c.nc")
     print(capsys.readouterr().out)
     assert ds.attrs["transition"] == "discontinuous"
     assert abs(ds.attrs["eps_threshold"] / ds.attrs["eps_threshold_closed_form"] - 1) < 1e-12
     assert ds.attrs["eps_threshold"] < ds.attrs["eps_first_order"] < ds.attrs["eps_fold"]
-    assert (tmp_path / "c.png").stat().st_size > 0
+    assert (tmp_path / "out" / "c.png").stat().st_size > 0
     assert ds["density"].shape == (ds.sizes["point"], 96)
     ds.close()
-    assert main(["info", str(tmp_path / "c.nc")]) == 0
+    assert main(["info", str(tmp_path / "out" / "c.nc")]) == 0
     assert "stationary branches (sphere, unnormalised, beta 3" in capsys.readouterr().out
     for text, key in (
         ('geometry = "torus"\nbeta = 3.0', "continuation.geometry"),

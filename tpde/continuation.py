@@ -13,8 +13,8 @@ docs/theory.md, 'Stationary states and phase transitions'. One TOML table:
     eps_max = 12.0               # default 4 x the linear threshold
     amplitude_max = 0.97
     steps = 400
-    output = "branch.nc"         # default: the config's name with .nc
-    figure = "branch.png"        # default: the config's name with .png
+    output = "branch.nc"         # default: out/<config name>.nc (a set name: beside the config)
+    figure = "branch.png"        # default: out/<config name>.png
 
 :func:`continuation` (one beta) and :func:`phase_diagram` (many) are the API the command
 runs; both take plain arguments (a sweep maps them over its grid).
@@ -58,6 +58,8 @@ _KEYS = {
     "output",
     "figure",
 }
+#: where a config without output / figure keys writes (relative to the working folder)
+OUT = Path("out")
 DEFAULT_EPS_MIN = 0.5  # x the linear threshold
 DEFAULT_EPS_MAX = 4.0
 
@@ -137,8 +139,9 @@ def load(path: str | Path) -> dict:
         "eps_max": eps_max,
         "amplitude_max": float(_number(table, "amplitude_max", 0.97, 0.0, 0.999)),
         "steps": steps,
-        "output": folder / table.get("output", path.with_suffix(".nc").name),
-        "figure": folder / table.get("figure", path.with_suffix(".png").name),
+        # an example run as it is writes under out/, never beside the config
+        "output": folder / table["output"] if "output" in table else OUT / f"{path.stem}.nc",
+        "figure": folder / table["figure"] if "figure" in table else OUT / f"{path.stem}.png",
     }
 
 
@@ -286,6 +289,7 @@ def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | N
         ax.set_ylim(-0.03, 1.0)
     fig.tight_layout()
     path = Path(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
@@ -385,6 +389,7 @@ def plot_phase_diagram(ds, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
@@ -432,6 +437,7 @@ def info(path: str | Path) -> list[str] | None:
 def _write(ds, path: Path) -> None:
     from tpde import io
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     io.to_netcdf(ds, tmp)
     os.replace(tmp, path)

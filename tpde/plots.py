@@ -1164,6 +1164,18 @@ def _at(times: np.ndarray, t: float) -> int | None:
     return i if abs(times[i] - t) <= 1e-9 * max(1.0, abs(t)) else None
 
 
+def _at_or_before(times: np.ndarray, t: float) -> int | None:
+    """The snapshot of ``times`` at ``t``; else, for a reference that goes on past ``t``, the
+    last one before it (a run that stopped between the references' snapshot times is drawn
+    beside their latest earlier one). None for a reference that ended before ``t`` (an ODE
+    past its blow-up: its panel says so)."""
+    exact = _at(times, t)
+    if exact is not None:
+        return exact
+    earlier = np.flatnonzero(times < t)
+    return int(earlier[-1]) if earlier.size and times.max() > t else None
+
+
 def _moments_of(ds: xr.Dataset, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = _times(ds)
     mean = np.asarray(ds["mean_position"].transpose("time", ...).values, float).reshape(t.size, d)
@@ -1237,9 +1249,12 @@ def compare_figure(
     top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.15])  # type: ignore[misc]
     edges = [_edges(run, a) for a in spatial]
     pictures: dict[str, np.ndarray | None] = {}
+    shown_at: dict[str, str] = {}  # a reference drawn at an earlier snapshot says when
     for name, ds in present.items():
-        j = _at(_times(ds), t)
+        j = _at_or_before(_times(ds), t)
         pictures[name] = None if j is None else _picture(ds, spatial, j)
+        if j is not None and _at(_times(ds), t) is None:
+            shown_at[name] = f" at t = {float(_times(ds)[j]):.4g}"
     drawn = [p for p in pictures.values() if p is not None]
     scale = _norm(_vmax(drawn), log, vmin, vmax)
     labels = {"grid": "grid run", "tokens": "token histogram", "ODE": "Gaussian ODE"}
@@ -1255,7 +1270,14 @@ def compare_figure(
                 )
                 continue
             kind = "steps-mid" if name == "tokens" else "default"
-            ax.plot(x, picture, styles[name], drawstyle=kind, lw=1.3, label=labels[name])
+            ax.plot(
+                x,
+                picture,
+                styles[name],
+                drawstyle=kind,
+                lw=1.3,
+                label=labels[name] + shown_at.get(name, ""),
+            )
         if log:
             ax.set_yscale("log")
         ax.set_ylim(scale.vmin, 1.05 * _vmax(drawn) if vmax is None else vmax)
@@ -1269,7 +1291,8 @@ def compare_figure(
         mesh = None
         gaussian_at = None if ode_ref is None else _interp(ode_ref, t)
         for ax, (name, picture) in zip(axes, pictures.items(), strict=True):
-            ax.set_title(f"{labels[name]}, t = {t:.4g}" + (", sum over z" if d == 3 else ""))
+            at = shown_at.get(name, f", t = {t:.4g}")
+            ax.set_title(f"{labels[name]}{at}" + (", sum over z" if d == 3 else ""))
             ax.set_aspect("equal")
             ax.set_xlim(edges[0][0], edges[0][-1])
             ax.set_ylim(edges[1][0], edges[1][-1])
@@ -1397,7 +1420,12 @@ def compare_figure(
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="x-small")
-    _suptitle(fig, run, "grid run, tokens and Gaussian ODE")
+    named = ["grid run"] + [
+        {"tokens": "tokens", "ODE": "Gaussian ODE"}[k] for k, v in sets.items() if v is not None
+    ]
+    _suptitle(
+        fig, run, " and ".join([", ".join(named[:-1]), named[-1]]) if len(named) > 1 else named[0]
+    )
     return fig
 
 
