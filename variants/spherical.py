@@ -58,6 +58,7 @@ from tpde.grid.circle import TWO_PI, circle_copies
 from tpde.grid.stencils import point_values
 from tpde.schemes.velocity import VelocityField
 
+from .circle_atoms import atom_spectrum, check_band, kernel_band, kernel_modes, velocity_at
 from .engines.cache import Recent
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 
@@ -157,6 +158,8 @@ class CircleAttention(VelocityField):
         # centre j - 1/2, and the last face (n) repeats face 0
         offs = [float(np.asarray(off, float).reshape(-1)[0]) for off in offsets]
         shifts = [-0.5 if off == 0.5 else off for off in offs]
+        if self.atoms is not None and self.atoms.count:
+            self._check_atoms(grid, head, engine, copies)
         if engine == "fft":
             values = self._fft(rho, grid, head, copies, shifts)
         else:
@@ -165,6 +168,42 @@ class CircleAttention(VelocityField):
             (np.append(v, v[0]) if off == 0.5 else v)[None, :]
             for v, off in zip(values, offs, strict=True)
         ]
+
+    # ---- atoms (docs/theory.md, 'Atoms: cells where the law is spread, ...') ------------------
+    def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
+        if engine != "fft" or copies != 1 or not is_conformal(head.C):
+            raise ValueError(
+                "atoms: on the circle atoms need the FFT engine on the whole circle "
+                "(A and C of the form a I + b J, grid.copies = 1)"
+            )
+        self._atom_kernel(grid, head)
+
+    def atom_velocity(self, density, grid: Grid, t: float, atoms):
+        """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
+        head = _head(self.spec, t)
+        self._check_atoms(grid, head, self.choose(head, circle_copies(grid)), circle_copies(grid))
+        u, du, d2u = velocity_at(
+            np.asarray(density, float),
+            grid,
+            atoms,
+            head,
+            atoms.centre[:, 0],
+            self.normalised,
+            self._atom_kernel(grid, head),
+        )
+        return u[:, None], du[:, None, None], d2u[:, None, None, None]
+
+    def _atom_kernel(self, grid: Grid, head: Head):
+        """The kernel's modes the atoms' sums need (fixed while grid and head are)."""
+        key = ("atoms", grid, id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            a, b, _, _ = conformal_parts(head.A)
+            check_band(grid, head)
+            band = kernel_band(math.hypot(a, b), grid.cells[0])
+            cached = (head, kernel_modes(head, band))
+            self._fixed[key] = cached
+        return cached[1]
 
     def choose(self, head: Head, copies: int = 1) -> str:
         """The engine for ``head`` (and an m-fold grid)."""
@@ -241,6 +280,10 @@ class CircleAttention(VelocityField):
     def _fft(self, rho, grid: Grid, head: Head, copies: int, shifts: list[float]):
         n = grid.cells[0]
         spectrum = np.fft.fft(rho)
+        if self.atoms is not None and self.atoms.count:  # their exact modes join the cells'
+            spectrum = spectrum + atom_spectrum(
+                grid, self.atoms, self._atom_kernel(grid, head)[0].size
+            )
         bound = self._bound(head)
         out = []
         for shift in shifts:

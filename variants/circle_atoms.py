@@ -1,0 +1,173 @@
+"""The atoms' share of the attention sums on the circle (wrapped normal atoms), exactly.
+
+docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+An atom of mass ``m``, centre ``a`` and variance ``s`` is the wrapped normal
+``m N(a, s)`` on the angle, whose Fourier coefficients are exact:
+
+    c_k = int e^{-i k phi} m dN(a, s)(phi) = m e^{-i k a} e^{-k^2 s / 2}.
+
+The kernel of a rotation-invariant head, ``g(s) = e^{r cos(s - alpha)}``, has coefficients
+``I_|k|(r) e^{-i k alpha}``, so ``int e^{beta cos(phi - theta)} dN(a, s) = sum_k I_k(beta)
+e^{-k^2 s / 2} e^{i k (a - theta)}`` and every sum of :class:`~.spherical.CircleAttention`'s
+FFT engine takes the atoms as extra Fourier coefficients added to the cells'. The grid
+keeps the modes below its Nyquist mode ``n / 2``; the kernel's beyond it are below
+``ive(n / 2, r) / ive(0, r)`` (checked: :func:`check_band`), so the atoms' share is exact to
+round-off wherever the FFT engine is.
+
+At the atoms themselves the solver needs ``u``, ``u'`` and ``u''`` (the atom's motion,
+:func:`tpde.schemes.atoms.atom_rates`): the same sums at the atoms' centres, with the
+derivatives ``(i k)^j`` of the Fourier series, and
+
+    u = N / Z,  u' = N'/Z - N Z'/Z^2,  u'' = N''/Z - (2 N' Z' + N Z'')/Z^2 + 2 N Z'^2/Z^3.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import ive
+
+from tpde.grid import Grid
+from tpde.grid.circle import TWO_PI, fourier_modes
+from tpde.schemes.atoms import Atoms
+
+from .parameters import Head
+
+__all__ = [
+    "atom_modes",
+    "atom_spectrum",
+    "check_band",
+    "energy_with_atoms",
+    "kernel_band",
+    "kernel_modes",
+    "velocity_at",
+]
+
+#: the kernel's modes beyond the grid's Nyquist mode must be below this (relative)
+BAND_TOLERANCE = 1e-16
+#: the kernel's modes below this (relative to its mean) are left out of the atoms' sums
+KERNEL_TAIL = 1e-18
+
+
+def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
+    """``sum_atoms m e^{-i k a} e^{-k^2 s / 2}`` for the integers ``k`` (any shape)."""
+    kk = np.asarray(k, float)[..., None]
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    terms = atoms.mass * np.exp(-1j * kk * a - 0.5 * kk * kk * s)
+    return terms.sum(axis=-1)
+
+
+def check_band(grid: Grid, head: Head) -> None:
+    """Raise when the grid's modes do not hold the kernel (the atoms' sums would lose the
+    kernel's modes beyond the Nyquist mode)."""
+    r = float(np.hypot(*_conformal(head.A)))
+    n = grid.cells[0]
+    if ive(n // 2, r) > BAND_TOLERANCE * ive(0, r):
+        raise ValueError(
+            f"atoms: the kernel e^(|A| cos) with |A| = {r:g} has modes beyond {n // 2} (the "
+            "grid's Nyquist mode) above 1e-16 of its mean; refine grid.cells"
+        )
+
+
+def _conformal(M: np.ndarray) -> tuple[float, float]:
+    return 0.5 * (M[0, 0] + M[1, 1]), 0.5 * (M[1, 0] - M[0, 1])
+
+
+def kernel_band(r: float, n: int) -> int:
+    """The modes ``0 .. K - 1`` that carry the kernel ``e^{r cos}``: the smallest ``K`` with
+    ``ive(K, r) < 1e-18 ive(0, r)``, at most ``n // 2`` (below the grid's Nyquist mode)."""
+    scale = float(ive(0, r))
+    k = 1
+    while k < n // 2 and float(ive(k, r)) >= KERNEL_TAIL * scale:
+        k += 1
+    return k
+
+
+def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarray:
+    """The atoms' modes in the units of ``np.fft.fft`` of the cell averages (FFT order), so
+    that ``fft(rho) + atom_spectrum`` is the spectrum of cells plus atoms: the cells' ``c_k``
+    is ``(2 pi / n) DFT_k e^{-i k x_0} / sinc(k h / 2)`` (``x_0`` the first centre). Modes
+    ``|k| >= band`` (where the kernel is below 1e-18 of its mean) are left out."""
+    n = grid.cells[0]
+    h = grid.spacing[0]
+    band = n // 2 if band is None else min(int(band), n // 2)
+    k = np.arange(band)
+    x0 = grid.lower[0] + 0.5 * h
+    positive = atom_modes(atoms, k) * (n / TWO_PI) * np.exp(1j * k * x0) * np.sinc(k * h / TWO_PI)
+    dft = np.zeros(n, complex)
+    dft[:band] = positive
+    dft[n - band + 1 :] = np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
+    if n % 2 == 0:
+        dft[n // 2] = 0.0  # the Nyquist mode: the engine drops it
+    return dft
+
+
+def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """``k = 0 .. band - 1`` and the factors of ``Z`` and ``N`` on them (the kernel's
+    coefficients at ``-k``, scaled by ``e^{-r}``; :mod:`.spherical`'s FFT engine), and the
+    clip ``||C||_2``."""
+    a, b = _conformal(head.A)
+    p, q = _conformal(head.C)
+    r, alpha = math.hypot(a, b), math.atan2(b, a)
+    k = np.arange(band)
+
+    def g0(kk: np.ndarray) -> np.ndarray:
+        return ive(np.abs(kk), r) * np.exp(-1j * kk * alpha)
+
+    z_factor = g0(-k)
+    n_factor = p * (g0(-k - 1) - g0(-k + 1)) / 2j + q * (g0(-k - 1) + g0(-k + 1)) / 2.0
+    return k, z_factor, n_factor, float(np.linalg.norm(head.C, 2))
+
+
+def velocity_at(
+    density: np.ndarray,
+    grid: Grid,
+    atoms: Atoms,
+    head: Head,
+    points: np.ndarray,
+    normalised: bool = True,
+    kernel: tuple | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms, for a
+    rotation-invariant head (``A = a I + b J``, ``C = p I + q J``). ``kernel``: the
+    :func:`kernel_modes` of the head (computed when not given)."""
+    if kernel is None:
+        r = math.hypot(*_conformal(head.A))
+        kernel = kernel_modes(head, kernel_band(r, grid.cells[0]))
+    k, z_factor, n_factor, bound = kernel
+    c = fourier_modes(density, grid, int(k[-1]))[: k.size] + atom_modes(atoms, k)
+    twice = np.where(k == 0, 1.0, 2.0)
+    phase = np.exp(1j * np.outer(np.asarray(points, float), k))  # (P, K)
+    ik = 1j * k
+
+    def series(coef: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        terms = twice * coef * c
+        return tuple((phase @ (terms * ik**j)).real for j in range(3))
+
+    n0, n1, n2 = series(n_factor)
+    if not normalised:
+        scale = math.exp(math.hypot(*_conformal(head.A)))
+        return n0 * scale, n1 * scale, n2 * scale
+    z, z1, z2 = series(z_factor)
+    u = n0 / z
+    du = n1 / z - n0 * z1 / z**2
+    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
+    return np.clip(u, -bound, bound), du, d2u
+
+
+def energy_with_atoms(density: np.ndarray, grid: Grid, beta: float, atoms: Atoms) -> float:
+    """``E = 1/(2 beta) iint e^{beta cos(phi - theta)} dmu dmu`` of cells plus atoms:
+    ``1/(2 beta) sum_k I_k(beta) |c_k|^2``, the cells' modes below the Nyquist mode, the
+    atoms' to where ``I_k / I_0 < 1e-18`` (exact for the atoms, spectral for the cells)."""
+    n = grid.cells[0]
+    kmax = n // 2
+    while ive(kmax, beta) > 1e-18 * ive(0, beta):
+        kmax += 16
+    k = np.arange(kmax)
+    c = atom_modes(atoms, k)
+    cells = fourier_modes(density, grid)
+    c[: cells.size] += cells
+    weights = np.where(k == 0, 1.0, 2.0) * ive(k, beta)
+    return float(np.sum(weights * np.abs(c) ** 2) * math.exp(beta) / (2.0 * beta))
