@@ -140,7 +140,7 @@ def merge(
         keep = np.ones(atoms.count, bool)
         keep[[i, j]] = False
         parents = (int(atoms.ids[i]), int(atoms.ids[j]))
-        atoms = atoms.select(keep).appended(total, cells.wrap(mean), cov, next_id)
+        atoms = atoms.select(keep).appended(total, cells.wrap(mean), cov, next_id, time, parents)
         events.append(
             AtomTransfer("atom_merge", time, next_id, parents, total, float(cells.wrap(mean[0])))
         )
@@ -183,7 +183,7 @@ def convert(
         mass, mean, var = _cell_moments(out, cells, index, float(cells.centres[p]))
         if math.sqrt(var) >= options.width * h:
             continue
-        atoms = atoms.appended(mass, cells.wrap(mean), [[var]], next_id)
+        atoms = atoms.appended(mass, cells.wrap(mean), [[var]], next_id, time)
         events.append(AtomTransfer("atom_birth", time, next_id, (), mass, float(cells.wrap(mean))))
         next_id += 1
         out[index] = 0.0

@@ -113,7 +113,7 @@ class AtomRun:
         cells, options = self.cells, self.options
         atoms = self.atoms
         if atoms.count:  # the centres stay on [lower, lower + 2 pi)
-            atoms = Atoms(atoms.mass, cells.wrap(atoms.centre), atoms.cov, atoms.ids)
+            atoms = atoms.moved(cells.wrap(atoms.centre))
         rho, atoms = absorb(density, cells, atoms, options)
         atoms, merged, self.next_id = merge(atoms, cells, options, t, self.next_id)
         rho, atoms, born, self.next_id = convert(rho, cells, atoms, options, t, self.next_id)

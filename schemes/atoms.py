@@ -57,23 +57,43 @@ class AtomRates:
 @dataclass(frozen=True)
 class Atoms:
     """K atoms in d dimensions: ``mass`` (K,), ``centre`` (K, d), ``cov`` (K, d, d), ``ids``
-    (K,) (an atom's number for its track: births and merges name atoms by it). Immutable:
-    every operation returns a new state."""
+    (K,) (an atom's number for its track: births and merges name atoms by it), ``born`` (K,)
+    the time each was born or merged (NaN: given at the start), ``parents`` (K, 2) the ids a
+    merged atom came from (-1: none). Immutable: every operation returns a new state."""
 
     mass: np.ndarray
     centre: np.ndarray
     cov: np.ndarray
     ids: np.ndarray
+    born: np.ndarray
+    parents: np.ndarray
 
     @staticmethod
     def empty(dim: int) -> Atoms:
-        return Atoms(np.zeros(0), np.zeros((0, dim)), np.zeros((0, dim, dim)), np.zeros(0, int))
+        return Atoms(
+            np.zeros(0),
+            np.zeros((0, dim)),
+            np.zeros((0, dim, dim)),
+            np.zeros(0, int),
+            np.zeros(0),
+            np.zeros((0, 2), int),
+        )
 
     @staticmethod
-    def of(mass: ArrayLike, centre: ArrayLike, cov: ArrayLike, ids: ArrayLike) -> Atoms:
-        """Checked construction (shapes, finite values, mass > 0, symmetric cov >= 0)."""
+    def of(
+        mass: ArrayLike,
+        centre: ArrayLike,
+        cov: ArrayLike,
+        ids: ArrayLike,
+        born: ArrayLike | None = None,
+        parents: ArrayLike | None = None,
+    ) -> Atoms:
+        """Checked construction (shapes, finite values, mass > 0, symmetric cov >= 0);
+        ``born`` NaN and ``parents`` -1 where not given."""
         m = np.asarray(mass, float).reshape(-1)
         k = m.size
+        b = np.full(k, np.nan) if born is None else np.asarray(born, float).reshape(k)
+        p = np.full((k, 2), -1, int) if parents is None else np.asarray(parents, int).reshape(k, 2)
         a = np.asarray(centre, float).reshape(k, -1)
         d = a.shape[1]
         s = np.asarray(cov, float).reshape(k, d, d)
@@ -89,7 +109,7 @@ class Atoms:
             or np.linalg.eigvalsh(s).min() < -1e-14 * max(1.0, np.abs(s).max())
         ):
             raise ValueError("atoms: every covariance must be symmetric positive semidefinite")
-        return Atoms(m, a, s, n)
+        return Atoms(m, a, s, n, b, p)
 
     @property
     def count(self) -> int:
@@ -106,7 +126,12 @@ class Atoms:
     def advanced(self, rates: AtomRates, dt: float) -> Atoms:
         """The Euler step ``(a + dt a', S + dt S')`` (one term of an SSP-RK stage)."""
         return Atoms(
-            self.mass, self.centre + dt * rates.centre, self.cov + dt * rates.cov, self.ids
+            self.mass,
+            self.centre + dt * rates.centre,
+            self.cov + dt * rates.cov,
+            self.ids,
+            self.born,
+            self.parents,
         )
 
     @staticmethod
@@ -116,24 +141,47 @@ class Atoms:
         first = terms[0]
         centre = sum(w * t.centre for w, t in zip(weights, terms, strict=True))
         cov = sum(w * t.cov for w, t in zip(weights, terms, strict=True))
-        return Atoms(first.mass, np.asarray(centre), np.asarray(cov), first.ids)
+        return Atoms(
+            first.mass, np.asarray(centre), np.asarray(cov), first.ids, first.born, first.parents
+        )
 
     def select(self, keep: np.ndarray) -> Atoms:
-        return Atoms(self.mass[keep], self.centre[keep], self.cov[keep], self.ids[keep])
+        return Atoms(
+            self.mass[keep],
+            self.centre[keep],
+            self.cov[keep],
+            self.ids[keep],
+            self.born[keep],
+            self.parents[keep],
+        )
 
-    def appended(self, mass: float, centre: ArrayLike, cov: ArrayLike, ident: int) -> Atoms:
+    def appended(
+        self,
+        mass: float,
+        centre: ArrayLike,
+        cov: ArrayLike,
+        ident: int,
+        born: float = math.nan,
+        parents: tuple[int, int] = (-1, -1),
+    ) -> Atoms:
         d = self.dim
         return Atoms(
             np.append(self.mass, mass),
             np.vstack([self.centre, np.asarray(centre, float).reshape(1, d)]),
             np.concatenate([self.cov, np.asarray(cov, float).reshape(1, d, d)]),
             np.append(self.ids, int(ident)),
+            np.append(self.born, float(born)),
+            np.vstack([self.parents, np.asarray(parents, int).reshape(1, 2)]),
         )
+
+    def moved(self, centre: np.ndarray) -> Atoms:
+        """The same atoms at other centres (K, d)."""
+        return Atoms(self.mass, centre, self.cov, self.ids, self.born, self.parents)
 
     def replaced(self, index: int, mass: float, centre: ArrayLike, cov: ArrayLike) -> Atoms:
         m, a, s = self.mass.copy(), self.centre.copy(), self.cov.copy()
         m[index], a[index], s[index] = mass, np.asarray(centre).reshape(-1), cov
-        return Atoms(m, a, s, self.ids)
+        return Atoms(m, a, s, self.ids, self.born, self.parents)
 
 
 def atom_rates(
