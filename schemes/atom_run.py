@@ -12,12 +12,14 @@ see the atoms and the atoms see the cells and themselves.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .atom_cells import AtomTransfer, PeriodicCells, absorb, convert, merge, release
 from .atoms import AtomRates, Atoms, atom_rates
 
-__all__ = ["AtomRun", "describe"]
+__all__ = ["AtomRun", "PinningWatch", "describe"]
 
 
 def describe(event: AtomTransfer) -> str:
@@ -126,3 +128,75 @@ class AtomRun:
         if rho is not density:
             density[...] = rho
         return density
+
+
+#: the pinning watch looks at the clusters every this many steps (a cheap check)
+PIN_EVERY = 10
+
+
+class PinningWatch:
+    """With atoms off: one ``pinned`` event when a collapsed cluster's drift falls below what
+    its cells can move, about ``h / 2`` per unit time (docs/theory.md, 'Metastability on the
+    circle'). A cluster counts as collapsed by the conversion's width test (narrower than
+    ``AtomOptions().width`` cells); its drift is the velocity an atom with its moments would
+    have. ``maybe(problem)``: a watch where the field and grid could hold atoms, else None."""
+
+    def __init__(self, problem):
+        self.field = problem.velocity
+        self.grid = problem.grid
+        self.cells = PeriodicCells(
+            float(self.grid.lower[0]), float(self.grid.spacing[0]), self.grid.cells[0]
+        )
+        from .atoms import AtomOptions
+
+        self.options = AtomOptions()
+        self.steps = 0
+        self.warned = False
+
+    @staticmethod
+    def maybe(problem) -> PinningWatch | None:
+        grid = problem.grid
+        if (
+            problem.atoms is not None
+            or not problem.velocity.has_atoms()
+            or grid.ndim != 1
+            or grid.boundary[0] != "periodic"
+            or problem.positions is not None
+            or problem.frame is not None
+        ):
+            return None
+        return PinningWatch(problem)
+
+    def check(self, density: np.ndarray, t: float, events: list) -> None:
+        from .monitor import Event
+
+        self.steps += 1
+        if self.warned or self.steps % PIN_EVERY:
+            return
+        rho, candidates, _, _ = convert(density, self.cells, Atoms.empty(1), self.options, t, 0)
+        if candidates.count == 0:
+            return
+        try:
+            u, _, _ = self.field.atom_velocity(rho, self.grid, t, candidates)
+        except ValueError:  # (a field or grid the atoms' sums do not serve)
+            self.warned = True
+            return
+        drift = np.abs(u[:, 0])
+        half = 0.5 * self.cells.h
+        slow = np.flatnonzero(drift < half)
+        if slow.size == 0:
+            return
+        k = int(slow[np.argmax(candidates.mass[slow])])
+        v = max(float(drift[k]), 1e-300)
+        needed = int(2 ** math.ceil(math.log2(max(math.pi / v, 1.0))))
+        events.append(
+            Event(
+                "pinned",
+                t,
+                f"a collapsed cluster at {float(candidates.centre[k, 0]):.4f} (mass "
+                f"{float(candidates.mass[k]):.4g}) drifts at {v:.2e} < h / 2 = {half:.2e} at "
+                f"t = {t:.6g}: its cells cannot move it and hold it pinned from here; turn "
+                f"atoms on ([atoms]) or use at least {needed} cells (h < 2 x drift)",
+            )
+        )
+        self.warned = True

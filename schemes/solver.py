@@ -29,7 +29,7 @@ from tpde.grid import Grid, Positions, moments, profile
 from tpde.grid.threads import ensure_policy
 
 from . import kernels
-from .atom_run import AtomRun
+from .atom_run import AtomRun, PinningWatch
 from .atoms import AtomOptions, Atoms
 from .frame import (
     FRAMES,
@@ -384,6 +384,7 @@ class Solver:
         self.density = problem.density.copy()
         self.outflow = float(problem.initial_outflow)
         self.atom_run = None if problem.atoms is None else AtomRun(problem, self.density)
+        self.pin_watch = PinningWatch.maybe(problem)  # atoms off: say when a cluster pins
         self.mass0 = self.grid.integrate(self.density) + self.outflow
         if self.atom_run is not None:
             self.mass0 += self.atom_run.atoms.total_mass
@@ -704,6 +705,8 @@ class Solver:
             self.monitor.add_reconstruction_error(rate * dt)
             if self.atom_run is not None:  # cells <-> atoms, conserving mass and moments
                 self.density = self.atom_run.transfer(self.density, self.t, self.monitor.events)
+            elif self.pin_watch is not None:
+                self.pin_watch.check(self.density, self.t, self.monitor.events)
             if self.outflow > self.problem.max_outflow * self.mass0:
                 self.status_message = (
                     f"outflow {self.outflow:.3e} exceeds "

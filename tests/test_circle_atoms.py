@@ -93,3 +93,105 @@ def test_metastability_with_atoms_against_tokens():
     assert merges["256"][0] == pytest.approx(merges["mid"][0], rel=0.10)
     for c in cells:
         assert all(gap < 1e-4 for _, _, gap in gaps[c])
+
+
+ATOMS_CONFIG = {
+    "grid": {"geometry": "circle", "cells": 128},
+    "initial": {
+        "kind": "mixture",
+        "weights": [0.5, 0.4],
+        "means": [1.0, 1.7],
+        "kappas": [200, 200],
+    },
+    "attention": {"beta": 9.0, "engine": "fft"},
+    "atoms": {"width": 2.0},
+    "run": {"t_end": 6.0, "snapshots": 31},
+}
+
+
+def test_atoms_in_the_file_resume_bit_for_bit_and_info(tmp_path, capsys):
+    """``[atoms]`` on the circle: the atoms in a fill-valued ``atom`` dimension (xarray reads
+    it), a run killed after 5 snapshots and resumed equals the uninterrupted one bit for bit
+    (cells and atoms), ``tpde info`` lists the atoms, their births and the merge."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tpde.cli import main
+    from tpde.config import dumps
+    from tpde.io import read
+
+    config = tmp_path / "atoms.toml"
+    config.write_text(dumps(ATOMS_CONFIG))
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = 0
+    while seen < 8:  # one log line per snapshot; atoms are born by t = 1
+        line = process.stderr.readline()
+        assert line, "the run ended before it could be killed"
+        seen += line.startswith("[")
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert main(["run", str(config), "-o", str(cut), "--resume", "--quiet"]) == 0
+    resumed, reference = read(cut), read(full)
+    for name in ("density", "atom_id", "atom_mass", "atom_centre", "atom_variance", "atom_born"):
+        assert np.array_equal(resumed[name].values, reference[name].values, equal_nan=True), name
+    ids = reference["atom_id"].values
+    counts = (ids >= 0).sum(axis=1)
+    total = reference["mass"].values + np.nansum(reference["atom_mass"].values, axis=1)
+    print(f"\natoms per record: {counts.tolist()}")
+    print(f"mass of cells plus atoms: largest change {np.abs(total - 1).max():.1e}")
+    assert np.abs(total - 1).max() < 1e-13
+    assert counts.max() == 2 and counts[-1] == 1  # two born, merged into one
+    assert np.isnan(reference["atom_mass"].values[-1, 1])  # an empty slot: the fill value
+    capsys.readouterr()
+    assert main(["info", str(cut)]) == 0
+    out = capsys.readouterr().out
+    print(out[:1500])
+    assert "atoms at t = 6: 1" in out and "merged from atoms 0 and 1" in out
+    assert "atom 0: born at t = " in out and "atom 1: born at t = " in out
+
+
+def test_atoms_off_a_pinned_cluster_is_named():
+    """Atoms off, 512 cells, the metastability case: once a collapsed cluster drifts slower
+    than h / 2 the run records one ``pinned`` event naming the fix (the README's drift of
+    that cluster: 5.3e-3 < h / 2 = 6.1e-3)."""
+    from tpde.grid.circle import circle_grid, uniform_modes
+    from tpde.schemes.solver import Problem, Scheme, Solver
+    from tpde.variants.spherical import CircleAttention, circle_head
+
+    grid = circle_grid(512)
+    field = CircleAttention(circle_head(BETA), engine="fft")
+    problem = Problem(
+        grid, uniform_modes(grid, MODES), field, 7.0, scheme=Scheme(dt_max=0.1), snapshots=2
+    )
+    events = [e for e in Solver(problem).run().events if e.kind == "pinned"]
+    for e in events:
+        print(f"\nt = {e.time:.3f}: {e.message}")
+    assert len(events) == 1 and 5.0 < events[0].time < 7.0
+    assert "[atoms]" in events[0].message and "1024 cells" in events[0].message
+    drift = float(events[0].message.split("drifts at ")[1].split(" ")[0])
+    assert drift < 0.5 * grid.spacing[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"atoms": {"width": -1.0}}, "atoms.width: must be a number > 0"),
+        ({"atoms": {"widht": 2.0}}, "atoms.widht: unknown key"),
+        ({"attention": {"beta": 9.0, "engine": "direct"}}, "atoms: on the circle atoms need"),
+        ({"grid": {"geometry": "circle", "cells": 16}}, "refine grid.cells"),
+    ],
+)
+def test_atoms_config_errors_name_the_key(change, message):
+    from tpde.config import ConfigError, build
+
+    raw = {**ATOMS_CONFIG, **change}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        build(raw)

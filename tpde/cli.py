@@ -336,7 +336,7 @@ def cmd_run(args) -> int:
         # what the monitor recorded and let the run go on past (box_action or
         # resolution_action = "warn") is said here too, not only in the file
         for line in io.events(path):
-            if line.split(" ", 1)[0] in ("box_limited", "under_resolved"):
+            if line.split(" ", 1)[0] in ("box_limited", "under_resolved", "pinned"):
                 print(f"tpde: warning: {' '.join(line.split())[:300]}", file=sys.stderr)
     return 0
 
@@ -500,6 +500,10 @@ def cmd_info(args) -> int:
             "  estimated reconstruction error (resolution_tolerance compares with it): "
             + " ".join(str(ds.attrs["reconstruction_error"]).split())[:40]
         )
+    from tpde.atoms_io import atom_lines
+
+    for line in atom_lines(ds):  # the clusters held as atoms, their births and merges
+        print(line)
     for line in str(ds.attrs.get("events", "")).splitlines()[:50]:  # untrusted text
         print(f"  event: {' '.join(line.split())[:300]}")
     print("  " + _provenance(ds.attrs))

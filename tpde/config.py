@@ -1005,6 +1005,7 @@ def make_problem(
     run: dict,
     positions: Positions | None = None,
     frame: AffineFrame | None = None,
+    atoms: Any = None,
 ) -> Problem:
     """The Problem of a run's settings (:func:`_run_settings`); Problem's own checks end
     in a one-line ConfigError."""
@@ -1025,6 +1026,7 @@ def make_problem(
             collapse_ratio=run["collapse_ratio"],
             resolution_tolerance=run["resolution_tolerance"],
             resolution_action=run["resolution_action"],
+            atoms=atoms,
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
