@@ -98,24 +98,32 @@ def absorb(
     """Step 1 of the module docstring: each atom takes the mass of its cells."""
     if atoms.count == 0:
         return rho, atoms
-    out = rho.copy()
+    h = cells.h
     reach = int(math.ceil(options.absorb)) + 1
+    a = atoms.centre[:, 0]
+    home = np.floor((a - cells.lower) / h).astype(int)
+    near = home[:, None] + np.arange(-reach, reach + 1)[None, :]  # (K, 2 reach + 1)
+    x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
+    index = near % cells.n
+    inside = np.abs(x - a[:, None]) <= options.absorb * h
+    if not np.any(rho[index] * inside > 0.0):  # (the usual step: nothing near any atom)
+        return rho, atoms
+    out = rho.copy()
+    mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
     for k in range(atoms.count):
-        a = float(atoms.centre[k, 0])
-        home = int(math.floor((a - cells.lower) / cells.h))
-        near = np.arange(home - reach, home + reach + 1) % cells.n
-        close = np.abs(cells.offset(cells.lower + (near + 0.5) * cells.h, a))
-        index = np.unique(near[close <= options.absorb * cells.h])
-        index = index[out[index] > 0.0]
-        if index.size == 0:
+        take = index[k][inside[k]]
+        m = out[take] * h
+        if not np.any(m > 0.0):
             continue
-        mass, mean, var = _cell_moments(out, cells, index, a)
-        total, new_mean, new_cov = merge_moments(
-            [atoms.mass[k], mass], [[a], [mean]], [atoms.cov[k], [[var]]]
-        )
-        atoms = atoms.replaced(k, total, cells.wrap(new_mean), new_cov)
-        out[index] = 0.0
-    return out, atoms
+        # the atom plus its cells (piecewise constant): exact first two moments (1-D)
+        d = x[k][inside[k]] - a[k]  # (offsets from the atom: no cancellation in S)
+        total = mass[k] + m.sum()
+        shift = (m @ d) / total
+        second = mass[k] * cov[k, 0, 0] + m @ (d * d) + m.sum() * h * h / 12
+        var = second / total - shift * shift
+        mass[k], centre[k, 0], cov[k, 0, 0] = total, cells.wrap(a[k] + shift), var
+        out[take] = 0.0
+    return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
 
 
 def merge(
@@ -160,6 +168,8 @@ def convert(
     n, h = cells.n, cells.h
     total_mass = float(rho.sum()) * h + atoms.total_mass
     level = options.level * total_mass / cells.period
+    if not rho.max() > level:  # (the usual step once the clusters are atoms)
+        return rho, atoms, [], next_id
     left, right = np.roll(rho, 1), np.roll(rho, -1)
     peaks = np.flatnonzero((rho > left) & (rho >= right) & (rho > level))
     out = rho.copy()

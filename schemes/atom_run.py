@@ -116,6 +116,15 @@ class AtomRun:
         atoms = self.atoms
         if atoms.count:  # the centres stay on [lower, lower + 2 pi)
             atoms = atoms.moved(cells.wrap(atoms.centre))
+            if np.any(atoms.cov < 0.0):  # (round-off of a collapsed width, ~1e-16 h^2)
+                atoms = Atoms(
+                    atoms.mass,
+                    atoms.centre,
+                    np.maximum(atoms.cov, 0.0),
+                    atoms.ids,
+                    atoms.born,
+                    atoms.parents,
+                )
         rho, atoms = absorb(density, cells, atoms, options)
         atoms, merged, self.next_id = merge(atoms, cells, options, t, self.next_id)
         rho, atoms, born, self.next_id = convert(rho, cells, atoms, options, t, self.next_id)

@@ -23,6 +23,7 @@ derivatives ``(i k)^j`` of the Fourier series, and
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -85,17 +86,31 @@ def kernel_band(r: float, n: int) -> int:
     return k
 
 
+@functools.lru_cache(maxsize=16)
+def _dft_factor(n: int, h: float, lower: float, band: int) -> np.ndarray:
+    """``n e^{i k x_0} sinc(k h / 2) / (2 pi)``, ``k = 0 .. band - 1``: a mode's DFT units."""
+    k = np.arange(band)
+    return (n / TWO_PI) * np.exp(1j * k * (lower + 0.5 * h)) * np.sinc(k * h / TWO_PI)
+
+
+@functools.lru_cache(maxsize=16)
+def _mode_factor(n: int, h: float, lower: float, band: int) -> np.ndarray:
+    """``(2 pi / n) e^{-i k x_0} / sinc(k h / 2)``: the DFT of the cell averages to ``c_k``."""
+    k = np.arange(band)
+    return (TWO_PI / n) * np.exp(-1j * k * (lower + 0.5 * h)) / np.sinc(k * h / TWO_PI)
+
+
 def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarray:
     """The atoms' modes in the units of ``np.fft.fft`` of the cell averages (FFT order), so
     that ``fft(rho) + atom_spectrum`` is the spectrum of cells plus atoms: the cells' ``c_k``
     is ``(2 pi / n) DFT_k e^{-i k x_0} / sinc(k h / 2)`` (``x_0`` the first centre). Modes
     ``|k| >= band`` (where the kernel is below 1e-18 of its mean) are left out."""
     n = grid.cells[0]
-    h = grid.spacing[0]
     band = n // 2 if band is None else min(int(band), n // 2)
     k = np.arange(band)
-    x0 = grid.lower[0] + 0.5 * h
-    positive = atom_modes(atoms, k) * (n / TWO_PI) * np.exp(1j * k * x0) * np.sinc(k * h / TWO_PI)
+    positive = atom_modes(atoms, k) * _dft_factor(
+        n, float(grid.spacing[0]), float(grid.lower[0]), band
+    )
     dft = np.zeros(n, complex)
     dft[:band] = positive
     dft[n - band + 1 :] = np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
@@ -104,10 +119,11 @@ def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarr
     return dft
 
 
-def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """``k = 0 .. band - 1`` and the factors of ``Z`` and ``N`` on them (the kernel's
-    coefficients at ``-k``, scaled by ``e^{-r}``; :mod:`.spherical`'s FFT engine), and the
-    clip ``||C||_2``."""
+def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """``k = 0 .. band - 1``, the weights (K, 6) that take the measure's ``c_k`` to the
+    series ``N, N', N'', Z, Z', Z''`` at a point (the kernel's coefficients at ``-k``, scaled
+    by ``e^{-r}``, as in :mod:`.spherical`'s FFT engine, times ``(i k)^j``), and the clip
+    ``||C||_2``."""
     a, b = _conformal(head.A)
     p, q = _conformal(head.C)
     r, alpha = math.hypot(a, b), math.atan2(b, a)
@@ -118,7 +134,12 @@ def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, np.ndar
 
     z_factor = g0(-k)
     n_factor = p * (g0(-k - 1) - g0(-k + 1)) / 2j + q * (g0(-k - 1) + g0(-k + 1)) / 2.0
-    return k, z_factor, n_factor, float(np.linalg.norm(head.C, 2))
+    # the six series N, N', N'', Z, Z', Z'' as weights on the modes (K, 6); the modes
+    # k > 0 count twice (their conjugates at -k)
+    twice = np.where(k == 0, 1.0, 2.0)
+    ik = 1j * k
+    weights = np.stack([twice * f * ik**j for f in (n_factor, z_factor) for j in range(3)], 1)
+    return k, weights, float(np.linalg.norm(head.C, 2))
 
 
 def velocity_at(
@@ -136,21 +157,16 @@ def velocity_at(
     if kernel is None:
         r = math.hypot(*_conformal(head.A))
         kernel = kernel_modes(head, kernel_band(r, grid.cells[0]))
-    k, z_factor, n_factor, bound = kernel
-    c = fourier_modes(density, grid, int(k[-1]))[: k.size] + atom_modes(atoms, k)
-    twice = np.where(k == 0, 1.0, 2.0)
-    phase = np.exp(1j * np.outer(np.asarray(points, float), k))  # (P, K)
-    ik = 1j * k
-
-    def series(coef: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        terms = twice * coef * c
-        return tuple((phase @ (terms * ik**j)).real for j in range(3))
-
-    n0, n1, n2 = series(n_factor)
+    k, weights, bound = kernel
+    n, h = grid.cells[0], float(grid.spacing[0])
+    # the cells' c_k (tpde.grid.circle.fourier_modes, its factor cached) plus the atoms'
+    cells = np.fft.rfft(np.asarray(density, float))[: k.size]
+    c = cells * _mode_factor(n, h, float(grid.lower[0]), k.size) + atom_modes(atoms, k)
+    phase = np.exp(1j * np.multiply.outer(np.asarray(points, float), k))  # (P, K)
+    n0, n1, n2, z, z1, z2 = (phase @ (weights * c[:, None])).real.T
     if not normalised:
         scale = math.exp(math.hypot(*_conformal(head.A)))
         return n0 * scale, n1 * scale, n2 * scale
-    z, z1, z2 = series(z_factor)
     u = n0 / z
     du = n1 / z - n0 * z1 / z**2
     d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
