@@ -1,6 +1,6 @@
 """Cells and atoms on a periodic 1-D grid (the circle): conversion, absorption, merging.
 
-docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+docs/theory.md, 'Cells plus atoms'.
 After every step the solver moves mass between the cells and the atoms
 (:class:`~tpde.schemes.atoms.Atoms`), always conserving the total mass, mean and covariance:
 the cells' part is the measure ``rho dx`` with ``rho`` constant on each cell, whose moments

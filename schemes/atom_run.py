@@ -1,6 +1,6 @@
 """Atoms in a run: their SSP-RK stages beside the cells' and the transfers after each step.
 
-docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+docs/theory.md, 'Cells plus atoms'.
 The solver (:mod:`.solver`) calls :class:`AtomRun` at four places of a step: ``stages`` at
 its start, ``keep`` / ``move`` for every term of a stage (a stage's atoms are the same convex
 combination of the earlier stages and their Euler steps as the cells'), ``combine`` at the

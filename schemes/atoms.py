@@ -1,6 +1,6 @@
 """Atoms: weighted Gaussian points that carry the collapsed clusters of a measure.
 
-docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+docs/theory.md, 'Cells plus atoms'.
 The measure is ``mu = rho dx + sum_k m_k N(a_k, S_k)``: a density on the cells plus atoms of
 mass ``m_k``, centre ``a_k`` and covariance ``S_k``. The continuity equation is linear in
 ``mu`` for a given velocity, so every part moves with the same ``Gamma_mu``: the density by
@@ -227,7 +227,7 @@ def gaussian_tilted_mean(c: np.ndarray, centre: np.ndarray, cov: np.ndarray) -> 
 
 @dataclass
 class AtomOptions:
-    """When cells become atoms and atoms merge (docs/theory.md, 'Atoms: ...').
+    """When cells become atoms and atoms merge (docs/theory.md, 'Cells plus atoms').
 
     width : a cluster (the cells around a local maximum down to ``floor`` of it) becomes an
         atom when its standard deviation is below ``width`` cells (default 2).

@@ -61,8 +61,7 @@ class VelocityField:
     measure_cut: bool = True
     #: set by the solver before an evaluation: the atoms of the measure (a
     #: :class:`tpde.schemes.atoms.Atoms`) whose share a field with atoms adds to its sums
-    #: (docs/theory.md, 'Atoms: cells where the law is spread, points where it has
-    #: concentrated'); None: the cells alone
+    #: (docs/theory.md, 'Cells plus atoms'); None: the cells alone
     atoms: Any = None
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Atoms (docs/theory.md, 'Atoms: cells where the law is spread, points where it has
-concentrated'): moments, the Gaussian closed forms, the atoms' motion, the circle's exact
+"""Atoms (docs/theory.md, 'Cells plus atoms'): moments, the Gaussian closed forms, the
+atoms' motion, the circle's exact
 share of the sums, and the transfers between cells and atoms."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Cells plus atoms on the circle against mid-quantile tokens: merges and the energy staircase
-(docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated')."""
+(docs/theory.md, 'Cells plus atoms')."""
 
 from __future__ import annotations
 

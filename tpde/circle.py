@@ -201,8 +201,8 @@ def build_circle(raw: dict) -> Config:
 
 
 def _atoms(table: Mapping, field: CircleAttention, grid: geo.CircleGrid, positions) -> AtomOptions:
-    """``[atoms]``: the options (docs/theory.md, 'Atoms: cells where the law is spread, points
-    where it has concentrated'), checked with what the atoms need of the run."""
+    """``[atoms]``: the options (docs/theory.md, 'Cells plus atoms'), checked with what
+    the atoms need of the run."""
     if positions is not None:
         raise ConfigError("atoms: not with masked attention (grid.positions); remove [atoms]")
     options = AtomOptions(**{key: table[key] for key in table})

@@ -1,6 +1,6 @@
 """Cells plus atoms on the circle against tokens: clusters, merge times, the energy staircase.
 
-docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+docs/theory.md, 'Cells plus atoms'.
 A run with atoms (:mod:`tpde.schemes.atoms`) holds its collapsed clusters as weighted
 Gaussian points; the tokens (:class:`.sphere_tokens.CircleTokens`, the law's mid-quantiles:
 the mean field without sampling noise) are the reference. Both are counted the same way: the

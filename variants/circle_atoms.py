@@ -1,6 +1,6 @@
 """The atoms' share of the attention sums on the circle (wrapped normal atoms), exactly.
 
-docs/theory.md, 'Atoms: cells where the law is spread, points where it has concentrated'.
+docs/theory.md, 'Cells plus atoms'.
 An atom of mass ``m``, centre ``a`` and variance ``s`` is the wrapped normal
 ``m N(a, s)`` on the angle, whose Fourier coefficients are exact:
 

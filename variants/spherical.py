@@ -169,7 +169,7 @@ class CircleAttention(VelocityField):
             for v, off in zip(values, offs, strict=True)
         ]
 
-    # ---- atoms (docs/theory.md, 'Atoms: cells where the law is spread, ...') ------------------
+    # ---- atoms (docs/theory.md, 'Cells plus atoms') ------------------
     def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
         if engine != "fft" or copies != 1 or not is_conformal(head.C):
             raise ValueError(
