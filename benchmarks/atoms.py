@@ -5,9 +5,10 @@
 
 The metastability case of docs/theory.md, 'Cells plus atoms' (``A = 9 I``, modes 3, 4, 5
 at 0.1): both runs go to ``t = 8`` (four atoms by then in the run with atoms), then
-advance alternately by 0.2 time units per round (the adaptive steps of each: SSP-RK3, WENO5-Z, FFT engine; the run with atoms adds the
-atoms' sums, their motion and the transfers after every step). ``atoms_over_cells`` is the
-median over the rounds of the ratio of the times per step. Prints one JSON line.
+advance alternately by 0.2 time units per round (the adaptive steps of each: SSP-RK3,
+WENO5-Z, FFT engine; the run with atoms adds the atoms' sums, their motion and the
+transfers after every step). ``atoms_over_cells`` is the median over the rounds of the
+ratio of the times per step. Prints one JSON line.
 """
 
 from __future__ import annotations
