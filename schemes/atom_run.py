@@ -1,13 +1,13 @@
 """Atoms in a run: their SSP-RK stages beside the cells' and the transfers after each step.
 
-docs/theory.md, 'Cells plus atoms'.
-The solver (:mod:`.solver`) calls :class:`AtomRun` at four places of a step: ``stages`` at
-its start, ``keep`` / ``move`` for every term of a stage (a stage's atoms are the same convex
-combination of the earlier stages and their Euler steps as the cells'), ``combine`` at the
-end of each stage and ``accept`` once the step stands; then ``transfer`` moves mass between
-cells and atoms (:mod:`.atom_cells`) and records the births, merges and releases as events.
-Before every evaluation of the velocity the field's ``atoms`` is the stage's, so the cells
-see the atoms and the atoms see the cells and themselves.
+docs/theory.md, 'Cells plus atoms'. The solver (:mod:`.solver`) calls :class:`AtomRun` at
+four places of a step: ``stages`` at its start; ``keep``, or ``see`` before and ``move``
+after the stage's face velocity, for every term of a stage (a stage's atoms are the same
+convex combination of the earlier stages and their Euler steps as the cells'); ``combine``
+at the end of each stage and ``accept`` once the step stands; then ``transfer`` moves mass
+between cells and atoms (:mod:`.atom_cells`) and records the births, merges and releases as
+events. Before every evaluation of the velocity the field's ``atoms`` is the stage's, so the
+cells see the atoms and the atoms see the cells and themselves.
 """
 
 from __future__ import annotations
@@ -79,8 +79,13 @@ class AtomRun:
         self._weights.append(alpha)
         self._terms.append(stage)
 
+    def see(self, k: int) -> None:
+        """The field sees stage k's atoms (before its evaluation on the cells' faces)."""
+        self.field.atoms = self._stage[k]
+
     def move(self, k: int, alpha: float, dt: float, density: np.ndarray, t: float) -> None:
-        """The term ``alpha (atoms_k + dt rates_k)``; the field sees ``atoms_k`` next."""
+        """The term ``alpha (atoms_k + dt rates_k)`` (after the stage's face velocity: a field
+        may reuse that evaluation's sums)."""
         stage = self._stage[k]
         assert stage is not None
         self.field.atoms = stage

@@ -549,10 +549,8 @@ class Solver:
                     if atoms is not None:
                         atoms.keep(k, alpha)
                 else:
-                    if atoms is not None:  # the field sees stage k's atoms; they move with it
-                        atoms.move(
-                            k, alpha, beta / alpha * dt, stages[k], self._stage_time(c[k], dt)
-                        )
+                    if atoms is not None:  # the field sees stage k's atoms
+                        atoms.see(k)
                     if k == 0 and velocity0 is not None:
                         vel = velocity0
                         if i == self._last_stage0_use:
@@ -560,6 +558,10 @@ class Solver:
                     else:
                         vel = self.face_velocity(
                             stages[k], self._stage_time(c[k], dt), frames[k], measure=k == 0
+                        )
+                    if atoms is not None:  # ... and they move with it
+                        atoms.move(
+                            k, alpha, beta / alpha * dt, stages[k], self._stage_time(c[k], dt)
                         )
                     frame_term = frames[k]
                     if frame_term is not None:

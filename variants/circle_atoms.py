@@ -42,6 +42,7 @@ __all__ = [
     "energy_with_atoms",
     "kernel_band",
     "kernel_modes",
+    "mode_factor",
     "velocity_at",
 ]
 
@@ -91,6 +92,12 @@ def _dft_factor(n: int, h: float, lower: float, band: int) -> np.ndarray:
     """``n e^{i k x_0} sinc(k h / 2) / (2 pi)``, ``k = 0 .. band - 1``: a mode's DFT units."""
     k = np.arange(band)
     return (n / TWO_PI) * np.exp(1j * k * (lower + 0.5 * h)) * np.sinc(k * h / TWO_PI)
+
+
+def mode_factor(grid: Grid, band: int) -> np.ndarray:
+    """``(2 pi / n) e^{-i k x_0} / sinc(k h / 2)``, ``k < band``: the DFT of the cell averages
+    (and of the atoms' :func:`atom_spectrum`) to ``c_k``."""
+    return _mode_factor(grid.cells[0], float(grid.spacing[0]), float(grid.lower[0]), band)
 
 
 @functools.lru_cache(maxsize=16)
@@ -150,18 +157,22 @@ def velocity_at(
     points: np.ndarray,
     normalised: bool = True,
     kernel: tuple | None = None,
+    modes: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms, for a
     rotation-invariant head (``A = a I + b J``, ``C = p I + q J``). ``kernel``: the
-    :func:`kernel_modes` of the head (computed when not given)."""
+    :func:`kernel_modes` of the head (computed when not given); ``modes``: the measure's
+    ``c_k`` on its band when already summed (the FFT engine's, cells plus atoms)."""
     if kernel is None:
         r = math.hypot(*_conformal(head.A))
         kernel = kernel_modes(head, kernel_band(r, grid.cells[0]))
     k, weights, bound = kernel
-    n, h = grid.cells[0], float(grid.spacing[0])
-    # the cells' c_k (tpde.grid.circle.fourier_modes, its factor cached) plus the atoms'
-    cells = np.fft.rfft(np.asarray(density, float))[: k.size]
-    c = cells * _mode_factor(n, h, float(grid.lower[0]), k.size) + atom_modes(atoms, k)
+    if modes is None:
+        # the cells' c_k (tpde.grid.circle.fourier_modes, its factor cached) plus the atoms'
+        cells = np.fft.rfft(np.asarray(density, float))[: k.size]
+        c = cells * mode_factor(grid, k.size) + atom_modes(atoms, k)
+    else:
+        c = modes
     phase = np.exp(1j * np.multiply.outer(np.asarray(points, float), k))  # (P, K)
     n0, n1, n2, z, z1, z2 = (phase @ (weights * c[:, None])).real.T
     if not normalised:
