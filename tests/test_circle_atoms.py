@@ -156,6 +156,11 @@ def test_atoms_in_the_file_resume_bit_for_bit_and_info(tmp_path, capsys):
     print(out[:1500])
     assert "atoms at t = 6: 1" in out and "merged from atoms 0 and 1" in out
     assert "atom 0: born at t = " in out and "atom 1: born at t = " in out
+    from tpde.circle_plots import space_time_figure
+
+    figure = space_time_figure(reference)  # the atoms' tracks over the (empty) cells
+    assert "(1 at t = 6)" in figure.axes[0].get_title()
+    assert figure.axes[0].collections[-1].get_offsets().shape[0] == int(counts.sum())
 
 
 def test_atoms_off_a_pinned_cluster_is_named():
