@@ -21,6 +21,7 @@ from tpde.schemes.atoms import (
 )
 from tpde.validation.sphere_tokens import circle_token_velocity
 from tpde.variants.circle_atoms import atom_modes, energy_with_atoms, velocity_at
+from tpde.variants.parameters import Head
 from tpde.variants.spherical import CircleAttention, circle_head
 
 
@@ -140,16 +141,28 @@ def cells_and_atoms_tokens(grid, components, atoms):
     return np.concatenate(points), np.concatenate(weights)
 
 
-def test_circle_sums_with_atoms_against_dense_token_sums():
+J = np.array([[0.0, -1.0], [1.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("head", "normalised"),
+    [
+        (circle_head(9.0), True),
+        (Head(9.0 * np.eye(2) + 2.0 * J, np.eye(2) + 0.5 * J), True),
+        (circle_head(2.0), False),
+    ],
+    ids=["beta I", "a I + b J", "unnormalised"],
+)
+def test_circle_sums_with_atoms_against_dense_token_sums(head, normalised):
     """Cells (exact averages of a von Mises mixture) plus two atoms: the FFT engine's face
     velocity and u, u', u'' at the atoms against dense sums over quadrature points of the same
-    measure (finite differences of step 1e-4 for the derivatives)."""
+    measure (finite differences of step 1e-4 for the derivatives); rotation-invariant heads,
+    normalised or not."""
     grid = circle_grid(128)
     components = [(0.3, 1.0, 3.0), (0.2, 4.0, 8.0)]
     rho = von_mises_mixture(grid, components)
     atoms = Atoms.of([0.3, 0.2], [[2.5], [5.5]], [[[4e-4]], [[1e-3]]], [0, 1])
-    head = circle_head(9.0)
-    field = CircleAttention(head, engine="fft")
+    field = CircleAttention(head, normalised=normalised, engine="fft")
     field.atoms = atoms
     faces = field.at(rho, grid, 0.0, [0.5])[0]
     points, weights = cells_and_atoms_tokens(grid, components, atoms)
@@ -157,10 +170,10 @@ def test_circle_sums_with_atoms_against_dense_token_sums():
     def dense(x: np.ndarray) -> np.ndarray:
         both = np.concatenate([x, points])
         w = np.concatenate([np.zeros(x.size), weights])
-        return circle_token_velocity(both, w, head)[: x.size]
+        return circle_token_velocity(both, w, head, normalised)[: x.size]
 
     face_err = np.abs(faces - dense(grid.edges(0))).max()
-    u, du, d2u = velocity_at(rho, grid, atoms, head, atoms.centre[:, 0])
+    u, du, d2u = velocity_at(rho, grid, atoms, head, atoms.centre[:, 0], normalised)
     a, step = atoms.centre[:, 0], 1e-4
     ref_u = dense(a)
     ref_du = (dense(a + step) - dense(a - step)) / (2 * step)
@@ -172,8 +185,11 @@ def test_circle_sums_with_atoms_against_dense_token_sums():
         np.abs(d2u - ref_d2u).max() / np.abs(ref_d2u).max(),
     )
     print("\nfaces, u, u' (abs), u'' (rel):", ", ".join(f"{e:.1e}" for e in errors))
-    assert errors[0] < 1e-11 and errors[1] < 1e-12
-    assert errors[2] < 1e-7 and errors[3] < 1e-4
+    scale = max(1.0, float(np.abs(ref_u).max()))  # (unnormalised speeds scale with e^beta)
+    assert errors[0] < 1e-11 * scale and errors[1] < 1e-12 * scale
+    assert errors[2] < 1e-7 * scale and errors[3] < 1e-4
+    if not (normalised and head.A[0, 0] == 9.0 and head.A[1, 0] == 0.0):
+        return
     # the energy of atoms alone: 1/(2 beta) sum m m' int int e^{beta cos} (Gauss-Hermite)
     p, w = cells_and_atoms_tokens(grid, [], atoms)
     ref = w @ np.exp(9.0 * np.cos(p[:, None] - p[None, :])) @ w / 18.0
