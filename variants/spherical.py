@@ -186,8 +186,8 @@ class CircleAttention(VelocityField):
     def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
         if engine != "fft" or copies != 1 or not is_conformal(head.C):
             raise ValueError(
-                "atoms: on the circle atoms need the FFT engine on the whole circle "
-                "(A and C of the form a I + b J, grid.copies = 1)"
+                'atoms: on the circle atoms need attention.engine = "fft" (auto takes it for '
+                "|A| <= 8), A and C of the form a I + b J and grid.copies = 1"
             )
         self._atom_kernel(grid, head)
 
