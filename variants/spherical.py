@@ -46,6 +46,7 @@ FFT denominator is not positive (round-off far from all mass) the velocity is 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -126,7 +127,12 @@ def _head(spec: ParamSpec, t: float) -> Head:
 def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
     """A cheap identity of a density (its sum, a weighted sum, its size): the atoms' modes of
     a face evaluation are reused only for the same density."""
-    return (float(rho.sum()), float(rho @ np.arange(rho.size, dtype=float)), int(rho.size))
+    return (float(rho.sum()), float(rho @ _ramp(rho.size)), int(rho.size))
+
+
+@functools.lru_cache(maxsize=8)
+def _ramp(n: int) -> np.ndarray:
+    return np.arange(n, dtype=float)
 
 
 def _sinc(x: np.ndarray) -> np.ndarray:
@@ -194,12 +200,14 @@ class CircleAttention(VelocityField):
     def atom_velocity(self, density, grid: Grid, t: float, atoms):
         """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
         head = _head(self.spec, t)
-        self._check_atoms(grid, head, self.choose(head, circle_copies(grid)), circle_copies(grid))
         rho = np.asarray(density, float)
         kept = getattr(self, "_atom_modes", None)
         modes = None
         if kept is not None and kept[0] is atoms and kept[1] == _fingerprint(rho):
-            modes = kept[2]  # (the face evaluation of this stage summed them)
+            modes = kept[2]  # (the face evaluation of this stage summed them, and checked)
+        else:
+            copies = circle_copies(grid)
+            self._check_atoms(grid, head, self.choose(head, copies), copies)
         u, du, d2u = velocity_at(
             rho,
             grid,
