@@ -59,6 +59,10 @@ class VelocityField:
     #: where the fit needs a cut at every stage, a field may keep the first stage's for the
     #: step's later stages)
     measure_cut: bool = True
+    #: set by the solver before an evaluation: the atoms of the measure (a
+    #: :class:`tpde.schemes.atoms.Atoms`) whose share a field with atoms adds to its sums
+    #: (docs/theory.md, 'Cells plus atoms'); None: the cells alone
+    atoms: Any = None
 
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
         """Velocity on the lattice ``grid.lattice(offset)``, shape ``(d, *lattice_shape)``."""
@@ -111,6 +115,17 @@ class VelocityField:
             f"scheme.frame: {type(self).__name__} has no co-moving frame; "
             'use scheme.frame = "fixed"'
         )
+
+    def atom_velocity(
+        self, density: np.ndarray, grid: Grid, t: float, atoms
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At the atoms' centres: ``Gamma`` (K, d), ``DGamma`` (K, d, d) and ``D^2 Gamma``
+        (K, d, d, d) of the measure cells plus ``atoms`` (fields with atoms implement it)."""
+        raise ValueError(f"atoms: {type(self).__name__} has no atoms; set atoms off")
+
+    def has_atoms(self) -> bool:
+        """Whether this field adds atoms to its sums (:meth:`atom_velocity`)."""
+        return type(self).atom_velocity is not VelocityField.atom_velocity
 
     def has_frame(self) -> bool:
         """Whether :meth:`frame_components` evaluates this field in a co-moving frame."""

@@ -246,3 +246,30 @@ def test_compare_draws_a_run_that_stopped_between_snapshots(tmp_path):
     assert "token histogram at t = 0.2" in titles
     assert not any("no snapshot" in t for t in texts)
     assert "Gaussian ODE" not in fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"run": {"t_end": 1.0, "noise": 0.01}}, "atoms: not with run.noise"),
+        ({"attention": {"A": [[2.0, 0.5], [0.0, 1.0]]}}, "atoms: on the circle atoms need"),
+    ],
+    ids=["noise", "general-head"],
+)
+def test_atoms_refuse_what_they_do_not_carry(change, message):
+    """Atoms on the circle refuse, in one line, what their share of the sums and their
+    motion do not carry yet (the noise's + 2 eps of an atom's covariance; the Bessel
+    series of a general A), instead of running the cells alone."""
+    from tpde.config import ConfigError, build
+
+    raw = {
+        "grid": {"geometry": "circle", "cells": 128},
+        "initial": {"kind": "noise", "amplitude": 1e-3, "k_max": 8},
+        "attention": {"beta": 4.0},
+        "atoms": {},
+        "run": {"t_end": 1.0},
+    }
+    for section, table in change.items():
+        raw[section] = table
+    with pytest.raises(ConfigError, match=message):
+        build(raw)

@@ -25,6 +25,7 @@ Keys::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,7 +34,9 @@ import numpy as np
 
 from tpde.grid import circle as geo
 from tpde.grid import moments as cell_moments
+from tpde.schemes.atoms import AtomOptions
 from tpde.schemes.solver import Problem
+from tpde.variants.circle_atoms import energy_with_atoms
 from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
@@ -62,6 +65,7 @@ KEYS = {
     "initial": {"kind", "modes", "amplitude", "k_max", "seed", "mean", "kappa"}
     | {"weights", "means", "kappas"},
     "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine", "masked"},
+    "atoms": {f.name for f in dataclasses.fields(AtomOptions)},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
 
@@ -182,12 +186,14 @@ def build_circle(raw: dict) -> Config:
         velocity = CausalAttention(field)
         velocity.attention = False  # no box to hold the measure: the circle is periodic
         density = positions.product(density, grid)
-    problem = make_problem(grid, density, velocity, scheme, run, positions)
+    atoms = _atoms(raw["atoms"], field, grid, positions) if "atoms" in raw else None
+    problem = make_problem(grid, density, velocity, scheme, run, positions, atoms=atoms)
     stored = {section: dict(table) for section, table in raw.items()}
     stored["grid"].setdefault("copies", 1)
     stored["attention"].setdefault("normalised", True)
     stored["attention"].setdefault("engine", "auto")
-    config = Config(problem, run["output"], "circle", dumps(stored), raw)
+    # raw with the defaults filled in, as stored
+    config = Config(problem, run["output"], "circle", dumps(stored), stored)
     config.no_gaussian = "tpde gaussian: the circle has no Gaussian closure; use tpde particles"
     if positions is None:
         config.energies = lambda: circle_energies(field, grid)
@@ -263,6 +269,23 @@ def circle_particles(
     return ds
 
 
+def _atoms(table: Mapping, field: CircleAttention, grid: geo.CircleGrid, positions) -> AtomOptions:
+    """``[atoms]``: the options (docs/theory.md, 'Cells plus atoms'), checked with what
+    the atoms need of the run."""
+    if positions is not None:
+        raise ConfigError("atoms: not with masked attention (grid.positions); remove [atoms]")
+    options = AtomOptions(**{key: table[key] for key in table})
+    try:
+        options.validate()
+        head = field.spec
+        if not isinstance(head, Head):
+            raise ValueError("atoms: need one constant head (A, V); remove [atoms]")
+        field._check_atoms(grid, head, field.choose(head, grid.copies), grid.copies)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    return options
+
+
 def circle_energies(
     field: CircleAttention, grid: geo.CircleGrid
 ) -> Callable[[np.ndarray, float], dict]:
@@ -283,9 +306,17 @@ def circle_energies(
     monotone = "increasing" if positive else "none"
 
     def evaluate(density: np.ndarray, t: float) -> dict:
+        # with atoms, the field holds the snapshot's atoms while the writer runs (the
+        # solver's snapshot callback): their exact share joins the cells'
+        atoms = field.atoms
+        value = (
+            interaction_energy(density, grid, beta)
+            if atoms is None
+            else energy_with_atoms(density, grid, beta, atoms)
+        )
         return {
             "interaction": Energy(
-                interaction_energy(density, grid, beta),
+                value,
                 monotone,
                 "interaction energy on the circle",
                 "1/(2 beta) iint exp(beta cos(phi - theta)) dmu dmu",

@@ -106,7 +106,8 @@ def space_time_figure(
     ds: xr.Dataset | str | os.PathLike[str], threshold: float = 2.0, title: str | None = None
 ) -> Figure:
     """The density per unit angle over (theta, t), on a log colour scale from 1e-3 of the
-    uniform density up, with the clusters of the last snapshot marked."""
+    uniform density up, with the clusters of the last snapshot marked and, in a run with
+    atoms, the atoms' tracks (dots of area proportional to mass; counted in the title)."""
     s = circle_series(ds)
     theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
     fig = _figure(6.4, 4.8)
@@ -125,15 +126,28 @@ def space_time_figure(
         shading="flat",
     )
     fig.colorbar(image, ax=ax, label="density per radian")
-    angles, _ = clusters(s["density"][-1], s["grid"], threshold)
+    data = _dataset(ds)
+    level = threshold
+    if "atom_mass" in data.variables:  # twice the uniform density of cells plus atoms
+        cells = float(np.sum(s["density"][-1])) * s["grid"].spacing[0] * s["copies"]
+        atoms = float(np.nansum(data["atom_mass"].values[-1]))
+        level = threshold * (cells + atoms) / max(cells, 1e-300)
+    angles, _ = clusters(s["density"][-1], s["grid"], level)
     if angles.size:
         angles, _ = _full_circle(angles, np.zeros(angles.size), s["copies"])
         ax.plot(angles, np.full(angles.size, t[-1]), "v", color="cyan", ms=6, clip_on=False)
+    count = angles.size
+    if "atom_centre" in data.variables:  # the atoms' tracks (tpde.atoms_io), dot area ~ mass
+        centre = np.asarray(data["atom_centre"].values, float)
+        mass = np.asarray(data["atom_mass"].values, float)
+        held = np.isfinite(centre)
+        times = np.broadcast_to(t[:, None], centre.shape)
+        ax.scatter(centre[held], times[held], s=30.0 * mass[held], color="cyan", lw=0)
+        count += int(held[-1].sum())
     ax.set_xlim(0.0, TWO_PI)
     ax.set_xticks(np.linspace(0.0, TWO_PI, 5), ["0", "pi/2", "pi", "3pi/2", "2pi"])
     ax.set_xlabel("theta")
     ax.set_ylabel("t (layer depth)")
-    count = angles.size
     ax.set_title(title or f"clusters on the circle ({count} at t = {t[-1]:g})")
     return fig
 

@@ -360,7 +360,7 @@ def cmd_run(args) -> int:
 
 
 #: the events a run records and goes on past, said on stderr when it ends (--quiet too)
-WARNED_EVENTS = ("box_limited", "under_resolved")
+WARNED_EVENTS = ("box_limited", "under_resolved", "pinned")
 
 
 def cmd_reference(args) -> int:
@@ -533,6 +533,10 @@ def cmd_info(args) -> int:
             "(run.resolution_tolerance compares with it): "
             + _number_text(ds.attrs["reconstruction_error"])
         )
+    from tpde.atoms_io import atom_lines
+
+    for line in atom_lines(ds):  # the clusters held as atoms, their births and merges
+        print(line)
     for line in str(ds.attrs.get("events", "")).splitlines()[:50]:  # untrusted text
         print(f"  event: {' '.join(line.split())[:300]}")
     print("  " + _provenance(ds.attrs))

@@ -1004,6 +1004,7 @@ def make_problem(
     run: dict,
     positions: Positions | None = None,
     frame: AffineFrame | None = None,
+    atoms: Any = None,
 ) -> Problem:
     """The Problem of a run's settings (:func:`_run_settings`); Problem's own checks end
     in a one-line ConfigError."""
@@ -1025,6 +1026,7 @@ def make_problem(
             resolution_tolerance=run["resolution_tolerance"],
             resolution_action=run["resolution_action"],
             noise=run.get("noise", 0.0),
+            atoms=atoms,
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

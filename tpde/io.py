@@ -1567,6 +1567,11 @@ class SnapshotWriter(OutputWriter):
             frame = getattr(snapshot, "frame", None)
             if frame is not None:
                 self._write_frame(nc, i, frame)
+            atoms = getattr(snapshot, "atoms", None)
+            if atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
+                from .atoms_io import write_atoms
+
+                write_atoms(nc, i, atoms, int(getattr(snapshot, "next_atom_id", 0)))
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
@@ -1813,6 +1818,9 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
                 f"run.output: {path} holds no complete snapshot; start a new run with --overwrite"
             )
         last = n - 1
+        from .atoms_io import read_atoms
+
+        atoms = read_atoms(nc, last)
         stored = nc["density"].dimensions
         density = _transposed(nc["density"][last, ...], stored[1:], xyz_order(stored[1:]))
         return {
@@ -1831,6 +1839,8 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             "status": str(attrs.get("status", "")),
             "status_message": str(attrs.get("status_message", "")),
             "outcome": Outcome.from_attributes(attrs),
+            # the atoms of the last snapshot and the next atom id (None: no atoms)
+            "atoms": atoms,
             # the co-moving frame of the last snapshot (None for a fixed box): a resumed run
             # continues it exactly
             "frame": (

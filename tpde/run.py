@@ -218,6 +218,8 @@ def run_config(
                     problem.frame if state.get("frame") is None else AffineFrame(*state["frame"])
                 ),
             )
+            if problem.atoms is not None and state.get("atoms") is not None:
+                problem.initial_atoms, problem.next_atom_id = state["atoms"]
             skip_first = True
         else:
             writer = _writer(

@@ -171,6 +171,14 @@ CIRCLE: dict[str, dict[str, Entry]] = {
         ),
         "masked": ("false", "causal attention over `grid.positions` slices"),
     },
+    "atoms": {  # the table turns atoms on (docs/guide/atoms.md); every key optional
+        "width": ("2.0", "a cluster narrower than this many cells (its sd) becomes an atom"),
+        "floor": ("0.01", "its cells reach down to this fraction of its peak"),
+        "level": ("2.0", "only maxima above this times the uniform density count"),
+        "absorb": ("2.0", "the cells within this many cells of an atom join it"),
+        "merge": ("0.5", "atoms closer than this many cells (or their widths) merge"),
+        "release": ("4.0", "an atom wider than this many cells goes back to the cells"),
+    },
 }
 
 SPHERE: dict[str, dict[str, Entry]] = {

@@ -50,6 +50,7 @@ FFT denominator is not positive (round-off far from all mass) the velocity is 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -62,6 +63,14 @@ from tpde.grid.circle import TWO_PI, circle_copies, fourier_modes
 from tpde.grid.stencils import point_values
 from tpde.schemes.velocity import VelocityField
 
+from .circle_atoms import (
+    atom_spectrum,
+    check_band,
+    kernel_band,
+    kernel_modes,
+    mode_factor,
+    velocity_at,
+)
 from .engines.bessel import BesselSeries
 from .engines.cache import Recent
 from .parameters import Head, ParamSpec, as_param_spec, params_at
@@ -120,6 +129,17 @@ def _head(spec: ParamSpec, t: float) -> Head:
     return head
 
 
+def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
+    """A cheap identity of a density (its sum, a weighted sum, its size): the atoms' modes of
+    a face evaluation are reused only for the same density."""
+    return (float(rho.sum()), float(rho @ _ramp(rho.size)), int(rho.size))
+
+
+@functools.lru_cache(maxsize=8)
+def _ramp(n: int) -> np.ndarray:
+    return np.arange(n, dtype=float)
+
+
 def _sinc(x: np.ndarray) -> np.ndarray:
     return np.sinc(np.asarray(x, float) / math.pi)
 
@@ -162,6 +182,8 @@ class CircleAttention(VelocityField):
         # centre j - 1/2, and the last face (n) repeats face 0
         offs = [float(np.asarray(off, float).reshape(-1)[0]) for off in offsets]
         shifts = [-0.5 if off == 0.5 else off for off in offs]
+        if self.atoms is not None and self.atoms.count:
+            self._check_atoms(grid, head, engine, copies)
         if engine == "fft" and is_conformal(head.A):
             values = self._fft(rho, grid, head, copies, shifts)
         elif engine == "fft":
@@ -172,6 +194,52 @@ class CircleAttention(VelocityField):
             (np.append(v, v[0]) if off == 0.5 else v)[None, :]
             for v, off in zip(values, offs, strict=True)
         ]
+
+    # ---- atoms (docs/theory.md, 'Cells plus atoms') ------------------
+    def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
+        # the atoms' modes join the convolution's spectrum; the Bessel series of a general A
+        # (engines/bessel.py) has no atom share yet, so it is refused, never silently cellular
+        if engine != "fft" or copies != 1 or not (is_conformal(head.C) and is_conformal(head.A)):
+            raise ValueError(
+                'atoms: on the circle atoms need attention.engine = "fft" (auto takes it for '
+                "|A| <= 8), A and C of the form a I + b J and grid.copies = 1"
+            )
+        self._atom_kernel(grid, head)
+
+    def atom_velocity(self, density, grid: Grid, t: float, atoms):
+        """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
+        head = _head(self.spec, t)
+        rho = np.asarray(density, float)
+        kept = getattr(self, "_atom_modes", None)
+        modes = None
+        if kept is not None and kept[0] is atoms and kept[1] == _fingerprint(rho):
+            modes = kept[2]  # (the face evaluation of this stage summed them, and checked)
+        else:
+            copies = circle_copies(grid)
+            self._check_atoms(grid, head, self.choose(head, copies), copies)
+        u, du, d2u = velocity_at(
+            rho,
+            grid,
+            atoms,
+            head,
+            atoms.centre[:, 0],
+            self.normalised,
+            self._atom_kernel(grid, head),
+            modes,
+        )
+        return u[:, None], du[:, None, None], d2u[:, None, None, None]
+
+    def _atom_kernel(self, grid: Grid, head: Head):
+        """The kernel's modes the atoms' sums need (fixed while grid and head are)."""
+        key = ("atoms", grid, id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            a, b, _, _ = conformal_parts(head.A)
+            check_band(grid, head)
+            band = kernel_band(math.hypot(a, b), grid.cells[0])
+            cached = (head, kernel_modes(head, band))
+            self._fixed[key] = cached
+        return cached[1]
 
     def choose(self, head: Head, copies: int = 1) -> str:
         """The engine for ``head`` (and an m-fold grid)."""
@@ -246,6 +314,12 @@ class CircleAttention(VelocityField):
     def _fft(self, rho, grid: Grid, head: Head, copies: int, shifts: list[float]):
         n = grid.cells[0]
         spectrum = np.fft.fft(rho)
+        if self.atoms is not None and self.atoms.count:  # their exact modes join the cells'
+            band = self._atom_kernel(grid, head)[0].size
+            spectrum = spectrum + atom_spectrum(grid, self.atoms, band)
+            # the measure's c_k, kept for atom_velocity at the same atoms and density
+            modes = spectrum[:band] * mode_factor(grid, band)
+            self._atom_modes = (self.atoms, _fingerprint(rho), modes)
         bound = self._bound(head)
         out = []
         for shift in shifts:

@@ -1,0 +1,240 @@
+"""Cells and atoms on a periodic 1-D grid (the circle): conversion, absorption, merging.
+
+docs/theory.md, 'Cells plus atoms'.
+After every step the solver moves mass between the cells and the atoms
+(:class:`~tpde.schemes.atoms.Atoms`), always conserving the total mass, mean and covariance:
+the cells' part is the measure ``rho dx`` with ``rho`` constant on each cell, whose moments
+over a set ``J`` of cells of width ``h`` are exact:
+
+    M = h sum_J rho_j,   a = h sum_J rho_j x_j / M,
+    S = h sum_J rho_j (x_j - a)^2 / M + h^2 / 12
+
+(angles unwrapped about the cluster). In this order:
+
+1. **Absorption.** The cells within ``absorb`` cells of an atom's centre are its own: their
+   moments join the atom (:func:`~tpde.schemes.atoms.merge_moments`) and they are emptied.
+2. **Merging.** Atoms closer than ``merge`` cells, or than the sum of their standard
+   deviations, become one with the moments of both.
+3. **Conversion.** A local maximum of ``rho`` above ``level`` times the uniform density, its
+   cells the contiguous run around it down to ``floor`` of the peak (and not past a local
+   minimum), becomes an atom when the cells' standard deviation is below ``width`` cells: the
+   run's exact moments go to the atom and its cells are emptied; the rest stays on the cells.
+4. **Release.** An atom whose standard deviation has grown past ``release`` cells (a
+   diverging field spreads it) goes back to the cells as the exact cell averages of its
+   (wrapped) Gaussian: the cells resolve it again. Mass is exact; mean and covariance agree to
+   the cell averages' ``O(h^2)``.
+
+All functions are pure: they return new arrays and a new state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import ndtr
+
+from .atoms import AtomOptions, Atoms, merge_moments
+
+__all__ = ["AtomTransfer", "PeriodicCells", "absorb", "convert", "merge", "release"]
+
+
+@dataclass(frozen=True)
+class PeriodicCells:
+    """The geometry the transfers need: ``n`` cells of width ``h`` from ``lower``, period
+    ``n h``."""
+
+    lower: float
+    h: float
+    n: int
+
+    @property
+    def period(self) -> float:
+        return self.n * self.h
+
+    @property
+    def centres(self) -> np.ndarray:
+        return self.lower + (np.arange(self.n) + 0.5) * self.h
+
+    def wrap(self, x: np.ndarray | float) -> np.ndarray:
+        """Angles into ``[lower, lower + period)``."""
+        return self.lower + np.mod(np.asarray(x, float) - self.lower, self.period)
+
+    def offset(self, x: np.ndarray, origin: float) -> np.ndarray:
+        """``x - origin`` on the circle, in ``[-period / 2, period / 2)``."""
+        p = self.period
+        return np.mod(np.asarray(x, float) - origin + 0.5 * p, p) - 0.5 * p
+
+
+@dataclass(frozen=True)
+class AtomTransfer:
+    """One transfer, for the cluster tracks: ``kind`` ("atom_birth", "atom_merge",
+    "atom_release"), its time, the atom's id, the ids it came from (a merge), its mass and
+    centre."""
+
+    kind: str
+    time: float
+    ident: int
+    parents: tuple[int, ...]
+    mass: float
+    centre: float
+
+
+def _cell_moments(rho: np.ndarray, cells: PeriodicCells, index: np.ndarray, origin: float):
+    """Exact moments (mass, mean, variance) of the piecewise-constant cells ``index``."""
+    h = cells.h
+    m = rho[index] * h
+    total = float(m.sum())
+    x = origin + cells.offset(cells.centres[index], origin)
+    mean = float(m @ x) / total
+    var = float(m @ (x - mean) ** 2) / total + h * h / 12.0
+    return total, mean, var
+
+
+def absorb(
+    rho: np.ndarray, cells: PeriodicCells, atoms: Atoms, options: AtomOptions
+) -> tuple[np.ndarray, Atoms]:
+    """Step 1 of the module docstring: each atom takes the mass of its cells."""
+    if atoms.count == 0:
+        return rho, atoms
+    h = cells.h
+    reach = int(math.ceil(options.absorb)) + 1
+    a = atoms.centre[:, 0]
+    home = np.floor((a - cells.lower) / h).astype(int)
+    near = home[:, None] + np.arange(-reach, reach + 1)[None, :]  # (K, 2 reach + 1)
+    x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
+    index = near % cells.n
+    inside = np.abs(x - a[:, None]) <= options.absorb * h
+    if not np.any(rho[index] * inside > 0.0):  # (the usual step: nothing near any atom)
+        return rho, atoms
+    out = rho.copy()
+    mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
+    for k in range(atoms.count):
+        take = index[k][inside[k]]
+        m = out[take] * h
+        if not np.any(m > 0.0):
+            continue
+        # the atom plus its cells (piecewise constant): exact first two moments (1-D)
+        d = x[k][inside[k]] - a[k]  # (offsets from the atom: no cancellation in S)
+        total = mass[k] + m.sum()
+        shift = (m @ d) / total
+        second = mass[k] * cov[k, 0, 0] + m @ (d * d) + m.sum() * h * h / 12
+        var = second / total - shift * shift
+        mass[k], centre[k, 0], cov[k, 0, 0] = total, cells.wrap(a[k] + shift), var
+        out[take] = 0.0
+    return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
+
+
+def merge(
+    atoms: Atoms, cells: PeriodicCells, options: AtomOptions, time: float, next_id: int
+) -> tuple[Atoms, list[AtomTransfer], int]:
+    """Step 2: merge every pair of atoms closer than their reach (nearest pair first)."""
+    events: list[AtomTransfer] = []
+    while atoms.count > 1:
+        a = atoms.centre[:, 0]
+        sd = np.sqrt(atoms.cov[:, 0, 0])
+        gap = np.abs(cells.offset(a[:, None], 0.0) - cells.offset(a[None, :], 0.0))
+        gap = np.minimum(gap, cells.period - gap)
+        reach = np.maximum(options.merge * cells.h, sd[:, None] + sd[None, :])
+        np.fill_diagonal(gap, np.inf)
+        close = np.argwhere(gap < reach)
+        if close.size == 0:
+            break
+        i, j = min(close.tolist(), key=lambda p: gap[p[0], p[1]])
+        origin = float(a[i])
+        means = [[origin], [origin + float(cells.offset(a[j], origin))]]
+        total, mean, cov = merge_moments(atoms.mass[[i, j]], means, atoms.cov[[i, j]])
+        keep = np.ones(atoms.count, bool)
+        keep[[i, j]] = False
+        parents = (int(atoms.ids[i]), int(atoms.ids[j]))
+        atoms = atoms.select(keep).appended(total, cells.wrap(mean), cov, next_id, time, parents)
+        events.append(
+            AtomTransfer("atom_merge", time, next_id, parents, total, float(cells.wrap(mean[0])))
+        )
+        next_id += 1
+    return atoms, events, next_id
+
+
+def convert(
+    rho: np.ndarray,
+    cells: PeriodicCells,
+    atoms: Atoms,
+    options: AtomOptions,
+    time: float,
+    next_id: int,
+) -> tuple[np.ndarray, Atoms, list[AtomTransfer], int]:
+    """Step 3: the narrow clusters of the cells become atoms (their exact moments)."""
+    n, h = cells.n, cells.h
+    total_mass = float(rho.sum()) * h + atoms.total_mass
+    level = options.level * total_mass / cells.period
+    if not rho.max() > level:  # (the usual step once the clusters are atoms)
+        return rho, atoms, [], next_id
+    left, right = np.roll(rho, 1), np.roll(rho, -1)
+    peaks = np.flatnonzero((rho > left) & (rho >= right) & (rho > level))
+    out = rho.copy()
+    events: list[AtomTransfer] = []
+    for p in peaks[np.argsort(-rho[peaks])]:
+        if out[p] <= level:  # (emptied by a larger neighbour's conversion)
+            continue
+        edge = options.floor * out[p]
+        lo = hi = int(p)
+        for _ in range(n - 1):  # down the left flank, not past a minimum
+            nxt = (lo - 1) % n
+            if out[nxt] < edge or out[nxt] > out[lo % n] or (hi - lo + 1) >= n:
+                break
+            lo -= 1
+        for _ in range(n - 1):
+            nxt = (hi + 1) % n
+            if out[nxt] < edge or out[nxt] > out[hi % n] or (hi - lo + 1) >= n:
+                break
+            hi += 1
+        index = np.arange(lo, hi + 1) % n
+        mass, mean, var = _cell_moments(out, cells, index, float(cells.centres[p]))
+        if math.sqrt(var) >= options.width * h:
+            continue
+        atoms = atoms.appended(mass, cells.wrap(mean), [[var]], next_id, time)
+        events.append(AtomTransfer("atom_birth", time, next_id, (), mass, float(cells.wrap(mean))))
+        next_id += 1
+        out[index] = 0.0
+    return out, atoms, events, next_id
+
+
+def wrapped_normal_averages(cells: PeriodicCells, centre: float, var: float) -> np.ndarray:
+    """Exact cell averages of the wrapped normal ``N(centre, var)`` (unit mass): the normal's
+    mass in every cell and its images ``2 pi w`` for ``|w| <= 2``."""
+    edges = cells.lower + np.arange(cells.n + 1) * cells.h
+    sd = math.sqrt(var)
+    mass = np.zeros(cells.n)
+    for w in range(-2, 3):
+        cdf = ndtr((edges - centre + w * cells.period) / sd)
+        mass += np.diff(cdf)
+    return mass / cells.h
+
+
+def release(
+    rho: np.ndarray, cells: PeriodicCells, atoms: Atoms, options: AtomOptions, time: float
+) -> tuple[np.ndarray, Atoms, list[AtomTransfer]]:
+    """Step 4: atoms wider than ``release`` cells go back to the cells."""
+    if atoms.count == 0:
+        return rho, atoms, []
+    sd = np.sqrt(atoms.cov[:, 0, 0])
+    wide = sd > options.release * cells.h
+    if not np.any(wide):
+        return rho, atoms, []
+    out = rho.copy()
+    events = []
+    for k in np.flatnonzero(wide):
+        share = wrapped_normal_averages(cells, float(atoms.centre[k, 0]), float(atoms.cov[k, 0, 0]))
+        out += atoms.mass[k] * share / (share.sum() * cells.h)  # (mass to round-off)
+        events.append(
+            AtomTransfer(
+                "atom_release",
+                time,
+                int(atoms.ids[k]),
+                (),
+                float(atoms.mass[k]),
+                float(atoms.centre[k, 0]),
+            )
+        )
+    return out, atoms.select(~wide), events

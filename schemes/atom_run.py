@@ -1,0 +1,216 @@
+"""Atoms in a run: their SSP-RK stages beside the cells' and the transfers after each step.
+
+docs/theory.md, 'Cells plus atoms'. The solver (:mod:`.solver`) calls :class:`AtomRun` at
+four places of a step: ``stages`` at its start; ``keep``, or ``see`` before and ``move``
+after the stage's face velocity, for every term of a stage (a stage's atoms are the same
+convex combination of the earlier stages and their Euler steps as the cells'); ``combine``
+at the end of each stage and ``accept`` once the step stands; then ``transfer`` moves mass
+between cells and atoms (:mod:`.atom_cells`) and records the births, merges and releases as
+events. Before every evaluation of the velocity the field's ``atoms`` is the stage's, so the
+cells see the atoms and the atoms see the cells and themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .atom_cells import AtomTransfer, PeriodicCells, absorb, convert, merge, release
+from .atoms import AtomRates, Atoms, atom_rates
+
+__all__ = ["AtomRun", "PinningWatch", "describe"]
+
+
+def describe(event: AtomTransfer) -> str:
+    """One line for an atom's event (the run's events and ``tpde info``)."""
+    where = f"at {event.centre:.6f} with mass {event.mass:.6g}"
+    if event.kind == "atom_merge":
+        a, b = event.parents
+        return f"atoms {a} and {b} merge into atom {event.ident} {where}"
+    if event.kind == "atom_release":
+        return f"atom {event.ident} {where} spreads past the release width: back to the cells"
+    return f"atom {event.ident} is born {where} (a cluster narrower than the cells allow)"
+
+
+class AtomRun:
+    """The atoms of one run (``problem.atoms`` on): state, stages, transfers."""
+
+    def __init__(self, problem, density: np.ndarray):
+        options = problem.atoms
+        options.validate()
+        field, grid = problem.velocity, problem.grid
+        if not field.has_atoms():
+            raise ValueError(
+                f"atoms: {type(field).__name__} has no atoms yet (attention on the circle has); "
+                "set atoms off"
+            )
+        if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
+            raise ValueError("atoms: on a periodic 1-D grid (the circle) only; set atoms off")
+        if problem.frame is not None:
+            raise ValueError('atoms: not in the co-moving frame yet; set scheme.frame = "fixed"')
+        self.options = options
+        self.field = field
+        self.grid = grid
+        self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
+        start = problem.initial_atoms
+        self.atoms = Atoms.empty(1) if start is None else start
+        used = int(self.atoms.ids.max()) + 1 if self.atoms.count else 0
+        self.next_id = max(int(problem.next_atom_id), used)
+        self.transfers: list[AtomTransfer] = []
+        field.atoms = self.atoms
+        self._stage: list[Atoms | None] = []
+        self._rates: dict[int, AtomRates] = {}
+        self._weights: list[float] = []
+        self._terms: list[Atoms] = []
+        self._final: Atoms | None = None
+
+    # ---- the stages -------------------------------------------------------------------------
+    def stages(self, count: int) -> AtomRun:
+        self._stage = [self.atoms] + [None] * (count - 1)
+        self._rates = {}
+        self._weights, self._terms = [], []
+        self.field.atoms = self.atoms
+        return self
+
+    def keep(self, k: int, alpha: float) -> None:
+        stage = self._stage[k]
+        assert stage is not None
+        self._weights.append(alpha)
+        self._terms.append(stage)
+
+    def see(self, k: int) -> None:
+        """The field sees stage k's atoms (before its evaluation on the cells' faces)."""
+        self.field.atoms = self._stage[k]
+
+    def move(self, k: int, alpha: float, dt: float, density: np.ndarray, t: float) -> None:
+        """The term ``alpha (atoms_k + dt rates_k)`` (after the stage's face velocity: a field
+        may reuse that evaluation's sums)."""
+        stage = self._stage[k]
+        assert stage is not None
+        self.field.atoms = stage
+        if k not in self._rates:
+            if stage.count:
+                u, du, d2u = self.field.atom_velocity(density, self.grid, t, stage)
+                self._rates[k] = atom_rates(u, du, d2u, stage.cov)
+            else:
+                self._rates[k] = AtomRates(stage.centre.copy(), stage.cov.copy())
+        self._weights.append(alpha)
+        self._terms.append(stage.advanced(self._rates[k], dt))
+
+    def combine(self, i: int) -> None:
+        out = Atoms.combination(self._weights, self._terms)
+        self._weights, self._terms = [], []
+        if i + 1 < len(self._stage):
+            self._stage[i + 1] = out
+        else:
+            self._final = out
+
+    def accept(self) -> None:
+        assert self._final is not None
+        self.atoms = self._final
+        self.field.atoms = self.atoms
+
+    # ---- after the step ---------------------------------------------------------------------
+    def transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
+        """Absorb, merge, convert, release (:mod:`.atom_cells`); ``density`` is updated in
+        place and returned; one event per birth, merge and release."""
+        from .monitor import Event
+
+        cells, options = self.cells, self.options
+        atoms = self.atoms
+        if atoms.count:  # the centres stay on [lower, lower + 2 pi)
+            atoms = atoms.moved(cells.wrap(atoms.centre))
+            if np.any(atoms.cov < 0.0):  # (round-off of a collapsed width, ~1e-16 h^2)
+                atoms = Atoms(
+                    atoms.mass,
+                    atoms.centre,
+                    np.maximum(atoms.cov, 0.0),
+                    atoms.ids,
+                    atoms.born,
+                    atoms.parents,
+                )
+        rho, atoms = absorb(density, cells, atoms, options)
+        atoms, merged, self.next_id = merge(atoms, cells, options, t, self.next_id)
+        rho, atoms, born, self.next_id = convert(rho, cells, atoms, options, t, self.next_id)
+        rho, atoms, released = release(rho, cells, atoms, options, t)
+        for event in merged + born + released:
+            self.transfers.append(event)
+            events.append(Event(event.kind, t, describe(event)))
+        self.atoms = atoms
+        self.field.atoms = atoms
+        if rho is not density:
+            density[...] = rho
+        return density
+
+
+#: the pinning watch looks at the clusters every this many steps (a cheap check)
+PIN_EVERY = 10
+
+
+class PinningWatch:
+    """With atoms off: one ``pinned`` event when a collapsed cluster's drift falls below what
+    its cells can move, about ``h / 2`` per unit time (docs/theory.md, 'Metastability on the
+    circle'). A cluster counts as collapsed by the conversion's width test (narrower than
+    ``AtomOptions().width`` cells); its drift is the velocity an atom with its moments would
+    have. ``maybe(problem)``: a watch where the field and grid could hold atoms, else None."""
+
+    def __init__(self, problem):
+        self.field = problem.velocity
+        self.grid = problem.grid
+        self.cells = PeriodicCells(
+            float(self.grid.lower[0]), float(self.grid.spacing[0]), self.grid.cells[0]
+        )
+        from .atoms import AtomOptions
+
+        self.options = AtomOptions()
+        self.steps = 0
+        self.warned = False
+
+    @staticmethod
+    def maybe(problem) -> PinningWatch | None:
+        grid = problem.grid
+        if (
+            problem.atoms is not None
+            or not problem.velocity.has_atoms()
+            or grid.ndim != 1
+            or grid.boundary[0] != "periodic"
+            or problem.positions is not None
+            or problem.frame is not None
+        ):
+            return None
+        return PinningWatch(problem)
+
+    def check(self, density: np.ndarray, t: float, events: list) -> None:
+        from .monitor import Event
+
+        self.steps += 1
+        if self.warned or self.steps % PIN_EVERY:
+            return
+        rho, candidates, _, _ = convert(density, self.cells, Atoms.empty(1), self.options, t, 0)
+        if candidates.count == 0:
+            return
+        try:
+            u, _, _ = self.field.atom_velocity(rho, self.grid, t, candidates)
+        except ValueError:  # (a field or grid the atoms' sums do not serve)
+            self.warned = True
+            return
+        drift = np.abs(u[:, 0])
+        half = 0.5 * self.cells.h
+        slow = np.flatnonzero(drift < half)
+        if slow.size == 0:
+            return
+        k = int(slow[np.argmax(candidates.mass[slow])])
+        v = max(float(drift[k]), 1e-300)
+        needed = int(2 ** math.ceil(math.log2(max(math.pi / v, 1.0))))
+        events.append(
+            Event(
+                "pinned",
+                t,
+                f"a collapsed cluster at {float(candidates.centre[k, 0]):.4f} (mass "
+                f"{float(candidates.mass[k]):.4g}) drifts at {v:.2e} < h / 2 = {half:.2e} at "
+                f"t = {t:.6g}: its cells cannot move it and hold it pinned from here; turn "
+                f"atoms on ([atoms]) or use at least {needed} cells (h < 2 x drift)",
+            )
+        )
+        self.warned = True

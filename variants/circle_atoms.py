@@ -1,0 +1,200 @@
+"""The atoms' share of the attention sums on the circle (wrapped normal atoms), exactly.
+
+docs/theory.md, 'Cells plus atoms'.
+An atom of mass ``m``, centre ``a`` and variance ``s`` is the wrapped normal
+``m N(a, s)`` on the angle, whose Fourier coefficients are exact:
+
+    c_k = int e^{-i k phi} m dN(a, s)(phi) = m e^{-i k a} e^{-k^2 s / 2}.
+
+The kernel of a rotation-invariant head, ``g(s) = e^{r cos(s - alpha)}``, has coefficients
+``I_|k|(r) e^{-i k alpha}``, so ``int e^{beta cos(phi - theta)} dN(a, s) = sum_k I_k(beta)
+e^{-k^2 s / 2} e^{i k (a - theta)}`` and every sum of :class:`~.spherical.CircleAttention`'s
+FFT engine takes the atoms as extra Fourier coefficients added to the cells'. The grid
+keeps the modes below its Nyquist mode ``n / 2``; the kernel's beyond it are below
+``ive(n / 2, r) / ive(0, r)`` (checked: :func:`check_band`), so the atoms' share is exact to
+round-off wherever the FFT engine is.
+
+At the atoms themselves the solver needs ``u``, ``u'`` and ``u''`` (the atom's motion,
+:func:`tpde.schemes.atoms.atom_rates`): the same sums at the atoms' centres, with the
+derivatives ``(i k)^j`` of the Fourier series, and
+
+    u = N / Z,  u' = N'/Z - N Z'/Z^2,  u'' = N''/Z - (2 N' Z' + N Z'')/Z^2 + 2 N Z'^2/Z^3.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy.special import ive
+
+from tpde.grid import Grid
+from tpde.grid.circle import TWO_PI, fourier_modes
+from tpde.schemes.atoms import Atoms
+
+from .parameters import Head
+
+__all__ = [
+    "atom_modes",
+    "atom_spectrum",
+    "check_band",
+    "energy_with_atoms",
+    "kernel_band",
+    "kernel_modes",
+    "mode_factor",
+    "velocity_at",
+]
+
+#: the kernel's modes beyond the grid's Nyquist mode must be below this (relative)
+BAND_TOLERANCE = 1e-16
+#: the kernel's modes below this (relative to its mean) are left out of the atoms' sums
+KERNEL_TAIL = 1e-18
+
+
+def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
+    """``sum_atoms m e^{-i k a} e^{-k^2 s / 2}`` for the integers ``k`` (any shape)."""
+    kk = np.asarray(k, float)[..., None]
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    terms = atoms.mass * np.exp(-1j * kk * a - 0.5 * kk * kk * s)
+    return terms.sum(axis=-1)
+
+
+def check_band(grid: Grid, head: Head) -> None:
+    """Raise when the grid's modes do not hold the kernel (the atoms' sums would lose the
+    kernel's modes beyond the Nyquist mode)."""
+    r = float(np.hypot(*_conformal(head.A)))
+    n = grid.cells[0]
+    if ive(n // 2, r) > BAND_TOLERANCE * ive(0, r):
+        raise ValueError(
+            f"atoms: the kernel e^(|A| cos) with |A| = {r:g} has modes beyond {n // 2} (the "
+            "grid's Nyquist mode) above 1e-16 of its mean; refine grid.cells"
+        )
+
+
+def _conformal(M: np.ndarray) -> tuple[float, float]:
+    return 0.5 * (M[0, 0] + M[1, 1]), 0.5 * (M[1, 0] - M[0, 1])
+
+
+def kernel_band(r: float, n: int) -> int:
+    """The modes ``0 .. K - 1`` that carry the kernel ``e^{r cos}``: the smallest ``K`` with
+    ``ive(K, r) < 1e-18 ive(0, r)``, at most ``n // 2`` (below the grid's Nyquist mode)."""
+    scale = float(ive(0, r))
+    k = 1
+    while k < n // 2 and float(ive(k, r)) >= KERNEL_TAIL * scale:
+        k += 1
+    return k
+
+
+@functools.lru_cache(maxsize=16)
+def _dft_factor(n: int, h: float, lower: float, band: int) -> np.ndarray:
+    """``n e^{i k x_0} sinc(k h / 2) / (2 pi)``, ``k = 0 .. band - 1``: a mode's DFT units."""
+    k = np.arange(band)
+    return (n / TWO_PI) * np.exp(1j * k * (lower + 0.5 * h)) * np.sinc(k * h / TWO_PI)
+
+
+def mode_factor(grid: Grid, band: int) -> np.ndarray:
+    """``(2 pi / n) e^{-i k x_0} / sinc(k h / 2)``, ``k < band``: the DFT of the cell averages
+    (and of the atoms' :func:`atom_spectrum`) to ``c_k``."""
+    return _mode_factor(grid.cells[0], float(grid.spacing[0]), float(grid.lower[0]), band)
+
+
+@functools.lru_cache(maxsize=16)
+def _mode_factor(n: int, h: float, lower: float, band: int) -> np.ndarray:
+    """``(2 pi / n) e^{-i k x_0} / sinc(k h / 2)``: the DFT of the cell averages to ``c_k``."""
+    k = np.arange(band)
+    return (TWO_PI / n) * np.exp(-1j * k * (lower + 0.5 * h)) / np.sinc(k * h / TWO_PI)
+
+
+def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarray:
+    """The atoms' modes in the units of ``np.fft.fft`` of the cell averages (FFT order), so
+    that ``fft(rho) + atom_spectrum`` is the spectrum of cells plus atoms: the cells' ``c_k``
+    is ``(2 pi / n) DFT_k e^{-i k x_0} / sinc(k h / 2)`` (``x_0`` the first centre). Modes
+    ``|k| >= band`` (where the kernel is below 1e-18 of its mean) are left out."""
+    n = grid.cells[0]
+    band = n // 2 if band is None else min(int(band), n // 2)
+    k = np.arange(band)
+    positive = atom_modes(atoms, k) * _dft_factor(
+        n, float(grid.spacing[0]), float(grid.lower[0]), band
+    )
+    dft = np.zeros(n, complex)
+    dft[:band] = positive
+    dft[n - band + 1 :] = np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
+    if n % 2 == 0:
+        dft[n // 2] = 0.0  # the Nyquist mode: the engine drops it
+    return dft
+
+
+def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """``k = 0 .. band - 1``, the weights (K, 6) that take the measure's ``c_k`` to the
+    series ``N, N', N'', Z, Z', Z''`` at a point (the kernel's coefficients at ``-k``, scaled
+    by ``e^{-r}``, as in :mod:`.spherical`'s FFT engine, times ``(i k)^j``), and the clip
+    ``||C||_2``."""
+    a, b = _conformal(head.A)
+    p, q = _conformal(head.C)
+    r, alpha = math.hypot(a, b), math.atan2(b, a)
+    k = np.arange(band)
+
+    def g0(kk: np.ndarray) -> np.ndarray:
+        return ive(np.abs(kk), r) * np.exp(-1j * kk * alpha)
+
+    z_factor = g0(-k)
+    n_factor = p * (g0(-k - 1) - g0(-k + 1)) / 2j + q * (g0(-k - 1) + g0(-k + 1)) / 2.0
+    # the six series N, N', N'', Z, Z', Z'' as weights on the modes (K, 6); the modes
+    # k > 0 count twice (their conjugates at -k)
+    twice = np.where(k == 0, 1.0, 2.0)
+    ik = 1j * k
+    weights = np.stack([twice * f * ik**j for f in (n_factor, z_factor) for j in range(3)], 1)
+    return k, weights, float(np.linalg.norm(head.C, 2))
+
+
+def velocity_at(
+    density: np.ndarray,
+    grid: Grid,
+    atoms: Atoms,
+    head: Head,
+    points: np.ndarray,
+    normalised: bool = True,
+    kernel: tuple | None = None,
+    modes: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms, for a
+    rotation-invariant head (``A = a I + b J``, ``C = p I + q J``). ``kernel``: the
+    :func:`kernel_modes` of the head (computed when not given); ``modes``: the measure's
+    ``c_k`` on its band when already summed (the FFT engine's, cells plus atoms)."""
+    if kernel is None:
+        r = math.hypot(*_conformal(head.A))
+        kernel = kernel_modes(head, kernel_band(r, grid.cells[0]))
+    k, weights, bound = kernel
+    if modes is None:
+        # the cells' c_k (tpde.grid.circle.fourier_modes, its factor cached) plus the atoms'
+        cells = np.fft.rfft(np.asarray(density, float))[: k.size]
+        c = cells * mode_factor(grid, k.size) + atom_modes(atoms, k)
+    else:
+        c = modes
+    phase = np.exp(1j * np.multiply.outer(np.asarray(points, float), k))  # (P, K)
+    n0, n1, n2, z, z1, z2 = (phase @ (weights * c[:, None])).real.T
+    if not normalised:
+        scale = math.exp(math.hypot(*_conformal(head.A)))
+        return n0 * scale, n1 * scale, n2 * scale
+    u = n0 / z
+    du = n1 / z - n0 * z1 / z**2
+    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
+    return np.clip(u, -bound, bound), du, d2u
+
+
+def energy_with_atoms(density: np.ndarray, grid: Grid, beta: float, atoms: Atoms) -> float:
+    """``E = 1/(2 beta) iint e^{beta cos(phi - theta)} dmu dmu`` of cells plus atoms:
+    ``1/(2 beta) sum_k I_k(beta) |c_k|^2``, the cells' modes below the Nyquist mode, the
+    atoms' to where ``I_k / I_0 < 1e-18`` (exact for the atoms, spectral for the cells)."""
+    n = grid.cells[0]
+    kmax = n // 2
+    while ive(kmax, beta) > 1e-18 * ive(0, beta):
+        kmax += 16
+    k = np.arange(kmax)
+    c = atom_modes(atoms, k)
+    cells = fourier_modes(density, grid)
+    c[: cells.size] += cells
+    weights = np.where(k == 0, 1.0, 2.0) * ive(k, beta)
+    return float(np.sum(weights * np.abs(c) ** 2) * math.exp(beta) / (2.0 * beta))
