@@ -25,7 +25,6 @@ import numpy as np
 import tpde
 from tpde.validation.circle_atoms import atoms_against_tokens, plateau_gaps
 
-HERE = Path(__file__).resolve().parent
 BETA = 9.0
 MODES = [(3, 0.1, 0.0), (4, 0.1, 1.0), (5, 0.1, 2.0)]
 CELLS = (512, 256)
@@ -33,7 +32,7 @@ CELLS = (512, 256)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--outdir", type=Path, default=HERE)
+    parser.add_argument("-o", "--outdir", type=Path, default=Path("out/sphere"))
     parser.add_argument("--t-end", type=float, default=40.0)
     parser.add_argument("--n", type=int, default=10_000)
     args = parser.parse_args()

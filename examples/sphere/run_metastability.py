@@ -33,7 +33,6 @@ from tpde.validation.circle_metastability import (
     token_clusters,
 )
 
-HERE = Path(__file__).resolve().parent
 BETA = 9.0
 MODES = [(3, 0.1, 0.0), (4, 0.1, 1.0), (5, 0.1, 2.0)]
 
