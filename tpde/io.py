@@ -1042,7 +1042,7 @@ UNCLOSED_STEPS = "steps_since_resume"
 RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
 
 
-def _count_unclosed_steps(nc: netCDF4.Dataset) -> None:
+def count_unclosed_steps(nc: netCDF4.Dataset) -> None:
     """Add the steps a killed segment made up to its last complete snapshot
     (:data:`UNCLOSED_STEPS`) to the file's ``steps``, so the resumed run's total is the
     uninterrupted run's (attributes are untrusted: anything but a count is dropped)."""
@@ -1485,7 +1485,7 @@ class SnapshotWriter(OutputWriter):
 
         def update(nc: netCDF4.Dataset, layout: tuple) -> None:
             grid, positions, stored, _ = layout
-            _count_unclosed_steps(nc)
+            count_unclosed_steps(nc)
             # a file of this layout from before the cell measure gets it (once)
             current = stored == file_order(_density_dims(grid, positions))
             if current and CELL_MEASURES[grid.ndim] not in nc.variables:

@@ -718,7 +718,10 @@ class SphereWriter(io.OutputWriter):
             degrees = len(nc.dimensions["degree"]) - 1 if amplitudes else None
             return cs.cubed_sphere(n), beta, degrees
 
-        opened = io.reopen_output(path, lock_timeout, read, accept)
+        # a killed segment's steps up to its last snapshot join the file's count
+        opened = io.reopen_output(
+            path, lock_timeout, read, accept, lambda nc, layout: io.count_unclosed_steps(nc)
+        )
         writer = cls.__new__(cls)
         writer.grid, writer.beta, writer.degrees = opened.layout
         record = cls._record_bytes(writer.grid, writer.degrees)
@@ -734,10 +737,11 @@ class SphereWriter(io.OutputWriter):
             nc.set_auto_mask(False)
             return from_file(np.array(nc["density"][self._count - 1, :], dtype=np.float64))
 
-    def write(self, t: float, density: np.ndarray) -> bool:
+    def write(self, t: float, density: np.ndarray, step: int | None = None) -> bool:
         """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass,
         moments, interaction energy and degree amplitudes (those the file has); a snapshot at
-        the time of the last record is skipped (returns False)."""
+        the time of the last record is skipped (returns False). ``step``: the steps of this
+        segment so far (:data:`tpde.io.UNCLOSED_STEPS`: they survive a kill)."""
         t = self._check_time(t)
         rho = np.asarray(density, dtype=np.float64)
         if rho.shape != self.grid.shape:
@@ -760,6 +764,8 @@ class SphereWriter(io.OutputWriter):
                     nc["energy_interaction"][i] = energy
                 if amplitudes is not None:
                     nc["harmonic_amplitude"][i, :] = amplitudes
+                if step is not None:
+                    nc.setncattr(io.UNCLOSED_STEPS, np.int64(step))
                 nc.sync()  # the record on disk before its time (tpde.io.SnapshotWriter)
                 nc["time"][i] = t
 
@@ -854,7 +860,7 @@ def run_sphere(
                 skip_first = False
                 return
             with signals.held():
-                writer.write(t, rho)
+                writer.write(t, rho, count)
             if not quiet:
                 print(
                     f"t = {t:.4g}/{config.t_end:.4g}  steps {count}  min rho {rho.min():.1e}  "
