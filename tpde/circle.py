@@ -41,7 +41,7 @@ from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
-from .config import (
+from .config_core import (
     SECTIONS,
     Config,
     ConfigError,

@@ -30,7 +30,7 @@ import numpy as np
 import xarray as xr
 
 from . import io
-from .config import Config, ConfigError, check_memory
+from .config_core import Config, ConfigError, check_memory
 
 __all__ = ["gaussian_reference", "particle_reference", "write_reference"]
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import sys
 import tempfile
-import threading
 import time as _time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +23,9 @@ from tpde.schemes.solver import Snapshot, Solver
 from . import io
 from .config import Config, ConfigError, build, canonical
 from .energies import run_energies
+from .lifecycle import Interrupted, error_line, refuse_result
+from .lifecycle import RunSignals as _Signals
+from .lifecycle import open_writer as _writer
 
 __all__ = [
     "Interrupted",
@@ -93,65 +94,6 @@ class Progress:
 
     def done(self) -> None:
         self.status.close()
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP during a run (a KeyboardInterrupt, so code that stops on
-    Ctrl-C stops on these as well); ``signum`` is the signal."""
-
-    def __init__(self, signum: int):
-        self.signum = int(signum)
-        super().__init__(signal.Signals(self.signum).name)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-
-class _Signals:
-    """While a run is on: SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted`, except
-    inside :meth:`held` (a snapshot being written, the final status), where the signal
-    waits for the block to end. Installed only in the main thread (a dask worker runs
-    its tasks in other threads; its nanny stops them)."""
-
-    NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.pending: int | None = None
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for name in self.NAMES:
-                number = getattr(signal, name, None)
-                if number is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        self.previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for number, handler in self.previous.items():
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                signal.signal(number, handler)
-        self.previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.depth:
-            self.pending = self.pending or signum
-            return
-        raise Interrupted(signum)
-
-    @contextlib.contextmanager
-    def held(self, deliver: bool = True) -> Iterator[None]:
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-        if deliver and not self.depth and self.pending is not None:
-            signum, self.pending = self.pending, None
-            raise Interrupted(signum)
 
 
 def run_config(
@@ -297,16 +239,6 @@ def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:
     return out
 
 
-def error_line(exc: BaseException) -> str:
-    """``Type: first line of the message`` (one line, for stderr and the file)."""
-    if isinstance(exc, io.DiskFull | ConfigError | io.OutputError):
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, MemoryError):
-        return "MemoryError: out of memory" + (f" ({exc})" if str(exc) else "")
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
     """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
     ``config``; returns its state plus the snapshot times still to come."""
@@ -325,21 +257,6 @@ def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
     return {**state, "remaining": remaining}
 
 
-def refuse_result(output: Path, outcome: io.Outcome) -> None:
-    """Raise a one-line ConfigError when the file ``output`` ended with a result
-    (:data:`tpde.io.RESULTS`): a resume continues interruptions and errors only."""
-    if outcome.status == "completed":
-        raise ConfigError(
-            f"run.output: {output} is already complete (t = {outcome.time:.6g}); nothing to resume"
-        )
-    if outcome.result:
-        raise ConfigError(
-            f"run.output: {output} ended with status {outcome.status} at t = "
-            f"{outcome.time:.6g}, a result of the dynamics, not an interruption; nothing to "
-            "resume (start a new run with --overwrite)"
-        )
-
-
 def same_config(stored: str, config: Config) -> bool:
     """Whether the config text stored in a file has the same values as ``config`` (after
     parsing: key order, ``1`` vs ``1.0``, omitted defaults and ``run.output`` do not
@@ -349,20 +266,6 @@ def same_config(stored: str, config: Config) -> bool:
         return canonical(stored) == canonical(config.text)
     except ConfigError:
         return False
-
-
-def _writer(make):
-    """Create the writer, turning a bad output path into a one-line ConfigError (a full
-    disk and a busy output are raised as they are)."""
-    try:
-        return make()
-    except (io.DiskFull, io.OutputBusy, ConfigError):
-        raise
-    except (ValueError, OSError, RuntimeError) as exc:
-        message = str(exc).splitlines()[0]
-        raise ConfigError(
-            message if message.startswith("run.output") else f"run.output: {message}"
-        ) from None
 
 
 def _resume_state(path: Path) -> dict:

@@ -54,7 +54,7 @@ from tpde.grid import cubed_sphere as cs
 from tpde.variants.cubed_sphere import SPHERE_ENGINES, CubedSphereAttention
 
 from . import io
-from .config import (
+from .config_core import (
     ConfigError,
     _matrix,
     _number,
@@ -803,7 +803,9 @@ def run_sphere(
     (:func:`tpde.schemes.cubed_sphere.solve`)."""
     from tpde.schemes.cubed_sphere import solve
 
-    from .run import Interrupted, _Signals, _writer, error_line, refuse_result
+    from .lifecycle import Interrupted, error_line, refuse_result
+    from .lifecycle import RunSignals as _Signals
+    from .lifecycle import open_writer as _writer
 
     output = Path(output)
     if io.is_zarr(output):

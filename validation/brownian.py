@@ -47,11 +47,19 @@ def circle_increment(
     return theta + math.sqrt(2.0 * eps * tau) * rng.standard_normal(theta.shape)
 
 
+def rotate_tokens(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """``exp(omega_i) x_i``: each token rotated by ``|omega_i|`` about ``omega_i`` (Rodrigues)."""
+    angle = np.linalg.norm(omega, axis=1)
+    safe = np.where(angle > 0, angle, 1.0)
+    k = omega / safe[:, None]
+    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
+    kx = np.sum(k * x, axis=1)[:, None]
+    return x * c + np.cross(k, x) * s + k * kx * (1.0 - c)
+
+
 def sphere_increment(x: np.ndarray, tau: float, eps: float, rng: np.random.Generator) -> np.ndarray:
     """The rotation of each point of ``S^2`` (x: (n, 3)) by ``omega = sqrt(2 eps tau) xi``,
     ``xi ~ N(0, I_3)``: on the sphere exactly, weak order 1 (module docstring)."""
-    from .s2_tokens import rotate_tokens
-
     return rotate_tokens(x, math.sqrt(2.0 * eps * tau) * rng.standard_normal(x.shape))
 
 

@@ -40,7 +40,7 @@ from numpy.typing import ArrayLike
 
 from tpde.grid.cubed_sphere import CubedSphere, harmonic_power, metric, to_sphere
 
-from .brownian import check_noise, sphere_increment, split_step
+from .brownian import check_noise, rotate_tokens, sphere_increment, split_step
 from .sphere_tokens import inverse_cdf, march
 
 __all__ = [
@@ -86,16 +86,6 @@ def sphere_token_velocity(
         gamma = total[:, 1:] * np.exp(shift)[:, None]
     gamma = gamma @ np.asarray(V, float).T
     return gamma - np.sum(gamma * x, axis=1)[:, None] * x
-
-
-def rotate_tokens(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """``exp(omega_i) x_i``: each token rotated by ``|omega_i|`` about ``omega_i`` (Rodrigues)."""
-    angle = np.linalg.norm(omega, axis=1)
-    safe = np.where(angle > 0, angle, 1.0)
-    k = omega / safe[:, None]
-    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
-    kx = np.sum(k * x, axis=1)[:, None]
-    return x * c + np.cross(k, x) * s + k * kx * (1.0 - c)
 
 
 class SphereTokens:
