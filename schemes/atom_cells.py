@@ -106,8 +106,11 @@ def absorb(
     x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
     index = near % cells.n
     inside = np.abs(x - a[:, None]) <= options.absorb * h
-    if not np.any(rho[index] * inside > 0.0):  # (the usual step: nothing near any atom)
+    if not np.any(rho[index] * inside > 0.0):  # (nothing near any atom)
         return rho, atoms
+    taken = index[inside]
+    if np.unique(taken).size == taken.size:  # (the usual step: no cell near two atoms)
+        return _absorb_apart(rho, cells, atoms, index, inside, x - a[:, None])
     out = rho.copy()
     mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
     for k in range(atoms.count):
@@ -123,6 +126,36 @@ def absorb(
         var = second / total - shift * shift
         mass[k], centre[k, 0], cov[k, 0, 0] = total, cells.wrap(a[k] + shift), var
         out[take] = 0.0
+    return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
+
+
+def _absorb_apart(
+    rho: np.ndarray,
+    cells: PeriodicCells,
+    atoms: Atoms,
+    index: np.ndarray,
+    inside: np.ndarray,
+    offsets: np.ndarray,
+) -> tuple[np.ndarray, Atoms]:
+    """:func:`absorb` for atoms whose cells are disjoint, all atoms at once: ``index``,
+    ``inside`` and ``offsets`` (K, W) are each atom's window, the mask of its cells and their
+    centres' offsets from it. The same exact moments as the loop, its sums row by row."""
+    h = cells.h
+    m = np.where(inside, rho[index], 0.0) * h  # (K, W): 0 outside an atom's cells
+    gains = np.any(m > 0.0, axis=1)  # (an atom with no mass near keeps its state)
+    mass0, cov0 = atoms.mass, atoms.cov[:, 0, 0]
+    added = m.sum(axis=1)
+    total = mass0 + added
+    shift = (m * offsets).sum(axis=1) / total
+    second = mass0 * cov0 + (m * (offsets * offsets)).sum(axis=1) + added * h * h / 12
+    var = second / total - shift * shift
+    centre = atoms.centre.copy()
+    cov = atoms.cov.copy()
+    mass = np.where(gains, total, mass0)
+    centre[:, 0] = np.where(gains, cells.wrap(atoms.centre[:, 0] + shift), atoms.centre[:, 0])
+    cov[:, 0, 0] = np.where(gains, var, cov0)
+    out = rho.copy()
+    out[index[inside & gains[:, None]]] = 0.0
     return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
 
 

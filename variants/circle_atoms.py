@@ -36,9 +36,11 @@ from tpde.schemes.atoms import Atoms
 from .parameters import Head
 
 __all__ = [
+    "add_atom_spectrum",
     "atom_modes",
     "atom_spectrum",
     "check_band",
+    "dft_factor",
     "energy_with_atoms",
     "kernel_band",
     "kernel_modes",
@@ -124,6 +126,37 @@ def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarr
     if n % 2 == 0:
         dft[n // 2] = 0.0  # the Nyquist mode: the engine drops it
     return dft
+
+
+@functools.lru_cache(maxsize=16)
+def _exponent_factors(band: int) -> tuple[np.ndarray, np.ndarray]:
+    """``-i k`` and ``k^2 / 2`` (band, 1) for :func:`atom_modes`' exponent, kept per band (the
+    same products in the same order, so the modes are bit for bit those of atom_modes)."""
+    kk = np.arange(band, dtype=float)[:, None]
+    return -1j * kk, 0.5 * kk * kk
+
+
+def add_atom_spectrum(
+    spectrum: np.ndarray, grid: Grid, atoms: Atoms, band: int, dft_factor: np.ndarray
+) -> None:
+    """``spectrum += atom_spectrum(grid, atoms, band)`` in place, touching only the band's
+    modes (the others of atom_spectrum are zero); ``dft_factor`` is :func:`dft_factor` of the
+    grid and band. One pass per evaluation with no array of the grid's size (a step's cost)."""
+    n = grid.cells[0]
+    band = min(int(band), n // 2)
+    ik, half_k2 = _exponent_factors(band)
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    positive = (atoms.mass * np.exp(ik * a - half_k2 * s)).sum(axis=-1) * dft_factor
+    spectrum[:band] += positive
+    spectrum[n - band + 1 :] += np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
+
+
+def dft_factor(grid: Grid, band: int) -> np.ndarray:
+    """``n e^{i k x_0} sinc(k h / 2) / (2 pi)``, ``k < band``: a mode's DFT units."""
+    n = grid.cells[0]
+    band = min(int(band), n // 2)
+    return _dft_factor(n, float(grid.spacing[0]), float(grid.lower[0]), band)
 
 
 def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, float]:
