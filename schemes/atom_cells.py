@@ -167,13 +167,15 @@ def merge(
     while atoms.count > 1:
         a = atoms.centre[:, 0]
         sd = np.sqrt(atoms.cov[:, 0, 0])
-        gap = np.abs(cells.offset(a[:, None], 0.0) - cells.offset(a[None, :], 0.0))
+        o = cells.offset(a, 0.0)  # (once: the rows' and the columns' are the same)
+        gap = np.abs(o[:, None] - o[None, :])
         gap = np.minimum(gap, cells.period - gap)
         reach = np.maximum(options.merge * cells.h, sd[:, None] + sd[None, :])
-        np.fill_diagonal(gap, np.inf)
-        close = np.argwhere(gap < reach)
-        if close.size == 0:
+        gap.flat[:: atoms.count + 1] = np.inf  # (the diagonal: an atom is not its own pair)
+        near = gap < reach
+        if not near.any():  # (the usual step: no pair, decided before any index work)
             break
+        close = np.argwhere(near)
         i, j = min(close.tolist(), key=lambda p: gap[p[0], p[1]])
         origin = float(a[i])
         means = [[origin], [origin + float(cells.offset(a[j], origin))]]
