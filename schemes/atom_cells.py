@@ -106,11 +106,13 @@ def absorb(
     x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
     index = near % cells.n
     inside = np.abs(x - a[:, None]) <= options.absorb * h
-    if not np.any(rho[index] * inside > 0.0):  # (nothing near any atom)
+    m = np.where(inside, rho[index], 0.0) * h  # (K, W): each atom's cells' masses, else 0
+    gains = np.any(m > 0.0, axis=1)  # (an atom with no mass near keeps its state)
+    if not gains.any():  # (nothing near any atom)
         return rho, atoms
     taken = index[inside]
-    if np.unique(taken).size == taken.size:  # (the usual step: no cell near two atoms)
-        return _absorb_apart(rho, cells, atoms, index, inside, x - a[:, None])
+    if np.bincount(taken).max() == 1:  # (the usual step: no cell near two atoms)
+        return _absorb_apart(rho, cells, atoms, index, inside, x - a[:, None], m, gains)
     out = rho.copy()
     mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
     for k in range(atoms.count):
@@ -136,13 +138,14 @@ def _absorb_apart(
     index: np.ndarray,
     inside: np.ndarray,
     offsets: np.ndarray,
+    m: np.ndarray,
+    gains: np.ndarray,
 ) -> tuple[np.ndarray, Atoms]:
     """:func:`absorb` for atoms whose cells are disjoint, all atoms at once: ``index``,
-    ``inside`` and ``offsets`` (K, W) are each atom's window, the mask of its cells and their
-    centres' offsets from it. The same exact moments as the loop, its sums row by row."""
+    ``inside``, ``offsets`` and ``m`` (K, W) are each atom's window, the mask of its cells,
+    their centres' offsets from it and their masses (0 outside the mask); ``gains`` (K,) the
+    atoms with mass near. The same exact moments as the loop, its sums row by row."""
     h = cells.h
-    m = np.where(inside, rho[index], 0.0) * h  # (K, W): 0 outside an atom's cells
-    gains = np.any(m > 0.0, axis=1)  # (an atom with no mass near keeps its state)
     mass0, cov0 = atoms.mass, atoms.cov[:, 0, 0]
     added = m.sum(axis=1)
     total = mass0 + added
