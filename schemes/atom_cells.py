@@ -107,7 +107,8 @@ def absorb(
     index = near % cells.n
     inside = np.abs(x - a[:, None]) <= options.absorb * h
     m = np.where(inside, rho[index], 0.0) * h  # (K, W): each atom's cells' masses, else 0
-    gains = np.any(m > 0.0, axis=1)  # (an atom with no mass near keeps its state)
+    # (np.add / np.logical_or .reduce: what .sum / np.any call, without their wrappers)
+    gains = np.logical_or.reduce(m > 0.0, axis=1)  # (an atom with no mass near: as it was)
     if not gains.any():  # (nothing near any atom)
         return rho, atoms
     taken = index[inside]
@@ -147,10 +148,10 @@ def _absorb_apart(
     atoms with mass near. The same exact moments as the loop, its sums row by row."""
     h = cells.h
     mass0, cov0 = atoms.mass, atoms.cov[:, 0, 0]
-    added = m.sum(axis=1)
+    added = np.add.reduce(m, axis=1)
     total = mass0 + added
-    shift = (m * offsets).sum(axis=1) / total
-    second = mass0 * cov0 + (m * (offsets * offsets)).sum(axis=1) + added * h * h / 12
+    shift = np.add.reduce(m * offsets, axis=1) / total
+    second = mass0 * cov0 + np.add.reduce(m * (offsets * offsets), axis=1) + added * h * h / 12
     var = second / total - shift * shift
     centre = atoms.centre.copy()
     cov = atoms.cov.copy()
@@ -204,9 +205,9 @@ def convert(
 ) -> tuple[np.ndarray, Atoms, list[AtomTransfer], int]:
     """Step 3: the narrow clusters of the cells become atoms (their exact moments)."""
     n, h = cells.n, cells.h
-    total_mass = float(rho.sum()) * h + atoms.total_mass
+    total_mass = float(np.add.reduce(rho)) * h + atoms.total_mass
     level = options.level * total_mass / cells.period
-    if not rho.max() > level:  # (the usual step once the clusters are atoms)
+    if not np.maximum.reduce(rho) > level:  # (the usual step once the clusters are atoms)
         return rho, atoms, [], next_id
     left, right = np.roll(rho, 1), np.roll(rho, -1)
     peaks = np.flatnonzero((rho > left) & (rho >= right) & (rho > level))
@@ -258,7 +259,7 @@ def release(
         return rho, atoms, []
     sd = np.sqrt(atoms.cov[:, 0, 0])
     wide = sd > options.release * cells.h
-    if not np.any(wide):
+    if not np.logical_or.reduce(wide):
         return rho, atoms, []
     out = rho.copy()
     events = []

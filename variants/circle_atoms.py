@@ -147,7 +147,7 @@ def add_atom_spectrum(
     ik, half_k2 = _exponent_factors(band)
     a = atoms.centre[:, 0]
     s = atoms.cov[:, 0, 0]
-    positive = (atoms.mass * np.exp(ik * a - half_k2 * s)).sum(axis=-1) * dft_factor
+    positive = np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1) * dft_factor
     spectrum[:band] += positive
     spectrum[n - band + 1 :] += np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
 

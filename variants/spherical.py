@@ -133,7 +133,7 @@ def _head(spec: ParamSpec, t: float) -> Head:
 def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
     """A cheap identity of a density (its sum, a weighted sum, its size): the atoms' modes of
     a face evaluation are reused only for the same density."""
-    return (float(rho.sum()), float(rho @ _ramp(rho.size)), int(rho.size))
+    return (float(np.add.reduce(rho.reshape(-1))), float(rho @ _ramp(rho.size)), int(rho.size))
 
 
 @functools.lru_cache(maxsize=8)
