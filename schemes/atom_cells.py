@@ -105,7 +105,8 @@ def absorb(
     near = home[:, None] + np.arange(-reach, reach + 1)[None, :]  # (K, 2 reach + 1)
     x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
     index = near % cells.n
-    inside = np.abs(x - a[:, None]) <= options.absorb * h
+    offsets = x - a[:, None]  # (K, W): the cells' centres from each atom
+    inside = np.abs(offsets) <= options.absorb * h
     m = np.where(inside, rho[index], 0.0) * h  # (K, W): each atom's cells' masses, else 0
     # (np.add / np.logical_or .reduce: what .sum / np.any call, without their wrappers)
     gains = np.logical_or.reduce(m > 0.0, axis=1)  # (an atom with no mass near: as it was)
@@ -113,7 +114,7 @@ def absorb(
         return rho, atoms
     taken = index[inside]
     if np.bincount(taken).max() == 1:  # (the usual step: no cell near two atoms)
-        return _absorb_apart(rho, cells, atoms, index, inside, x - a[:, None], m, gains)
+        return _absorb_apart(rho, cells, atoms, index, inside, offsets, m, gains)
     out = rho.copy()
     mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
     for k in range(atoms.count):
