@@ -105,9 +105,16 @@ def absorb(
     near = home[:, None] + np.arange(-reach, reach + 1)[None, :]  # (K, 2 reach + 1)
     x = cells.lower + (near + 0.5) * h  # unwrapped centres about each atom
     index = near % cells.n
-    inside = np.abs(x - a[:, None]) <= options.absorb * h
-    if not np.any(rho[index] * inside > 0.0):  # (the usual step: nothing near any atom)
+    offsets = x - a[:, None]  # (K, W): the cells' centres from each atom
+    inside = np.abs(offsets) <= options.absorb * h
+    m = np.where(inside, rho[index], 0.0) * h  # (K, W): each atom's cells' masses, else 0
+    # (np.add / np.logical_or .reduce: what .sum / np.any call, without their wrappers)
+    gains = np.logical_or.reduce(m > 0.0, axis=1)  # (an atom with no mass near: as it was)
+    if not gains.any():  # (nothing near any atom)
         return rho, atoms
+    taken = index[inside]
+    if np.bincount(taken).max() == 1:  # (the usual step: no cell near two atoms)
+        return _absorb_apart(rho, cells, atoms, index, inside, offsets, m, gains)
     out = rho.copy()
     mass, centre, cov = atoms.mass.copy(), atoms.centre.copy(), atoms.cov.copy()
     for k in range(atoms.count):
@@ -126,6 +133,37 @@ def absorb(
     return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
 
 
+def _absorb_apart(
+    rho: np.ndarray,
+    cells: PeriodicCells,
+    atoms: Atoms,
+    index: np.ndarray,
+    inside: np.ndarray,
+    offsets: np.ndarray,
+    m: np.ndarray,
+    gains: np.ndarray,
+) -> tuple[np.ndarray, Atoms]:
+    """:func:`absorb` for atoms whose cells are disjoint, all atoms at once: ``index``,
+    ``inside``, ``offsets`` and ``m`` (K, W) are each atom's window, the mask of its cells,
+    their centres' offsets from it and their masses (0 outside the mask); ``gains`` (K,) the
+    atoms with mass near. The same exact moments as the loop, its sums row by row."""
+    h = cells.h
+    mass0, cov0 = atoms.mass, atoms.cov[:, 0, 0]
+    added = np.add.reduce(m, axis=1)
+    total = mass0 + added
+    shift = np.add.reduce(m * offsets, axis=1) / total
+    second = mass0 * cov0 + np.add.reduce(m * (offsets * offsets), axis=1) + added * h * h / 12
+    var = second / total - shift * shift
+    centre = atoms.centre.copy()
+    cov = atoms.cov.copy()
+    mass = np.where(gains, total, mass0)
+    centre[:, 0] = np.where(gains, cells.wrap(atoms.centre[:, 0] + shift), atoms.centre[:, 0])
+    cov[:, 0, 0] = np.where(gains, var, cov0)
+    out = rho.copy()
+    out[index[inside & gains[:, None]]] = 0.0
+    return out, Atoms(mass, centre, cov, atoms.ids, atoms.born, atoms.parents)
+
+
 def merge(
     atoms: Atoms, cells: PeriodicCells, options: AtomOptions, time: float, next_id: int
 ) -> tuple[Atoms, list[AtomTransfer], int]:
@@ -134,13 +172,15 @@ def merge(
     while atoms.count > 1:
         a = atoms.centre[:, 0]
         sd = np.sqrt(atoms.cov[:, 0, 0])
-        gap = np.abs(cells.offset(a[:, None], 0.0) - cells.offset(a[None, :], 0.0))
+        o = cells.offset(a, 0.0)  # (once: the rows' and the columns' are the same)
+        gap = np.abs(o[:, None] - o[None, :])
         gap = np.minimum(gap, cells.period - gap)
         reach = np.maximum(options.merge * cells.h, sd[:, None] + sd[None, :])
-        np.fill_diagonal(gap, np.inf)
-        close = np.argwhere(gap < reach)
-        if close.size == 0:
+        gap.flat[:: atoms.count + 1] = np.inf  # (the diagonal: an atom is not its own pair)
+        near = gap < reach
+        if not near.any():  # (the usual step: no pair, decided before any index work)
             break
+        close = np.argwhere(near)
         i, j = min(close.tolist(), key=lambda p: gap[p[0], p[1]])
         origin = float(a[i])
         means = [[origin], [origin + float(cells.offset(a[j], origin))]]
@@ -166,9 +206,9 @@ def convert(
 ) -> tuple[np.ndarray, Atoms, list[AtomTransfer], int]:
     """Step 3: the narrow clusters of the cells become atoms (their exact moments)."""
     n, h = cells.n, cells.h
-    total_mass = float(rho.sum()) * h + atoms.total_mass
+    total_mass = float(np.add.reduce(rho)) * h + atoms.total_mass
     level = options.level * total_mass / cells.period
-    if not rho.max() > level:  # (the usual step once the clusters are atoms)
+    if not np.maximum.reduce(rho) > level:  # (the usual step once the clusters are atoms)
         return rho, atoms, [], next_id
     left, right = np.roll(rho, 1), np.roll(rho, -1)
     peaks = np.flatnonzero((rho > left) & (rho >= right) & (rho > level))
@@ -220,7 +260,7 @@ def release(
         return rho, atoms, []
     sd = np.sqrt(atoms.cov[:, 0, 0])
     wide = sd > options.release * cells.h
-    if not np.any(wide):
+    if not np.logical_or.reduce(wide):
         return rho, atoms, []
     out = rho.copy()
     events = []

@@ -121,7 +121,9 @@ class AtomRun:
         atoms = self.atoms
         if atoms.count:  # the centres stay on [lower, lower + 2 pi)
             atoms = atoms.moved(cells.wrap(atoms.centre))
-            if np.any(atoms.cov < 0.0):  # (round-off of a collapsed width, ~1e-16 h^2)
+            if np.logical_or.reduce(
+                atoms.cov.reshape(-1) < 0.0
+            ):  # (round-off of a collapsed width, ~1e-16 h^2)
                 atoms = Atoms(
                     atoms.mass,
                     atoms.centre,

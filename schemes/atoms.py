@@ -121,7 +121,7 @@ class Atoms:
 
     @property
     def total_mass(self) -> float:
-        return float(self.mass.sum())
+        return float(np.add.reduce(self.mass))  # (.sum without its wrapper)
 
     def advanced(self, rates: AtomRates, dt: float) -> Atoms:
         """The Euler step ``(a + dt a', S + dt S')`` (one term of an SSP-RK stage)."""
@@ -139,11 +139,12 @@ class Atoms:
         """``sum_j w_j terms_j`` for centres and covariances (the convex combinations of the
         SSP-RK stages); the terms are the same atoms (same ids and masses)."""
         first = terms[0]
-        centre = sum(w * t.centre for w, t in zip(weights, terms, strict=True))
-        cov = sum(w * t.cov for w, t in zip(weights, terms, strict=True))
-        return Atoms(
-            first.mass, np.asarray(centre), np.asarray(cov), first.ids, first.born, first.parents
-        )
+        centre = weights[0] * first.centre
+        cov = weights[0] * first.cov
+        for w, t in zip(weights[1:], terms[1:], strict=True):  # (in place: no temporaries)
+            centre += w * t.centre
+            cov += w * t.cov
+        return Atoms(first.mass, centre, cov, first.ids, first.born, first.parents)
 
     def select(self, keep: np.ndarray) -> Atoms:
         return Atoms(
@@ -193,6 +194,10 @@ def atom_rates(
     hessian (K, d, d, d): ``[k, i, j, l] = d_j d_l Gamma_i(a)``; cov (K, d, d): ``S``.
     Returns ``a' = Gamma + 1/2 S : D^2 Gamma`` and ``S' = DGamma S + S DGamma^T``.
     """
+    if cov.shape[1] == 1:  # (1-D, every stage: the one-term sums as products, bit for bit)
+        s = cov[:, 0, :]
+        js = jacobian * cov
+        return AtomRates(velocity + 0.5 * (s * hessian[:, 0, 0]), js + js)
     centre = velocity + 0.5 * np.einsum("kjl,kijl->ki", cov, hessian)
     js = np.einsum("kij,kjl->kil", jacobian, cov)
     return AtomRates(centre, js + np.swapaxes(js, 1, 2))

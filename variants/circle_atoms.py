@@ -36,9 +36,11 @@ from tpde.schemes.atoms import Atoms
 from .parameters import Head
 
 __all__ = [
+    "add_atom_spectrum",
     "atom_modes",
     "atom_spectrum",
     "check_band",
+    "dft_factor",
     "energy_with_atoms",
     "kernel_band",
     "kernel_modes",
@@ -126,6 +128,37 @@ def atom_spectrum(grid: Grid, atoms: Atoms, band: int | None = None) -> np.ndarr
     return dft
 
 
+@functools.lru_cache(maxsize=16)
+def _exponent_factors(band: int) -> tuple[np.ndarray, np.ndarray]:
+    """``-i k`` and ``k^2 / 2`` (band, 1) for :func:`atom_modes`' exponent, kept per band (the
+    same products in the same order, so the modes are bit for bit those of atom_modes)."""
+    kk = np.arange(band, dtype=float)[:, None]
+    return -1j * kk, 0.5 * kk * kk
+
+
+def add_atom_spectrum(
+    spectrum: np.ndarray, grid: Grid, atoms: Atoms, band: int, dft_factor: np.ndarray
+) -> None:
+    """``spectrum += atom_spectrum(grid, atoms, band)`` in place, touching only the band's
+    modes (the others of atom_spectrum are zero); ``dft_factor`` is :func:`dft_factor` of the
+    grid and band. One pass per evaluation with no array of the grid's size (a step's cost)."""
+    n = grid.cells[0]
+    band = min(int(band), n // 2)
+    ik, half_k2 = _exponent_factors(band)
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    positive = np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1) * dft_factor
+    spectrum[:band] += positive
+    spectrum[n - band + 1 :] += np.conj(positive[1:][::-1])  # real atoms: c_{-k} = conj(c_k)
+
+
+def dft_factor(grid: Grid, band: int) -> np.ndarray:
+    """``n e^{i k x_0} sinc(k h / 2) / (2 pi)``, ``k < band``: a mode's DFT units."""
+    n = grid.cells[0]
+    band = min(int(band), n // 2)
+    return _dft_factor(n, float(grid.spacing[0]), float(grid.lower[0]), band)
+
+
 def kernel_modes(head: Head, band: int) -> tuple[np.ndarray, np.ndarray, float]:
     """``k = 0 .. band - 1``, the weights (K, 6) that take the measure's ``c_k`` to the
     series ``N, N', N'', Z, Z', Z''`` at a point (the kernel's coefficients at ``-k``, scaled
@@ -181,7 +214,7 @@ def velocity_at(
     u = n0 / z
     du = n1 / z - n0 * z1 / z**2
     d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
-    return np.clip(u, -bound, bound), du, d2u
+    return np.minimum(np.maximum(u, -bound), bound), du, d2u  # (np.clip's, without its wrapper)
 
 
 def energy_with_atoms(density: np.ndarray, grid: Grid, beta: float, atoms: Atoms) -> float:

@@ -64,8 +64,9 @@ from tpde.grid.stencils import point_values
 from tpde.schemes.velocity import VelocityField
 
 from .circle_atoms import (
-    atom_spectrum,
+    add_atom_spectrum,
     check_band,
+    dft_factor,
     kernel_band,
     kernel_modes,
     mode_factor,
@@ -132,7 +133,7 @@ def _head(spec: ParamSpec, t: float) -> Head:
 def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
     """A cheap identity of a density (its sum, a weighted sum, its size): the atoms' modes of
     a face evaluation are reused only for the same density."""
-    return (float(rho.sum()), float(rho @ _ramp(rho.size)), int(rho.size))
+    return (float(np.add.reduce(rho.reshape(-1))), float(rho @ _ramp(rho.size)), int(rho.size))
 
 
 @functools.lru_cache(maxsize=8)
@@ -199,12 +200,17 @@ class CircleAttention(VelocityField):
     def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
         # the atoms' modes join the convolution's spectrum; the Bessel series of a general A
         # (engines/bessel.py) has no atom share yet, so it is refused, never silently cellular
+        key = ("atoms-checked", grid, id(head), engine, copies)
+        cached = self._fixed.get(key)
+        if cached is not None and cached[0] is head:
+            return  # (checked for this grid and head: every stage asks again)
         if engine != "fft" or copies != 1 or not (is_conformal(head.C) and is_conformal(head.A)):
             raise ValueError(
                 'atoms: on the circle atoms need attention.engine = "fft" (auto takes it for '
                 "|A| <= 8), A and C of the form a I + b J and grid.copies = 1"
             )
         self._atom_kernel(grid, head)
+        self._fixed[key] = (head, True)
 
     def atom_velocity(self, density, grid: Grid, t: float, atoms):
         """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
@@ -238,6 +244,17 @@ class CircleAttention(VelocityField):
             check_band(grid, head)
             band = kernel_band(math.hypot(a, b), grid.cells[0])
             cached = (head, kernel_modes(head, band))
+            self._fixed[key] = cached
+        return cached[1]
+
+    def _atom_factors(self, grid: Grid, head: Head) -> tuple[int, np.ndarray, np.ndarray]:
+        """The band of :meth:`_atom_kernel` with its :func:`dft_factor` and
+        :func:`mode_factor` (fixed while grid and head are: no look-up per stage)."""
+        key = ("atom-factors", grid, id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            band = self._atom_kernel(grid, head)[0].size
+            cached = (head, (band, dft_factor(grid, band), mode_factor(grid, band)))
             self._fixed[key] = cached
         return cached[1]
 
@@ -315,10 +332,11 @@ class CircleAttention(VelocityField):
         n = grid.cells[0]
         spectrum = np.fft.fft(rho)
         if self.atoms is not None and self.atoms.count:  # their exact modes join the cells'
-            band = self._atom_kernel(grid, head)[0].size
-            spectrum = spectrum + atom_spectrum(grid, self.atoms, band)
+            band, dft_f, mode_f = self._atom_factors(grid, head)
+            # (in place on the band: the same sums as adding atom_spectrum, bit for bit)
+            add_atom_spectrum(spectrum, grid, self.atoms, band, dft_f)
             # the measure's c_k, kept for atom_velocity at the same atoms and density
-            modes = spectrum[:band] * mode_factor(grid, band)
+            modes = spectrum[:band] * mode_f
             self._atom_modes = (self.atoms, _fingerprint(rho), modes)
         bound = self._bound(head)
         out = []
