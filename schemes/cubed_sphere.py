@@ -388,13 +388,15 @@ class PositivityError(RuntimeError):
 @dataclass
 class SphereResult:
     """Snapshots of a run on the cubed sphere: times, densities ``(6, n, n)`` per unit area,
-    masses, number of steps."""
+    masses, number of steps; ``clipped``: noise substeps whose negatives beyond round-off
+    were clipped (:class:`tpde.schemes.sphere_diffusion.SphereDiffusion`)."""
 
     grid: CubedSphere
     times: np.ndarray
     densities: list[np.ndarray] = field(default_factory=list)
     masses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: int = 0
+    clipped: int = 0
 
     @property
     def final(self) -> np.ndarray:
@@ -504,4 +506,5 @@ def solve(
             on_snapshot(float(target), rho, steps)
     out.masses = np.array(masses)
     out.steps = steps
+    out.clipped = diffusion.clipped
     return out
