@@ -24,14 +24,19 @@ def _harmonic(grid: cs.CubedSphere, l: int) -> np.ndarray:
     return cs.cell_averages(grid, lambda x: eval_legendre(l, x @ AXIS)).ravel()
 
 
-def test_laplace_beltrami_order_on_harmonics():
+#: the least Rayleigh-quotient order from n = 16 to 32 asked of each operator
+LEAST_ORDER = {2: 1.9, 4: 3.7}
+
+
+@pytest.mark.parametrize("order", [2, 4])
+def test_laplace_beltrami_order_on_harmonics(order):
     """Relative error of the Rayleigh quotient ``<A Y, L Y> / <A Y, Y>`` against ``-l (l + 1)``
-    (second order) and of ``L Y_l`` in max norm (the panel edges and corners: below first
-    order), n = 8, 16, 32; mass exact (area-weighted column sums) and ``L 1 = 0``."""
+    and of ``L Y_l`` in max norm (largest at the panel edges and corners, of lower order),
+    n = 8, 16, 32; mass exact (area-weighted column sums) and ``L 1 = 0``."""
     table = {}
     for n in (8, 16, 32):
         grid = cs.cubed_sphere(n)
-        L = laplace_beltrami(n)
+        L = laplace_beltrami(n, order)
         areas = grid.areas.ravel()
         scale = abs(L).max() * areas.max()
         assert np.abs(areas @ L).max() <= 1e-14 * scale  # conservative
@@ -42,16 +47,15 @@ def test_laplace_beltrami_order_on_harmonics():
             rayleigh = (areas * y) @ (L @ y) / ((areas * y) @ y)
             pointwise = np.abs(L @ y - exact * y).max() / (abs(exact) * np.abs(y).max())
             table[n, l] = (abs(rayleigh / exact - 1.0), pointwise)
-    print("\n| n | " + " | ".join(f"l={l} Rayleigh, max" for l in DEGREES) + " |")
+    print(f"\norder {order}\n| n | " + " | ".join(f"l={l} Rayleigh, max" for l in DEGREES) + " |")
     for n in (8, 16, 32):
-        print(
-            f"| {n} | " + " | ".join(f"{table[n, l][0]:.2e}, {table[n, l][1]:.2e}" for l in DEGREES)
-        )
+        cells = " | ".join(f"{table[n, l][0]:.2e}, {table[n, l][1]:.2e}" for l in DEGREES)
+        print(f"| {n} | {cells} |")
     for l in DEGREES:
-        order = np.log2(table[16, l][0] / table[32, l][0])
-        print(f"l = {l}: Rayleigh order 16 -> 32 {order:.2f}")
-        assert order > 1.9
-        assert table[32, l][0] < 1e-2
+        rate = np.log2(table[16, l][0] / table[32, l][0])
+        print(f"l = {l}: Rayleigh order 16 -> 32 {rate:.2f}")
+        assert rate > LEAST_ORDER[order]
+        assert table[32, l][0] < (1e-2 if order == 2 else 2e-4)
 
 
 def test_diffusion_substep_is_the_heat_semigroup_with_exact_mass():
@@ -69,7 +73,7 @@ def test_diffusion_substep_is_the_heat_semigroup_with_exact_mass():
         exact = np.exp(-eps * l * (l + 1) * t)
         print(f"l = {l}: amplitude {measured:.6f} exact {exact:.6f}")
         assert abs(grid.integrate(out) - grid.integrate(density)) < 1e-14
-        assert abs(measured / exact - 1.0) < 0.05 * (l * (l + 1) * eps * t)
+        assert abs(measured / exact - 1.0) < 0.01 * (l * (l + 1) * eps * t)
     sharp = cs.von_mises_fisher(grid, (0.2, 0.1, 1.0), 200.0)
     out = diffusion.step(sharp, 0.01)
     assert out.min() >= 0.0 and abs(grid.integrate(out) - 1.0) < 1e-13
@@ -104,18 +108,18 @@ def _rate_table(n: int, eps: float, normalised: bool, tolerance: float) -> None:
 
 @pytest.mark.parametrize("normalised", [True, False], ids=["normalised", "unnormalised"])
 def test_noisy_rates_on_s2_at_n16(normalised):
-    _rate_table(16, 2e-4, normalised, 1e-3)
+    _rate_table(16, 5e-3, normalised, 1e-3)
 
 
 @pytest.mark.parametrize("normalised", [True, False], ids=["normalised", "unnormalised"])
 def test_noisy_rates_on_s2_at_n32(normalised):
-    _rate_table(32, 1e-3, normalised, 1e-3)
+    _rate_table(32, 0.05, normalised, 1e-3)
 
 
 def test_solve_with_noise_keeps_mass_and_damps():
     """The Strang-split run (attention beta = 1 and noise eps = 0.5, well above the unstable
     range: every mode decays) keeps the mass and damps a P_2 perturbation at about
-    ``noisy_rate`` (a coarse grid: within 10 %)."""
+    ``noisy_rate`` (a coarse grid, two steps: within 2 %)."""
     grid = cs.cubed_sphere(8)
     density = cs.harmonic_mode(grid, 2, 0.3)
     result = solve(grid, density, CubedSphereAttention(1.0), 0.5, noise=0.5, snapshots=3)
@@ -125,7 +129,7 @@ def test_solve_with_noise_keeps_mass_and_damps():
     measured = np.log(a1 / a0) / 0.5
     print(f"fitted {measured:.4f} formula {noisy_rate(2, 1.0, 0.5, 3):.4f} steps {result.steps}")
     assert result.clipped == 0  # a smooth density: no substep went negative
-    assert abs(measured / noisy_rate(2, 1.0, 0.5, 3) - 1.0) < 0.1
+    assert abs(measured / noisy_rate(2, 1.0, 0.5, 3) - 1.0) < 0.02
 
 
 SPHERE_RUN = """
