@@ -178,3 +178,26 @@ def test_strang_splitting_is_second_order_in_time():
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
     print(f"errors {errors}, orders {orders}")
     assert np.all(orders > 1.9)
+
+
+def test_cli_runs_a_noisy_sphere_config(tmp_path, capsys):
+    """``tpde run`` of a sphere config with ``[run] noise`` (a sharp vMF, kappa = 80 at
+    n = 8: the noise substep clips negatives, and the file's status says so)."""
+    import xarray as xr
+
+    from tpde.cli import main
+
+    config = tmp_path / "noisy.toml"
+    config.write_text(
+        SPHERE_RUN.format(noise=0.05)
+        .replace("[attention]", '[initial]\nkind = "von_mises_fisher"\nkappa = 80.0\n\n[attention]')
+        .replace("t_end = 0.1", "t_end = 0.01\nsnapshots = 2")
+    )
+    path = tmp_path / "noisy.nc"
+    code = main(["run", str(config), "-o", str(path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    with xr.open_dataset(path) as ds:
+        status, message = ds.attrs["status"], ds.attrs["status_message"]
+    print(status, message)
+    assert status == "completed" and message.startswith("noise:")

@@ -878,7 +878,7 @@ def run_sphere(
 
         outcome = io.Outcome("error", times[0], "the run did not start")
         try:
-            solve(
+            result = solve(
                 config.grid,
                 density,
                 config.field,
@@ -887,7 +887,14 @@ def run_sphere(
                 on_snapshot=on_snapshot,
                 **config.scheme,
             )
-            outcome = io.Outcome("completed", times[-1])
+            clipped = (
+                f"noise: {result.clipped} substeps had negatives clipped at zero (mass kept)"
+                if result.clipped
+                else ""
+            )
+            if clipped and not quiet:
+                print(clipped, file=sys.stderr)
+            outcome = io.Outcome("completed", times[-1], clipped)
         except KeyboardInterrupt as exc:
             name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
             last = writer.last_time if writer.last_time is not None else times[0]
