@@ -47,7 +47,7 @@ from numpy.polynomial.legendre import leggauss
 from scipy import sparse
 from scipy.sparse.linalg import expm_multiply
 
-from tpde.grid.cubed_sphere import GHOSTS, SIDES, CubedSphere, halo_matrix
+from tpde.grid.cubed_sphere import GHOSTS, SIDES, CubedSphere, connectivity, halo_matrix
 
 from .diffusion import check_noise
 from .operator import NEGLIGIBLE_NEGATIVE
@@ -179,30 +179,14 @@ def _laplace_beltrami_2(n: int) -> sparse.csr_matrix:
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(faces, size)
     )
     flux = _unify(flux, face_index, n)
-    # divergence: cell (p, i, j) gets F(a-face i + 1) - F(a-face i) + F(b-face j + 1) - F(b-face j)
-    p, i, jj = np.meshgrid(np.arange(6), np.arange(n), np.arange(n), indexing="ij")
-    cell = (p * n * n + i * n + jj).ravel()
-    fa, fb = face_index
-    div_rows = np.concatenate([cell] * 4)
-    div_cols = np.concatenate(
-        [
-            fa[p, i + 1, jj].ravel(),
-            fa[p, i, jj].ravel(),
-            fb[p, jj + 1, i].ravel(),
-            fb[p, jj, i].ravel(),
-        ]
-    )
-    signs = np.repeat([1.0, -1.0, 1.0, -1.0], cell.size)
-    div = sparse.csr_matrix((signs, (div_rows, div_cols)), shape=(6 * n * n, faces))
-    operator = sparse.diags(1.0 / grid.areas.ravel()) @ div @ flux @ _padding(grid)
+    divergence = _divergence(face_index, n)
+    operator = sparse.diags(1.0 / grid.areas.ravel()) @ divergence @ flux @ _padding(grid)
     return operator.tocsr()
 
 
 def _unify(flux: sparse.csr_matrix, face_index: np.ndarray, n: int) -> sparse.csr_matrix:
     """Rows of the panel-edge faces replaced by the mean of the two panels' outward fluxes
     (:meth:`tpde.schemes.cubed_sphere.CubedSphereOperator._unify`, as a matrix)."""
-    from tpde.grid.cubed_sphere import connectivity
-
     partner, _, _ = connectivity(n)
     fa, fb = face_index
     # outward face rows and signs per (panel, side, k)
@@ -215,7 +199,7 @@ def _unify(flux: sparse.csr_matrix, face_index: np.ndarray, n: int) -> sparse.cs
     total = flux.shape[0]
     keep = np.ones(total)
     keep[er] = 0.0
-    mix = sparse.diags(keep).tocsr()
+    mix = sparse.diags(keep).tocsr()  # the other faces as they are
     extra = sparse.csr_matrix(
         (
             np.concatenate([0.5 * np.ones(er.size), -0.5 * sg * sg[pr]]),
