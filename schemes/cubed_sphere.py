@@ -51,6 +51,7 @@ from tpde.grid.cubed_sphere import (
 
 from .reconstruction import get_reconstruction, reconstruct
 from .rk import get_integrator
+from .sphere_diffusion import SphereDiffusion
 
 __all__ = ["SphereVelocity", "CubedSphereOperator", "SphereResult", "solve"]
 
@@ -387,13 +388,15 @@ class PositivityError(RuntimeError):
 @dataclass
 class SphereResult:
     """Snapshots of a run on the cubed sphere: times, densities ``(6, n, n)`` per unit area,
-    masses, number of steps."""
+    masses, number of steps; ``clipped``: noise substeps whose negatives beyond round-off
+    were clipped (:class:`tpde.schemes.sphere_diffusion.SphereDiffusion`)."""
 
     grid: CubedSphere
     times: np.ndarray
     densities: list[np.ndarray] = field(default_factory=list)
     masses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: int = 0
+    clipped: int = 0
 
     @property
     def final(self) -> np.ndarray:
@@ -414,6 +417,7 @@ def solve(
     limiter: bool = True,
     velocity_at: str = "nodes",
     on_snapshot: Callable[[float, np.ndarray, int], None] | None = None,
+    noise: float = 0.0,
 ) -> SphereResult:
     """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
     limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
@@ -422,7 +426,11 @@ def solve(
     :meth:`CubedSphereOperator.node_speeds`. ``on_snapshot(t, density, steps)`` is called with
     every snapshot as it is reached (the initial one too). The state at a snapshot is its
     density and time exactly: solving on from a snapshot's density, with the snapshot times
-    from there on, repeats the rest of the run bit for bit (a resumed run)."""
+    from there on, repeats the rest of the run bit for bit (a resumed run).
+
+    ``noise``: ``eps`` of the noise term ``eps Delta rho`` (Laplace-Beltrami): each step is
+    Strang-split, ``exp(dt eps L / 2)``, the transport step, ``exp(dt eps L / 2)``
+    (:mod:`tpde.schemes.sphere_diffusion`; exact in time, no ``h^2 / eps`` limit)."""
     density = np.asarray(density, float)
     if density.shape != grid.shape:
         raise ValueError(f"density: expected shape {grid.shape}, got {density.shape}")
@@ -430,6 +438,7 @@ def solve(
         raise ValueError(f"scheme.cfl: expected 0 < cfl <= 1, got {cfl!r}")
     op = CubedSphereOperator(grid, reconstruction, limiter, velocity_at)
     rk = get_integrator(integrator)
+    diffusion = SphereDiffusion(grid, noise)
     if any(b for i, row in enumerate(rk.beta) for k, b in enumerate(row) if k < i):
         raise ValueError(f"scheme.integrator: {integrator!r} needs the stage's own velocity only")
     offsets = rk.stage_times
@@ -459,6 +468,10 @@ def solve(
                 dt = min(dt, dt_max)
             if dt < target - t and target - t < 1.5 * dt:
                 dt = 0.5 * (target - t)  # no sliver of a last step
+            if diffusion.matrix is not None:  # Strang: the first half of the noise
+                q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
+                if steady is None:  # the transport step starts from the diffused state
+                    speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
             stages = [q]
             for i in range(rk.stages):
                 if i > 0 and steady is None:
@@ -478,6 +491,8 @@ def solve(
                     new += a * (x - terms[-1][1])
                 stages.append(new)
             q = stages[-1]
+            if diffusion.matrix is not None:  # and the second
+                q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
             t += dt
             steps += 1
         rho = grid.from_coordinate(q)
@@ -491,4 +506,5 @@ def solve(
             on_snapshot(float(target), rho, steps)
     out.masses = np.array(masses)
     out.steps = steps
+    out.clipped = diffusion.clipped
     return out

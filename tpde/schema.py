@@ -223,6 +223,7 @@ SPHERE: dict[str, dict[str, Entry]] = {
         "t_end": ("required", "the final time"),
         "snapshots": ("41", "a count (2 .. 10000) or a list of times from 0"),
         "output": ('"out.nc"', "the output file (`-o` overrides)"),
+        "noise": ("0.0", "eps of the noise term eps Delta mu, Laplace-Beltrami (>= 0)"),
     },
 }
 

@@ -88,7 +88,7 @@ KEYS = {
     | {"weights", "means", "kappas"},
     "attention": {"variant", "beta", "A", "V", "normalised", "nodes", "engine"},
     "scheme": {"reconstruction", "integrator", "cfl", "dt_max", "limiter", "velocity_at"},
-    "run": {"t_end", "snapshots", "output"},
+    "run": {"t_end", "snapshots", "output", "noise"},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises_fisher", "mixture")
 RECONSTRUCTIONS = ("upwind", "muscl", "weno5", "weno5z")
@@ -289,6 +289,13 @@ def build_sphere(raw: dict) -> SphereConfig:
     grid = _grid(raw["grid"])
     attention = _attention(raw["attention"])
     scheme = _scheme(raw.get("scheme", {}))
+    if "noise" in raw["run"]:  # eps of eps Delta mu (Laplace-Beltrami), a keyword of solve
+        from tpde.schemes.diffusion import check_noise
+
+        try:
+            scheme["noise"] = check_noise(raw["run"]["noise"])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     times = _times(raw["run"])
     output = raw["run"].get("output", "out.nc")
     if output is not None and not isinstance(output, str):
@@ -301,7 +308,7 @@ def build_sphere(raw: dict) -> SphereConfig:
     stored["attention"].setdefault("engine", attention.engine)
     stored.setdefault("scheme", {})
     for key, value in scheme.items():
-        if value is not None:
+        if value is not None and key != "noise":
             stored["scheme"].setdefault(key, value)
     return SphereConfig(
         grid, density, attention, scheme, times, output, dumps(stored), raw, initial
@@ -873,7 +880,7 @@ def run_sphere(
 
         outcome = io.Outcome("error", times[0], "the run did not start")
         try:
-            solve(
+            result = solve(
                 config.grid,
                 density,
                 config.field,
@@ -882,7 +889,14 @@ def run_sphere(
                 on_snapshot=on_snapshot,
                 **config.scheme,
             )
-            outcome = io.Outcome("completed", times[-1])
+            clipped = (
+                f"noise: {result.clipped} substeps had negatives clipped at zero (mass kept)"
+                if result.clipped
+                else ""
+            )
+            if clipped and not quiet:
+                print(clipped, file=sys.stderr)
+            outcome = io.Outcome("completed", times[-1], clipped)
         except KeyboardInterrupt as exc:
             name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
             last = writer.last_time if writer.last_time is not None else times[0]

@@ -470,21 +470,24 @@ def sphere_grid_rate(
 
 
 # ---- the cubed sphere ------------------------------------------------------------------------
-def cubed_sphere_rate(l: int, beta: float, n: int = 12, nodes: int = 3, eps: float = 1e-3) -> dict:
+def cubed_sphere_rate(
+    l: int, beta: float, n: int = 12, nodes: int = 3, eps: float = 1e-3, normalised: bool = True
+) -> dict:
     """The growth rate of the zonal harmonic ``P_l(z)`` under the semi-discrete finite-volume
     operator of the cubed sphere (:mod:`tpde.schemes.cubed_sphere`, attention ``A = beta I``,
     ``V = I``): ``<P_l, dL> / <P_l, P>`` with ``P`` the cell averages of ``P_l / 4 pi`` and
     ``dL = (L(u + eps P) - L(u - eps P)) / (2 eps)`` (``u`` uniform; the symmetric difference
     cancels the quadratic term and the uniform measure's own field). This is the slope at
     ``t = 0`` of the fitted amplitude: unlike a fit over a long span it is not swamped by the
-    grid's coupling of ``P_l`` to faster modes (docs/theory.md, 'The cubed sphere')."""
+    grid's coupling of ``P_l`` to faster modes (docs/theory.md, 'The cubed sphere').
+    ``normalised = False``: the unnormalised model (rate :func:`linear_rate` likewise)."""
     from tpde.grid import cubed_sphere as cs
     from tpde.schemes.cubed_sphere import CubedSphereOperator
     from tpde.variants.cubed_sphere import CubedSphereAttention
 
     grid = cs.cubed_sphere(n)
     operator = CubedSphereOperator(grid)
-    field = CubedSphereAttention(beta, nodes, cache_entries=50_000_000)
+    field = CubedSphereAttention(beta, nodes, cache_entries=50_000_000, normalised=normalised)
     uniform = np.full(grid.shape, 1.0 / (4.0 * np.pi))
     mode = cs.harmonic_mode(grid, l, 1.0) - uniform
 
@@ -493,7 +496,7 @@ def cubed_sphere_rate(l: int, beta: float, n: int = 12, nodes: int = 3, eps: flo
 
     change = (derivative(uniform + eps * mode) - derivative(uniform - eps * mode)) / (2 * eps)
     measured = cs.legendre_moment(grid, change, l) / cs.legendre_moment(grid, mode, l)
-    rate = linear_rate(l, beta, 3)
+    rate = linear_rate(l, beta, 3, normalised)
     return _record("l", l, beta, rate, float(measured), mass_change=abs(grid.integrate(change)))
 
 
