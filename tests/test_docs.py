@@ -338,7 +338,7 @@ CHECKS: dict[str, Callable[[], float]] = {
 SLOW_CHECKS = ("validate-quick-checks", "frame-mixture-frame", "frame-mixture-fixed")
 #: other pages that quote a checked number: (page, pattern whose group is the number, key)
 ECHOES = [
-    ("README.md", r"eigenvalue ratio is ([0-9.]+)", "e2-eigenvalue-ratio"),
+    ("docs/guide/first-run.md", r"eigenvalue ratio is ([0-9.]+)", "e2-eigenvalue-ratio"),
     ("docs/guide/frame.md", r"frame ([0-9.]+), fixed box", "frame-mixture-frame"),
     ("docs/guide/frame.md", r"fixed box ([0-9.]+)\n", "frame-mixture-fixed"),
     ("docs/guide/compare.md", r"# ([0-9]+) checks", "validate-quick-checks"),
