@@ -72,3 +72,24 @@ def print_table(title: str, cells, errors, extra: dict | None = None) -> None:
             v = values[i]
             line += f" {v:12.4e}" if isinstance(v, float) else f" {v!s:>12}"
         print(line)
+
+
+def kill_after(args: list[str], lines: int, prefix: str = "[") -> None:
+    """Run ``python -m tpde.cli ARGS`` and SIGKILL it once it has printed ``lines`` stderr
+    lines starting with ``prefix`` (one per snapshot written: the progress line, or the
+    sphere's ``t = ``); fails if the run ends first."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpde.cli", *args], stderr=subprocess.PIPE, text=True
+    )
+    seen = 0
+    while seen < lines:
+        line = process.stderr.readline()
+        assert line, "the run ended before it could be killed"
+        seen += line.startswith(prefix)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()

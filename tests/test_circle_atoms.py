@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from exact import kill_after
 
 from tpde.validation.circle_atoms import atoms_against_tokens, plateau_gaps
 
@@ -113,10 +114,6 @@ def test_atoms_in_the_file_resume_bit_for_bit_and_info(tmp_path, capsys):
     """``[atoms]`` on the circle: the atoms in a fill-valued ``atom`` dimension (xarray reads
     it), a run killed after 5 snapshots and resumed equals the uninterrupted one bit for bit
     (cells and atoms), ``tpde info`` lists the atoms, their births and the merge."""
-    import os
-    import signal
-    import subprocess
-    import sys
 
     from tpde.cli import main
     from tpde.config import dumps
@@ -126,18 +123,7 @@ def test_atoms_in_the_file_resume_bit_for_bit_and_info(tmp_path, capsys):
     config.write_text(dumps(ATOMS_CONFIG))
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = 0
-    while seen < 8:  # one log line per snapshot; atoms are born by t = 1
-        line = process.stderr.readline()
-        assert line, "the run ended before it could be killed"
-        seen += line.startswith("[")
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_after(["run", str(config), "-o", str(cut)], 8)  # atoms are born by t = 1
     assert main(["run", str(config), "-o", str(cut), "--resume", "--quiet"]) == 0
     resumed, reference = read(cut), read(full)
     for name in ("density", "atom_id", "atom_mass", "atom_centre", "atom_variance", "atom_born"):

@@ -6,8 +6,6 @@ warnings)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import tomllib
@@ -16,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
+from exact import kill_after
 
 from tpde.cli import main
 from tpde.config import dumps
@@ -52,18 +51,7 @@ def test_killed_circle_example_resumes_bit_for_bit(tmp_path, capsys):
     config = shortened_circle(tmp_path)
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = 0
-    while seen < 5:  # one log line per snapshot (stderr is not a tty)
-        line = process.stderr.readline()
-        assert line, "the run ended before it could be killed"
-        seen += line.startswith("[")
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_after(["run", str(config), "-o", str(cut)], 5)  # after 5 snapshots
     code, out, _ = cli(capsys, "info", cut)
     assert code == 0 and "t = nan" not in out
     code, _, err = cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")
@@ -97,18 +85,7 @@ def test_killed_sphere_example_resumes_bit_for_bit(tmp_path, capsys):
     config.write_text(dumps(raw))
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli(capsys, "run", config, "-o", full, "--quiet", "--threads", 1)[0] == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut), "--threads", "1"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = 0
-    while seen < 4:  # one line per snapshot written
-        line = process.stderr.readline()
-        assert line, "the run ended before it could be killed"
-        seen += line.startswith("t = ")
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_after(["run", str(config), "-o", str(cut), "--threads", "1"], 4, prefix="t = ")
     code, _, err = cli(capsys, "run", config, "-o", cut, "--resume", "--quiet", "--threads", 1)
     assert code == 0, err
     with xr.open_dataset(cut) as resumed, xr.open_dataset(full) as reference:

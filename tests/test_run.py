@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import tomllib
 from pathlib import Path
@@ -13,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
+from exact import kill_after
 
 from tpde.cli import main
 from tpde.config import build, dumps
@@ -58,18 +55,7 @@ def test_killed_run_is_readable_and_resume_matches_an_uninterrupted_run(tmp_path
     config.write_text(dumps(raw))
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tpde.cli", "run", str(config), "-o", str(cut)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = 0
-    while seen < 5:  # one log line per snapshot (stderr is not a tty)
-        line = process.stderr.readline()
-        assert line, "the run ended before it could be killed"
-        seen += line.startswith("[")
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_after(["run", str(config), "-o", str(cut)], 5)
     with xr.open_dataset(cut) as partial:
         done = partial.sizes["time"]
         assert partial.attrs["status"] in ("running", "interrupted")
