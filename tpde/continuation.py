@@ -287,12 +287,7 @@ def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | N
         ax.set_title(title)
         ax.legend(loc="best", fontsize=8)
         ax.set_ylim(-0.03, 1.0)
-    fig.tight_layout()
-    path = Path(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 # ---- the phase diagram on dask -------------------------------------------------------------
@@ -387,9 +382,16 @@ def plot_phase_diagram(ds, path: str | Path) -> Path:
     ax.set_ylabel("eps / eps_c(beta)")
     ax.set_title(f"{ds.attrs['geometry']}: phases of the stationary states")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Write a figure to ``path`` (its folder made if missing), close it, return the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
