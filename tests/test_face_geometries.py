@@ -289,3 +289,25 @@ def test_atoms_refuse_what_they_do_not_carry(change, message):
         raw[section] = table
     with pytest.raises(ConfigError, match=message):
         build(raw)
+
+
+def test_sphere_references_through_the_config_hooks(tmp_path, capsys):
+    """tpde particles / gaussian on the sphere go through the config's hooks (no geometry
+    branch in the CLI): tokens are written in the sphere's layout, --quantiles and tpde
+    gaussian are refused in one line each (exit 2)."""
+    raw = tomllib.loads((ROOT / "examples/sphere/clusters_s2.toml").read_text())
+    raw["grid"]["cells"] = 6
+    raw["run"].update(t_end=0.2, snapshots=3)
+    raw["run"].pop("output")
+    config = tmp_path / "s2.toml"
+    config.write_text(dumps(raw))
+    out = tmp_path / "tokens.nc"
+    assert cli(capsys, "particles", config, "--tokens", 200, "-o", out)[0] == 0
+    with xr.open_dataset(out) as ds:
+        assert ds["tokens"].shape == (3, 200, 3) and ds.attrs["geometry"] == "sphere"
+    for args, said in (
+        (["particles", config, "--tokens", 10, "--quantiles"], "--quantiles"),
+        (["gaussian", config], "no Gaussian closure"),
+    ):
+        code, _, err = cli(capsys, *args, "-o", tmp_path / "x.nc")
+        assert code == 2 and err.count("\n") == 1 and said in err, err

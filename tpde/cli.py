@@ -375,21 +375,11 @@ def cmd_reference(args) -> int:
             output = base.with_name(f"{base.stem}_{args.command}.nc")
         if output.exists() and not args.overwrite:
             return _fail(f"run.output: {output} exists; pass --overwrite to replace it")
-        if getattr(config, "geometry", None) == "sphere":  # tpde.sphere: tokens on S^2
-            from tpde.sphere import particle_reference as sphere_particles
-            from tpde.sphere import write_dataset
-
-            if args.command == "gaussian":
-                return _fail("attention: the sphere has no Gaussian closure; use tpde particles")
-            ds = sphere_particles(config, args.tokens, args.seed)
-            write_dataset(ds, output)
-            path = output
-        elif args.command == "gaussian":
+        if args.command == "gaussian":  # (refused where the geometry has no closure)
             ds = gaussian_reference(config)
-            path = write_reference(ds, output, overwrite=args.overwrite)
-        else:
+        else:  # a geometry's own tokens where it has them (config.particles)
             ds = particle_reference(config, args.tokens, args.seed, quantiles=args.quantiles)
-            path = write_reference(ds, output, overwrite=args.overwrite)
+        path = (config.reference_writer or write_reference)(ds, output, overwrite=args.overwrite)
     except ConfigError as exc:
         return _fail(str(exc))
     print(f"{path}: {ds.sizes['time']} times, status {ds.attrs['status']}")

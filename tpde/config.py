@@ -53,6 +53,7 @@ noise = 0.0               # eps of the noisy PDE d/dt mu + div(mu Gamma) = eps D
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -691,6 +692,15 @@ def _all_heads(attention: dict) -> list:
     return [h for h in heads if h is not None]
 
 
+#: the geometries with a config module of their own: name -> (module, builder), one line
+#: each (the builder returns a Config, or tpde.sphere's SphereConfig, which carries its own
+#: run, reader and references); "flat" is built here
+GEOMETRY_BUILDERS: dict[str, tuple[str, str]] = {
+    "circle": ("tpde.circle", "build_circle"),  # docs/theory.md, 'The circle on the grid'
+    "sphere": ("tpde.sphere", "build_sphere"),  # the cubed sphere: its own run and file
+}
+
+
 def build(source: str | Path | Mapping) -> Config:
     """Validate a configuration (path, TOML text or mapping) and build its Problem.
 
@@ -700,14 +710,12 @@ def build(source: str | Path | Mapping) -> Config:
     raw = resolve_paths(load(source), _folder(source))
     grid_table = raw.get("grid")
     geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, dict) else "flat"
-    if geometry == "sphere":  # the cubed sphere: tpde.sphere (its own run and file)
-        from .sphere import build_sphere
-
-        return build_sphere(raw)  # type: ignore[return-value]  # tpde.run dispatches on it
-    if geometry != "flat":  # the circle: tpde.circle (docs/theory.md, 'The circle on the grid')
-        from .circle import build_circle
-
-        return build_circle(raw)
+    if isinstance(geometry, str) and geometry in GEOMETRY_BUILDERS:  # its own module builds it
+        module, name = GEOMETRY_BUILDERS[geometry]
+        return vars(importlib.import_module(module))[name](raw)
+    if geometry != "flat":
+        choices = ", ".join(("flat", *GEOMETRY_BUILDERS))
+        raise ConfigError(f"grid.geometry: unknown {geometry!r}; choose one of {choices}")
     check_keys(raw)
     for section in ("grid", "attention", "run"):
         if section not in raw:

@@ -109,6 +109,13 @@ class Config:
     particles: Callable[[int, int, bool], Any] | None = None
     #: what ``tpde gaussian`` says where the geometry has no Gaussian closure (None: it has)
     no_gaussian: str | None = None
+    #: a geometry with its own time loop and file (tpde.sphere's SphereConfig sets these; a
+    #: Config runs through tpde.run and tpde.io): ``runner(config, output, overwrite,
+    #: resume, quiet, history) -> Path``, ``reader(path) -> Dataset``, and
+    #: ``reference_writer(ds, path, overwrite) -> Path`` for tpde particles / gaussian
+    runner: Callable[..., Any] | None = None
+    reader: Callable[[Any], Any] | None = None
+    reference_writer: Callable[..., Any] | None = None
 
 
 def load(source: str | Path | Mapping) -> dict:

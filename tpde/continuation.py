@@ -207,7 +207,7 @@ def diagram_dataset(diagram: ct.Diagram):
             "cell": (
                 "cell",
                 p.centres,
-                {"long_name": "angle theta" if p.geometry == "circle" else "z (Gauss-Legendre)"},
+                {"long_name": p.coordinate_name},
             )
         },
     )

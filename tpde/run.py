@@ -123,10 +123,8 @@ def run_config(
     (:func:`tpde.io.netcdf_to_zarr`); an interrupted or failed run leaves that file. Not
     resumable (:func:`tpde.io.check_zarr_output` refuses ``resume`` in one line).
     """
-    if getattr(config, "geometry", None) == "sphere":  # tpde.sphere: its own solver and file
-        from .sphere import run_sphere
-
-        return run_sphere(config, output, overwrite, resume, quiet, history)  # type: ignore[arg-type]
+    if config.runner is not None:  # a geometry with its own solver and file (tpde.sphere)
+        return config.runner(config, output, overwrite, resume, quiet, history)
     if io.is_zarr(output):
         staging = io.check_zarr_output(output, overwrite, resume)
         run_config(config, staging, overwrite=overwrite, quiet=quiet, history=history)
@@ -322,8 +320,4 @@ def simulate(
 def _read(path: Path, config: Config):
     """The output as a Dataset: :func:`tpde.io.read`, or the sphere's file as it is stored
     (:func:`tpde.sphere.read_sphere`)."""
-    if getattr(config, "geometry", None) == "sphere":
-        from .sphere import read_sphere
-
-        return read_sphere(path)
-    return io.read(path)
+    return io.read(path) if config.reader is None else config.reader(path)

@@ -112,10 +112,41 @@ class SphereConfig:
     initial: dict = dataclasses.field(default_factory=dict)
     variant: str = "sphere"
     geometry: str = "sphere"
+    #: what the face asks of every config (tpde.config_core.Config's hooks): the sphere's own
+    #: run, reader, tokens and reference writer; no energies hook (the file writes its own)
+    no_gaussian: str = "attention: the sphere has no Gaussian closure; use tpde particles"
 
     @property
     def t_end(self) -> float:
         return float(self.times[-1])
+
+    @property
+    def runner(self):
+        return run_sphere
+
+    @property
+    def reader(self):
+        return read_sphere
+
+    @property
+    def particles(self):
+        def tokens(n: int, seed: int = 0, quantiles: bool = False) -> xr.Dataset:
+            if quantiles:
+                raise ConfigError(
+                    "--quantiles: mid-quantile tokens are defined in 1-D and on the circle; "
+                    "drop --quantiles for i.i.d. tokens"
+                )
+            return particle_reference(self, n, seed)
+
+        return tokens
+
+    @property
+    def reference_writer(self):
+        def write(ds: xr.Dataset, path: str | Path, overwrite: bool = False) -> Path:
+            write_dataset(ds, path)  # (the caller has refused an existing path already)
+            return Path(path)
+
+        return write
 
 
 def _vector(key: str, value: Any) -> list[float]:
@@ -629,7 +660,7 @@ def is_sphere_file(path: str | Path) -> bool:
 
     try:
         with netCDF4.Dataset(path) as nc:
-            return getattr(nc, "geometry", "") == "sphere"
+            return "geometry" in nc.ncattrs() and nc.getncattr("geometry") == "sphere"
     except OSError:
         return False
 

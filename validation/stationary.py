@@ -132,6 +132,11 @@ class StationaryProblem:
         return "normalised" if self.normalised else "unnormalised"
 
     @property
+    def coordinate_name(self) -> str:
+        """What the cells' coordinate is (a file's long_name)."""
+        return "angle theta" if self.geometry == "circle" else "z (Gauss-Legendre)"
+
+    @property
     def density_uniform(self) -> float:
         return 1.0 / (TWO_PI if self.geometry == "circle" else 2.0 * TWO_PI)
 
