@@ -595,12 +595,21 @@ def noise(
     harmonics ``P_l(<m, x>)`` of every degree ``l = 1 .. l_max`` (``2 l + 1`` of each, random
     axes ``m`` and normal coefficients): smooth, mean zero (no mass), band-limited to
     ``l_max``."""
-    from scipy.special import eval_legendre
-
     if isinstance(l_max, bool) or int(l_max) != l_max or not 1 <= l_max <= 64:
         raise ValueError(f"initial.l_max: expected an integer in 1 .. 64, got {l_max!r}")
     if not (math.isfinite(amplitude) and 0 <= amplitude < 1):
         raise ValueError(f"initial.amplitude: expected 0 <= amplitude < 1, got {amplitude!r}")
+    return noise_function(grid, amplitude, l_max, seed, mass)[0]
+
+
+def noise_function(
+    grid: CubedSphere, amplitude: float, l_max: int = 8, seed: int = 0, mass: float = 1.0
+) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+    """:func:`noise`'s cell averages and the density itself, ``x (..., 3) -> (...)`` (the same
+    normalisation: the largest cell average of ``g`` and its residual mean), for tokens drawn
+    from the same law."""
+    from scipy.special import eval_legendre
+
     rng = np.random.default_rng(seed)
     terms = []
     for l in range(1, int(l_max) + 1):
@@ -612,8 +621,15 @@ def noise(
         return sum(w * eval_legendre(l, x @ m) for l, m, w in terms)
 
     g = cell_averages(grid, shape, nodes=max(6, int(l_max) // 2 + 4))
-    g -= grid.integrate(g) / FOUR_PI  # the quadrature's residual mean (round-off)
-    return mass / FOUR_PI * (1.0 + amplitude * g / np.abs(g).max())
+    residual = grid.integrate(g) / FOUR_PI  # the quadrature's residual mean (round-off)
+    g -= residual
+    scale = amplitude / np.abs(g).max()
+
+    def density(x):
+        return mass / FOUR_PI * (1.0 + scale * (shape(np.asarray(x, float)) - residual))
+
+    # (the cell averages as noise() always wrote them: the same operations, bit for bit)
+    return mass / FOUR_PI * (1.0 + amplitude * g / np.abs(g).max()), density
 
 
 def clusters(

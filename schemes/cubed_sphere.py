@@ -397,6 +397,11 @@ class SphereResult:
     masses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: int = 0
     clipped: int = 0
+    #: what happened (:class:`tpde.schemes.monitor.Event`: atom births, merges, releases;
+    #: ``pinned`` with atoms off)
+    events: list = field(default_factory=list)
+    #: the atoms at the end (a run with atoms), else None
+    atoms: object = None
 
     @property
     def final(self) -> np.ndarray:
@@ -418,6 +423,9 @@ def solve(
     velocity_at: str = "nodes",
     on_snapshot: Callable[[float, np.ndarray, int], None] | None = None,
     noise: float = 0.0,
+    atoms=None,
+    pinning: bool = False,
+    events: list | None = None,
 ) -> SphereResult:
     """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
     limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
@@ -430,7 +438,17 @@ def solve(
 
     ``noise``: ``eps`` of the noise term ``eps Delta rho`` (Laplace-Beltrami): each step is
     Strang-split, ``exp(dt eps L / 2)``, the transport step, ``exp(dt eps L / 2)``
-    (:mod:`tpde.schemes.sphere_diffusion`; exact in time, no ``h^2 / eps`` limit)."""
+    (:mod:`tpde.schemes.sphere_diffusion`; exact in time, no ``h^2 / eps`` limit).
+
+    ``atoms``: a :class:`tpde.schemes.sphere_atoms.SphereAtomRun` (von Mises-Fisher atoms in
+    the same SSP-RK stages, the transfers after each step, their events in ``events``).
+    ``pinning`` (atoms off): every ``PIN_EVERY`` steps a dry run of the conversion; one
+    ``pinned`` event when a collapsed cluster drifts slower than its cells can move it.
+    ``events``: the list the events are appended to as they happen (a new one if None)."""
+    from .atom_run import PIN_EVERY
+    from .monitor import Event
+    from .sphere_atoms import SphereAtomRun, describe
+
     density = np.asarray(density, float)
     if density.shape != grid.shape:
         raise ValueError(f"density: expected shape {grid.shape}, got {density.shape}")
@@ -439,6 +457,14 @@ def solve(
     op = CubedSphereOperator(grid, reconstruction, limiter, velocity_at)
     rk = get_integrator(integrator)
     diffusion = SphereDiffusion(grid, noise)
+    if atoms is not None and diffusion.matrix is not None:
+        raise ValueError("atoms: not with run.noise yet on the sphere; remove [atoms]")
+    watch = None
+    if atoms is None and pinning and hasattr(velocity, "probe_tangent"):
+        from .atoms import AtomOptions
+
+        watch = SphereAtomRun(grid, velocity, AtomOptions())
+    events = [] if events is None else events
     if any(b for i, row in enumerate(rk.beta) for k, b in enumerate(row) if k < i):
         raise ValueError(f"scheme.integrator: {integrator!r} needs the stage's own velocity only")
     offsets = rk.stage_times
@@ -473,10 +499,17 @@ def solve(
                 if steady is None:  # the transport step starts from the diffused state
                     speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
             stages = [q]
+            if atoms is not None:
+                atoms.stages()
             for i in range(rk.stages):
+                if atoms is not None:
+                    atoms.see(i)
                 if i > 0 and steady is None:
                     rho_i = grid.from_coordinate(stages[i])
                     speeds = op.node_speeds(velocity, rho_i, t + offsets[i] * dt)
+                if atoms is not None:
+                    atoms.rates(i, grid.from_coordinate(stages[i]), t + offsets[i] * dt)
+                    atoms.combine(list(zip(rk.alpha[i], rk.beta[i], strict=True)), dt)
                 terms = [
                     (a, op.euler(stages[k], speeds, (b / a) * dt) if b else stages[k])
                     for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True))
@@ -495,6 +528,17 @@ def solve(
                 q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
             t += dt
             steps += 1
+            if atoms is not None:
+                atoms.accept()
+                rho, moved, changed = atoms.transfer(grid.from_coordinate(q), t)
+                if changed:
+                    q = grid.to_coordinate(rho)
+                events.extend(Event(e.kind, t, describe(e)) for e in moved)
+            elif watch is not None and steps % PIN_EVERY == 0:
+                line = watch.pinned(grid.from_coordinate(q), t)
+                if line is not None:
+                    events.append(Event("pinned", t, line))
+                    watch = None
         rho = grid.from_coordinate(q)
         # the state at a snapshot is its density and time exactly (q from rho, t the target:
         # each differs from the stepped value in the last bit), so a run restarted from a
@@ -507,4 +551,6 @@ def solve(
     out.masses = np.array(masses)
     out.steps = steps
     out.clipped = diffusion.clipped
+    out.events = events
+    out.atoms = None if atoms is None else atoms.atoms
     return out

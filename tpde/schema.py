@@ -225,6 +225,8 @@ SPHERE: dict[str, dict[str, Entry]] = {
         "output": ('"out.nc"', "the output file (`-o` overrides)"),
         "noise": ("0.0", "eps of the noise term eps Delta mu, Laplace-Beltrami (>= 0)"),
     },
+    # the table turns von Mises-Fisher atoms on (docs/guide/sphere.md); every key optional
+    "atoms": CIRCLE["atoms"],
 }
 
 #: geometry name -> (title, schema) in the order the reference lists them

@@ -32,6 +32,8 @@ Keys::
     [scheme]     reconstruction (weno5z), integrator (ssprk3), cfl (0.5), dt_max,
                  limiter (true), velocity_at ("nodes" | "centres")
     [run]        t_end, snapshots (a count or a list of times), output
+    [atoms]      (optional) width, floor, level, absorb, merge, release: von Mises-Fisher
+                 atoms for the collapsed clusters (docs/theory.md, 'Atoms on the sphere')
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import numpy as np
 import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
+from tpde.schemes.atoms import AtomOptions
 from tpde.variants.cubed_sphere import SPHERE_ENGINES, CubedSphereAttention
 
 from . import io
@@ -89,6 +92,7 @@ KEYS = {
     "attention": {"variant", "beta", "A", "V", "normalised", "nodes", "engine"},
     "scheme": {"reconstruction", "integrator", "cfl", "dt_max", "limiter", "velocity_at"},
     "run": {"t_end", "snapshots", "output", "noise"},
+    "atoms": {f.name for f in dataclasses.fields(AtomOptions)},
 }
 INITIAL_KINDS = ("uniform", "noise", "von_mises_fisher", "mixture")
 RECONSTRUCTIONS = ("upwind", "muscl", "weno5", "weno5z")
@@ -112,6 +116,8 @@ class SphereConfig:
     initial: dict = dataclasses.field(default_factory=dict)
     variant: str = "sphere"
     geometry: str = "sphere"
+    #: ``[atoms]``: von Mises-Fisher atoms for the collapsed clusters, or None (off)
+    atoms: AtomOptions | None = None
     #: what the face asks of every config (tpde.config_core.Config's hooks): the sphere's own
     #: run, reader, tokens and reference writer; no energies hook (the file writes its own)
     no_gaussian: str = "attention: the sphere has no Gaussian closure; use tpde particles"
@@ -341,9 +347,19 @@ def build_sphere(raw: dict) -> SphereConfig:
     for key, value in scheme.items():
         if value is not None and key != "noise":
             stored["scheme"].setdefault(key, value)
+    atoms = None
+    if "atoms" in raw:
+        if "noise" in scheme:
+            raise ConfigError("atoms: not with run.noise yet on the sphere; remove [atoms]")
+        atoms = AtomOptions(**raw["atoms"])
+        try:
+            atoms.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     return SphereConfig(
-        grid, density, attention, scheme, times, output, dumps(stored), raw, initial
-    )
+        grid, density, attention, scheme, times, output, dumps(stored), raw, initial,
+        atoms=atoms,
+    )  # fmt: skip
 
 
 # ---- the file ---------------------------------------------------------------------------------
@@ -775,7 +791,22 @@ class SphereWriter(io.OutputWriter):
             nc.set_auto_mask(False)
             return from_file(np.array(nc["density"][self._count - 1, :], dtype=np.float64))
 
-    def write(self, t: float, density: np.ndarray, step: int | None = None) -> bool:
+    def last_atoms(self):
+        """The atoms and next id of the last complete snapshot, or None (no atoms)."""
+        from .sphere_atoms_io import read_sphere_atoms
+
+        with io._opened(self.file, "r", self.lock_timeout) as nc:
+            nc.set_auto_mask(False)
+            return read_sphere_atoms(nc, self._count - 1)
+
+    def write(
+        self,
+        t: float,
+        density: np.ndarray,
+        step: int | None = None,
+        atoms=None,
+        next_id: int = 0,
+    ) -> bool:
         """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass,
         moments, interaction energy and degree amplitudes (those the file has); a snapshot at
         the time of the last record is skipped (returns False). ``step``: the steps of this
@@ -791,8 +822,22 @@ class SphereWriter(io.OutputWriter):
         grid = self.grid
         mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
         energy, amplitudes = diagnostics(grid, rho, self.beta, self.degrees)
+        if atoms is not None:  # the cells' moments plus the atoms' (exact vMF moments)
+            from tpde.schemes.sphere_atoms import deficit
+            from tpde.variants.cubed_sphere import energy_with_atoms
+
+            from .sphere_atoms_io import write_sphere_atoms
+
+            mass += atoms.total_mass
+            first = (1.0 - deficit(atoms.kappa)) * atoms.mass
+            mean = mean + first @ atoms.directions
+            if energy is not None and self.beta is not None:
+                energy = energy_with_atoms(rho, grid, self.beta, atoms)
 
         def store(i: int) -> None:
+            if atoms is not None:
+                with io._opened(self.file, "a", self.lock_timeout) as nc:
+                    write_sphere_atoms(nc, i, atoms, next_id)
             with io._opened(self.file, "a", self.lock_timeout) as nc:
                 nc["density"][i, :] = _to_file(rho)
                 nc["mass"][i] = mass
@@ -889,6 +934,19 @@ def run_sphere(
                     beta=config.field.beta if config.field.identity_v else None,
                 )
             )
+        atom_run = None
+        if config.atoms is not None:
+            from tpde.schemes.sphere_atoms import SphereAtomRun
+
+            found = writer.last_atoms() if resume else None
+            atom_run = SphereAtomRun(
+                config.grid,
+                config.field,
+                config.atoms,
+                None if found is None else found[0],
+                0 if found is None else found[1],
+            )
+        events: list = []
         start = _time.perf_counter()
         steps = [0]
         skip_first = resume  # the state a resumed run starts from is already stored
@@ -900,11 +958,15 @@ def run_sphere(
                 skip_first = False
                 return
             with signals.held():
-                writer.write(t, rho, count)
+                if atom_run is None:
+                    writer.write(t, rho, count)
+                else:
+                    writer.write(t, rho, count, atom_run.atoms, atom_run.next_id)
             if not quiet:
+                held = 0.0 if atom_run is None else atom_run.atoms.total_mass
                 print(
                     f"t = {t:.4g}/{config.t_end:.4g}  steps {count}  min rho {rho.min():.1e}  "
-                    f"mass {config.grid.integrate(rho):.15f}  "
+                    f"mass {config.grid.integrate(rho) + held:.15f}  "
                     f"{_time.perf_counter() - start:.1f} s",
                     file=sys.stderr,
                 )
@@ -918,8 +980,14 @@ def run_sphere(
                 float(times[-1]),
                 snapshots=times,
                 on_snapshot=on_snapshot,
+                atoms=atom_run,
+                pinning=atom_run is None,
+                events=events,
                 **config.scheme,
             )
+            if not quiet:
+                for event in events:
+                    print(f"{event.kind} t = {event.time:.6g}: {event.message}", file=sys.stderr)
             clipped = (
                 f"noise: {result.clipped} substeps had negatives clipped at zero (mass kept)"
                 if result.clipped
@@ -951,7 +1019,11 @@ def run_sphere(
             with signals.held(deliver=False):
                 writer.close(
                     outcome,
-                    provenance={"steps": steps[0], "wall_time": _time.perf_counter() - start},
+                    provenance={
+                        "steps": steps[0],
+                        "wall_time": _time.perf_counter() - start,
+                        "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in events),
+                    },
                 )
     return output
 
@@ -1071,6 +1143,9 @@ def sphere_info(path: str | Path) -> list[str]:
         lines.append(
             f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
         )
+        from .sphere_atoms_io import sphere_atom_lines
+
+        lines.extend(sphere_atom_lines(ds))
         centres, masses = cs.clusters(grid, from_file(ds["density"].values[-1]))
         lines.append(f"  clusters at the last snapshot (> 2x uniform): {len(masses)}")
         for x, mass in list(zip(centres, masses, strict=True))[:12]:

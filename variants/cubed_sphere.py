@@ -26,12 +26,15 @@ import numpy as np
 
 from tpde.grid import profile
 from tpde.grid.cubed_sphere import CubedSphere, point_values
+from tpde.schemes.sphere_atoms import VMFAtoms, vmf_cubature, vmf_log_mgf
 
 from .engines.sphere_harmonics import HarmonicSums, scaled_energy
 
 __all__ = [
     "SPHERE_ENGINES",
     "SolidRotation",
+    "atom_sums",
+    "energy_with_atoms",
     "CubedSphereAttention",
     "interaction_energy",
     "rotate",
@@ -128,8 +131,13 @@ class CubedSphereAttention:
         self.cache_entries = int(cache_entries)
         self._cache: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._harmonic: HarmonicSums | None = None
+        #: the probes' own engine (their points change every call: the face nodes' plan stays)
+        self._probe_harmonic: HarmonicSums | None = None
         if self.serving == "harmonic":
             self._harmonic = HarmonicSums(self.A)
+            self._probe_harmonic = HarmonicSums(self.A)
+        #: von Mises-Fisher atoms whose exact share the sums add (a run with [atoms]), or None
+        self.atoms: VMFAtoms | None = None
 
     def _exponent(self, points: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``<A x, y> - |A x|`` ``(M, S)`` and the shifts ``|A x|`` ``(M,)``."""
@@ -163,13 +171,32 @@ class CubedSphereAttention:
         the shifts ``|A x|`` ``(M,)``. ``radial = False``: the second may lack its part along
         ``x`` when ``A = beta I`` (what the tangent drops anyway; the harmonic engine then
         skips one synthesis)."""
+        return self._sums(density, grid, points, radial, self._harmonic)
+
+    def _sums(self, density, grid, points, radial, engine):
         y, values, weights = point_values(grid, density, self.nodes)
         sources = y.reshape(-1, 3)
         mass = (np.maximum(values, 0.0) * weights).reshape(-1)
-        if self._harmonic is not None:
-            return self._harmonic.sums(sources, mass, points, radial)
-        with profile.phase("velocity.direct"):
-            return self._dense_sums(sources, mass, points)
+        atoms = self.atoms if self.atoms is not None and self.atoms.count else None
+        share = None
+        if atoms is not None:
+            tilts = points @ self.A.T
+            share = atom_sums(atoms, tilts, np.linalg.norm(tilts, axis=1))
+        if engine is not None:
+            z, g, shift = engine.sums(
+                sources, mass, points, radial, None if share is None else share[0]
+            )
+        else:
+            with profile.phase("velocity.direct"):
+                z, g, shift = self._dense_sums(sources, mass, points)
+        if share is not None:
+            z, g = z + share[0], g + share[1]
+        return z, g, shift
+
+    def probe_tangent(self, density, grid: CubedSphere, t: float, points: np.ndarray) -> np.ndarray:
+        """:meth:`tangent` at a few points that change every call (the atoms' probes), by
+        the probes' own engine."""
+        return self._tangent(density, grid, points, self._probe_harmonic)
 
     def _dense_sums(
         self, sources: np.ndarray, mass: np.ndarray, points: np.ndarray
@@ -190,7 +217,10 @@ class CubedSphereAttention:
         return total[:, 0], total[:, 1:], shift
 
     def tangent(self, density, grid: CubedSphere, t: float, points: np.ndarray) -> np.ndarray:
-        z, g, shift = self.sums(density, grid, points, radial=not self.identity_v)
+        return self._tangent(density, grid, points, self._harmonic)
+
+    def _tangent(self, density, grid, points, engine) -> np.ndarray:
+        z, g, shift = self._sums(density, grid, points, not self.identity_v, engine)
         if self.normalised:
             gamma = g / z[:, None]
         else:
@@ -230,3 +260,41 @@ def interaction_energy(
         exponent = beta * (sources[rows] @ sources.T - 1.0)
         total += float(mass[rows] @ (np.exp(exponent, out=exponent) @ mass))
     return total * math.exp(beta) / (2.0 * beta)
+
+
+def atom_sums(
+    atoms: VMFAtoms, tilts: np.ndarray, shift: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The atoms' exact share of the scaled sums at the tilts ``c = A x`` ``(M, 3)``, shifts
+    ``|c|`` ``(M,)``: ``z = sum_k m_k e^{log MGF_k(c) - |c|}`` ``(M,)`` and ``g`` the same times
+    the tilted mean ``L(r) (kappa a + c) / r`` ``(M, 3)`` (:mod:`tpde.schemes.sphere_atoms`).
+    """
+    log, r, u = vmf_log_mgf(tilts, atoms.directions, atoms.kappa)
+    share = atoms.mass[None, :] * np.exp(log - shift[:, None])  # (M, K)
+    small = r < 1e-3
+    safe = np.where(small, 1.0, r)
+    langevin = np.where(small, r / 3.0, 1.0 / np.tanh(safe) - 1.0 / safe)
+    return share.sum(axis=1), np.einsum("mk,mkj->mj", share * langevin, u)
+
+
+def energy_with_atoms(
+    density, grid: CubedSphere, beta: float, atoms: VMFAtoms | None, nodes: int = 3
+) -> float:
+    """``E = 1/(2 beta) iint e^{beta <x, y>} dmu dmu`` of cells plus atoms: cells with cells by
+    :func:`interaction_energy`'s Funk-Hecke sum, cells with atoms by the atoms' exact
+    ``int e^{beta <x, y>} dvMF(y)`` at the cells' Gauss nodes, atoms with atoms by the same
+    exact form over :func:`~tpde.schemes.sphere_atoms.vmf_cubature` of the other atom."""
+    cells = interaction_energy(density, grid, beta, nodes) * 2.0 * beta / math.exp(beta)
+    if atoms is None or atoms.count == 0:
+        return cells * math.exp(beta) / (2.0 * beta)
+    y, values, weights = point_values(grid, density, int(nodes))
+    sources = y.reshape(-1, 3)
+    mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+    log, _, _ = vmf_log_mgf(beta * sources, atoms.directions, atoms.kappa)
+    cross = float(mass @ (np.exp(log - beta) @ atoms.mass))
+    pairs = 0.0
+    for k in range(atoms.count):
+        x, w = vmf_cubature(atoms.directions[k], float(atoms.kappa[k]))
+        log, _, _ = vmf_log_mgf(beta * x, atoms.directions, atoms.kappa)
+        pairs += atoms.mass[k] * float(w @ (np.exp(log - beta) @ atoms.mass))
+    return (cells + 2.0 * cross + pairs) * math.exp(beta) / (2.0 * beta)

@@ -279,8 +279,13 @@ class HarmonicSums:
         masses: np.ndarray,
         points: np.ndarray,
         radial: bool = True,
+        extra: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``e^{-r} Z`` ``(M,)``, ``e^{-r} G`` ``(M, 3)`` and ``r = |A x|`` ``(M,)`` at the
+        """``extra (M,)``: a part of ``e^{-r} Z`` summed exactly elsewhere (the atoms' of
+        :mod:`tpde.schemes.sphere_atoms`), not added here; the error estimate of a target's
+        tilted mean is relative to the total ``z + extra``.
+
+        ``e^{-r} Z`` ``(M,)``, ``e^{-r} G`` ``(M, 3)`` and ``r = |A x|`` ``(M,)`` at the
         targets ``points (M, 3)`` of the measure ``sum_j masses_j delta_{sources_j}``
         (``sources (S, 3)`` unit vectors, ``masses (S,) >= 0``). ``radial = False`` (only
         for ``A = beta I``): ``G`` less its part along ``c^ = x``, all that ``P_x G``
@@ -322,8 +327,9 @@ class HarmonicSums:
             np.sum(masses)
         )
         # the tilted mean G / Z errs by at most |dG| / Z + |G / Z| |dZ| / Z <= 2 error / Z
+        total = z if extra is None else z + extra
         with np.errstate(divide="ignore"):
-            estimate = np.where(z > 0, 2.0 * error / z, np.inf)
+            estimate = np.where(total > 0, 2.0 * error / total, np.inf)
         dense = plan.dense | (estimate > self.tolerance)
         estimate[dense] = 0.0
         self.estimate = estimate
