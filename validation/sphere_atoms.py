@@ -31,6 +31,7 @@ __all__ = [
     "lattice_tokens",
     "match_clusters",
     "measure_clusters",
+    "token_clusters",
     "token_energy_harmonic",
 ]
 
@@ -112,3 +113,21 @@ def token_energy_harmonic(x: np.ndarray, weights: np.ndarray, beta: float) -> fl
     """The tokens' interaction energy ``1/(2 beta) sum_ij w_i w_j e^{beta <x_i, x_j>}`` by
     Funk-Hecke (:func:`~tpde.variants.engines.sphere_harmonics.scaled_energy`)."""
     return scaled_energy(x, weights, beta) * math.exp(beta) / (2.0 * beta)
+
+
+def token_clusters(config, seed: int, times, n: int = 40_000, dt: float = 0.1):
+    """Yield ``(t, energy, centres, masses)`` of ``n`` lattice tokens of a sphere config's
+    initial ``noise`` law (:func:`lattice_tokens`, the turn ``seed``) at ``times``, moved by
+    CF4 steps of at most ``dt`` with the harmonic sums (:class:`HarmonicTokens`)."""
+    init = config.initial
+    _, density = cs.noise_function(
+        config.grid, init.get("amplitude", 1e-3), init.get("l_max", 8), init.get("seed", 0)
+    )
+    x, w = lattice_tokens(density, n, seed)
+    system = HarmonicTokens(x, config.field.beta, w)
+    for t in times:
+        system.integrate([t], dt)
+        rho = cell_masses(config.grid, system.x, system.weights)
+        centres, masses = cs.clusters(config.grid, rho)
+        energy = token_energy_harmonic(system.x, system.weights, config.field.beta)
+        yield float(t), energy, centres, masses
