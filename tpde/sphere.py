@@ -1146,8 +1146,17 @@ def sphere_info(path: str | Path) -> list[str]:
         from .sphere_atoms_io import sphere_atom_lines
 
         lines.extend(sphere_atom_lines(ds))
-        centres, masses = cs.clusters(grid, from_file(ds["density"].values[-1]))
-        lines.append(f"  clusters at the last snapshot (> 2x uniform): {len(masses)}")
+        last = from_file(ds["density"].values[-1])
+        held = ""
+        if "atom_id" in ds:  # cells plus atoms (an atom's mass in the cell of its centre)
+            from tpde.validation.sphere_atoms import cell_masses
+
+            used = np.nan_to_num(np.asarray(ds["atom_id"].values[-1], float), nan=-1) >= 0
+            centre = np.asarray(ds["atom_centre"].values[-1])[used]
+            last = last + cell_masses(grid, centre, np.asarray(ds["atom_mass"].values[-1])[used])
+            held = ", cells plus atoms"
+        centres, masses = cs.clusters(grid, last)
+        lines.append(f"  clusters at the last snapshot (> 2x uniform{held}): {len(masses)}")
         for x, mass in list(zip(centres, masses, strict=True))[:12]:
             lat, lon = cs.lat_lon(x)
             lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
