@@ -52,6 +52,7 @@ __all__ = [
     "probe_points",
     "vmf_cubature",
     "vmf_log_mgf",
+    "vmf_sums",
     "vmf_rates",
     "vmf_tilted_mean",
 ]
@@ -72,16 +73,36 @@ def vmf_log_mgf(c: np.ndarray, centre: np.ndarray, kappa: np.ndarray) -> tuple:
     """``log int e^{<c, y>} dvMF(a, kappa)``, ``r`` and ``(kappa a + c) / r`` for tilts
     ``c (P, 3)`` and atoms ``centre (K, 3)``, ``kappa (K,)``: shapes ``(P, K)``, ``(P, K)``,
     ``(P, K, 3)`` (module docstring's stable form)."""
-    k = np.asarray(kappa, float)[None, :]
+    log, r, norm_w = _log_mgf(c, centre, kappa)
     a = np.asarray(centre, float)
-    w = a[None, :, :] + c[:, None, :] / k[..., None]  # a + c / kappa   (P, K, 3)
-    norm_w = np.sqrt(np.sum(w * w, axis=-1))
-    ac = c @ a.T  # <a, c>  (P, K)
-    cc = np.sum(c * c, axis=1)[:, None]
+    w = a[None, :, :] + c[:, None, :] / np.asarray(kappa, float)[None, :, None]
+    return log, r, w / norm_w[..., None]
+
+
+def _log_mgf(c: np.ndarray, centre: np.ndarray, kappa) -> tuple:
+    """``log MGF``, ``r`` and ``|a + c / kappa|`` ``(P, K)``, without ``(P, K, 3)`` arrays:
+    ``|a + c / kappa|^2 = 1 + 2 <a, c> / kappa + |c|^2 / kappa^2``."""
+    k = np.asarray(kappa, float)[None, :]
+    ac = c @ np.asarray(centre, float).T  # <a, c>  (P, K)
+    cc = (c[:, 0] * c[:, 0] + c[:, 1] * c[:, 1] + c[:, 2] * c[:, 2])[:, None]
+    norm_w = np.sqrt(np.maximum(1.0 + (2.0 * ac + cc / k) / k, 0.0))
     gap = (2.0 * ac + cc / k) / (norm_w + 1.0)  # r - kappa
     r = k * norm_w
     log = -np.log1p(gap / k) + gap + _log1mexp(2.0 * r) - _log1mexp(2.0 * k)
-    return log, r, w / norm_w[..., None]
+    return log, r, norm_w
+
+
+def vmf_sums(
+    c: np.ndarray, centre: np.ndarray, kappa: np.ndarray, mass: np.ndarray, shift: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``sum_k m_k e^{log MGF_k(c) - shift}`` ``(P,)`` and the same times each tilted mean,
+    summed ``(P, 3)``: ``L(r) (kappa a + c) / r = L(r) (a + c / kappa) / |a + c / kappa|``,
+    so the sum is ``coef @ a + c sum_k coef_k / kappa_k`` (``(P, K)`` arrays only)."""
+    log, r, norm_w = _log_mgf(c, centre, kappa)
+    share = mass[None, :] * np.exp(log - shift[:, None])
+    coef = share * _langevin(r) / norm_w
+    g = coef @ np.asarray(centre, float) + c * (coef @ (1.0 / np.asarray(kappa, float)))[:, None]
+    return share.sum(axis=1), g
 
 
 def _langevin(r: np.ndarray) -> np.ndarray:

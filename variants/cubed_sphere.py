@@ -26,7 +26,7 @@ import numpy as np
 
 from tpde.grid import profile
 from tpde.grid.cubed_sphere import CubedSphere, point_values
-from tpde.schemes.sphere_atoms import VMFAtoms, vmf_cubature, vmf_log_mgf
+from tpde.schemes.sphere_atoms import VMFAtoms, vmf_cubature, vmf_log_mgf, vmf_sums
 
 from .engines.sphere_harmonics import HarmonicSums, scaled_energy
 
@@ -269,12 +269,7 @@ def atom_sums(
     ``|c|`` ``(M,)``: ``z = sum_k m_k e^{log MGF_k(c) - |c|}`` ``(M,)`` and ``g`` the same times
     the tilted mean ``L(r) (kappa a + c) / r`` ``(M, 3)`` (:mod:`tpde.schemes.sphere_atoms`).
     """
-    log, r, u = vmf_log_mgf(tilts, atoms.directions, atoms.kappa)
-    share = atoms.mass[None, :] * np.exp(log - shift[:, None])  # (M, K)
-    small = r < 1e-3
-    safe = np.where(small, 1.0, r)
-    langevin = np.where(small, r / 3.0, 1.0 / np.tanh(safe) - 1.0 / safe)
-    return share.sum(axis=1), np.einsum("mk,mkj->mj", share * langevin, u)
+    return vmf_sums(tilts, atoms.directions, atoms.kappa, atoms.mass, shift)
 
 
 def energy_with_atoms(

@@ -172,6 +172,36 @@ class _Plan:
     dense: np.ndarray  # (M,) bool: singular targets
 
 
+class _LastCoefficients:
+    """The last ``a_lm`` of a measure (degree, sources, masses): a second engine summing the
+    same measure at other targets in the same stage (the atoms' probes) reuses them; the
+    arrays are compared whole, so a changed measure is never served stale coefficients."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._alm: np.ndarray | None = None
+
+    def get(self, degree: int, sources: np.ndarray, masses: np.ndarray) -> np.ndarray | None:
+        key = self._key
+        if (
+            key is None
+            or key[0] != degree
+            or key[1].shape != sources.shape
+            or key[2].shape != masses.shape
+            or not np.array_equal(key[2], masses)
+            or not np.array_equal(key[1], sources)
+        ):
+            return None
+        return self._alm
+
+    def put(self, degree: int, sources, masses, alm: np.ndarray) -> None:
+        self._key = (degree, np.array(sources, float), np.array(masses, float))
+        self._alm = alm
+
+
+_ALM = _LastCoefficients()
+
+
 class HarmonicSums:
     """The scaled partition ``e^{-r} Z`` and gradient ``e^{-r} G`` at tilts ``c = A x`` of a
     discrete measure on the unit sphere, by spherical harmonics (module docstring)."""
@@ -296,12 +326,15 @@ class HarmonicSums:
         plan = self.plan(points)
         degree = plan.degree
         common = {"lmax": degree, "epsilon": NUFFT_EPSILON, "nthreads": threads}
-        alm = adjoint_synthesis_general(
-            map=np.ascontiguousarray(masses, float)[None, :],
-            spin=0,
-            loc=self._source_locations(sources),
-            **common,
-        )[0]  # (as coefficients(), the source locations kept)
+        alm = _ALM.get(degree, sources, masses)
+        if alm is None:
+            alm = adjoint_synthesis_general(
+                map=np.ascontiguousarray(masses, float)[None, :],
+                spin=0,
+                loc=self._source_locations(sources),
+                **common,
+            )[0]  # (as coefficients(), the source locations kept)
+            _ALM.put(degree, sources, masses, alm)
         M = points.shape[0]
         z = np.zeros(M)
         surface = np.zeros((2, M))
