@@ -158,3 +158,59 @@ def test_three_bumps_in_the_frame_end_with_blowup_and_its_prediction():
         f"frame t* = {predicted:.6g}, relative difference {abs(predicted / t_fixed - 1):.2e}"
     )
     assert fixed.status_time == pytest.approx(framed.status_time)
+
+
+#: the three-bump frame run's stop (tests above, docs/theory.md 'When the frame cannot go on')
+BUMPS_STOP = 0.342644
+#: the secant the predictions are compared on: the covariances BUMPS_BASELINE apart (each
+#: run's own last step would compare secants of 2.5e-4 against 4e-3, 1 % apart by themselves)
+BUMPS_BASELINE = 0.02
+
+
+def covariance_history(solver: Solver) -> tuple[list[float], list[np.ndarray]]:
+    """Every step's (t, physical covariance) of a run (the monitor keeps only three)."""
+    times: list[float] = []
+    covs: list[np.ndarray] = []
+    record = solver.monitor.record
+
+    def keep(t: float, cov: np.ndarray) -> None:
+        times.append(t)
+        covs.append(np.array(cov))
+        record(t, cov)
+
+    solver.monitor.record = keep  # type: ignore[method-assign]
+    return times, covs
+
+
+def secant_blowup(times: list[float], covs: list[np.ndarray], t: float) -> float:
+    """The blow-up time of the linear extrapolation of Sigma^-1 through t - BUMPS_BASELINE
+    and t (covariances interpolated linearly between steps)."""
+    from tpde.schemes.monitor import predicted_blowup
+
+    stack = np.array(covs)
+
+    def at(s: float) -> np.ndarray:
+        return np.array([[np.interp(s, times, stack[:, a, b]) for b in range(2)] for a in range(2)])
+
+    return predicted_blowup([t - BUMPS_BASELINE, t], [at(t - BUMPS_BASELINE), at(t)])
+
+
+@pytest.mark.slow
+def test_three_bumps_fixed_box_reference_is_converged():
+    """The reference of the three-bump comparison: fixed +-6 boxes at 96^2, 128^2 and 192^2
+    run to the frame's stop predict the same t* (same secant) within 1e-3, and their
+    covariances agree within 1e-3 (measured: 4e-4 and 1e-4)."""
+    found = {}
+    for cells in (96, 128, 192):
+        solver = Solver(three_bumps(6.0, cells, "fixed", BUMPS_STOP))
+        times, covs = covariance_history(solver)
+        result = solver.run()
+        assert result.status == "completed", result.status_message
+        found[cells] = (secant_blowup(times, covs, BUMPS_STOP), np.linalg.eigvalsh(covs[-1]))
+        print(
+            f"\nfixed +-6 at {cells}^2: t* = {found[cells][0]:.6f}, eigenvalues {found[cells][1]}"
+        )
+    best_t, best_eig = found[192]
+    for cells in (96, 128):
+        assert abs(found[cells][0] / best_t - 1) <= 1e-3
+        assert np.abs(found[cells][1] / best_eig - 1).max() <= 1e-3
