@@ -158,3 +158,83 @@ def test_three_bumps_in_the_frame_end_with_blowup_and_its_prediction():
         f"frame t* = {predicted:.6g}, relative difference {abs(predicted / t_fixed - 1):.2e}"
     )
     assert fixed.status_time == pytest.approx(framed.status_time)
+
+
+#: the three-bump frame run's stop (tests above, docs/theory.md 'When the frame cannot go on')
+BUMPS_STOP = 0.342644
+#: the secant the predictions are compared on: the covariances BUMPS_BASELINE apart (each
+#: run's own last step would compare secants of 2.5e-4 against 4e-3, 1 % apart by themselves)
+BUMPS_BASELINE = 0.02
+
+
+def covariance_history(solver: Solver) -> tuple[list[float], list[np.ndarray]]:
+    """Every step's (t, physical covariance) of a run (the monitor keeps only three)."""
+    times: list[float] = []
+    covs: list[np.ndarray] = []
+    record = solver.monitor.record
+
+    def keep(t: float, cov: np.ndarray) -> None:
+        times.append(t)
+        covs.append(np.array(cov))
+        record(t, cov)
+
+    solver.monitor.record = keep  # type: ignore[method-assign]
+    return times, covs
+
+
+def secant_blowup(times: list[float], covs: list[np.ndarray], t: float) -> float:
+    """The blow-up time of the linear extrapolation of Sigma^-1 through t - BUMPS_BASELINE
+    and t (covariances interpolated linearly between steps)."""
+    from tpde.schemes.monitor import predicted_blowup
+
+    stack = np.array(covs)
+
+    def at(s: float) -> np.ndarray:
+        return np.array([[np.interp(s, times, stack[:, a, b]) for b in range(2)] for a in range(2)])
+
+    return predicted_blowup([t - BUMPS_BASELINE, t], [at(t - BUMPS_BASELINE), at(t)])
+
+
+@pytest.mark.slow
+def test_three_bumps_fixed_box_reference_is_converged():
+    """The reference of the three-bump comparison: fixed +-6 boxes at 96^2, 128^2 and 192^2
+    run to the frame's stop predict the same t* (same secant) within 1e-3, and their
+    covariances agree within 1e-3 (measured: 4e-4 and 1e-4)."""
+    found = {}
+    for cells in (96, 128, 192):
+        solver = Solver(three_bumps(6.0, cells, "fixed", BUMPS_STOP))
+        times, covs = covariance_history(solver)
+        result = solver.run()
+        assert result.status == "completed", result.status_message
+        found[cells] = (secant_blowup(times, covs, BUMPS_STOP), np.linalg.eigvalsh(covs[-1]))
+        print(
+            f"\nfixed +-6 at {cells}^2: t* = {found[cells][0]:.6f}, eigenvalues {found[cells][1]}"
+        )
+    best_t, best_eig = found[192]
+    for cells in (96, 128):
+        assert abs(found[cells][0] / best_t - 1) <= 1e-3
+        assert np.abs(found[cells][1] / best_eig - 1).max() <= 1e-3
+
+
+@pytest.mark.slow
+def test_three_bumps_in_a_frame_box_that_resolves_them_within_one_percent():
+    """The frame's error on the three bumps is its cells' (docs/theory.md, 'The three-bump
+    law: where the frame's error comes from'): at the same 64^2 on +-5 (cells of 0.156
+    frame units) instead of +-16, the frame's t* on the common secant at the stop is
+    within 1 % of the fixed +-6 box at 192^2 (measured -4.3e-3, 56 s; +-16: -2.6e-2)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning reaches the user
+        solver = Solver(three_bumps(5.0, 64, "affine", BUMPS_STOP))
+        times, covs = covariance_history(solver)
+        framed = solver.run()
+    reference = Solver(three_bumps(6.0, 192, "fixed", BUMPS_STOP))
+    ref_times, ref_covs = covariance_history(reference)
+    reference.run()
+    frame_t = secant_blowup(times, covs, BUMPS_STOP)
+    fixed_t = secant_blowup(ref_times, ref_covs, BUMPS_STOP)
+    print(
+        f"\nframe +-5 at 64^2: {framed.status}, {framed.steps} steps; t* = {frame_t:.6f} "
+        f"against {fixed_t:.6f} ({frame_t / fixed_t - 1:+.2e})"
+    )
+    assert framed.status == "completed", framed.status_message
+    assert abs(frame_t / fixed_t - 1) <= 1e-2

@@ -69,6 +69,7 @@ from tpde.grid import (
     from_tokens,
     gaussian,
     gaussian_mixture,
+    moments,
     uniform_ball,
     uniform_box,
 )
@@ -371,6 +372,10 @@ def _density(kind: str, table: dict, grid: Grid) -> np.ndarray:
             high = _vector("initial.upper", table.get("upper"), d)
             return uniform_box(grid, low, high)
     elif kind == "tokens":
+        deposit = _choice("initial.deposit", table.get("deposit", "cic"), ("ngp", "cic"))
+        if FRAMED_TOKENS in table:  # (the co-moving frame: tokens already pushed to xi)
+            tokens, weights = table[FRAMED_TOKENS]
+            return from_tokens(grid, tokens, weights, method=deposit)
         from tpde.validation.particles import load_tokens
 
         path = table.get("file")
@@ -380,16 +385,37 @@ def _density(kind: str, table: dict, grid: Grid) -> np.ndarray:
             tokens = load_tokens(path, d)
         except OSError as exc:
             raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
-        deposit = _choice("initial.deposit", table.get("deposit", "cic"), ("ngp", "cic"))
         return from_tokens(grid, tokens, method=deposit)
     else:
         return _from_file(table, grid)
 
 
+#: the internal key of a pushed [initial] table that carries tokens already in frame units
+#: (``(tokens (n, d), weights (n,))``): the frame's push-forward of tokens or of a file
+FRAMED_TOKENS = "_framed_tokens"
+#: a fixed-box file enters the frame as this many points per cell and axis (each carrying
+#: its share of the cell's mass), binned into the frame's cells (nearest grid point: the
+#: frame's cell averages of the file's piecewise-constant density, to the points' spacing;
+#: cloud-in-cell would add h^2 / 12 of variance per frame axis)
+FILE_SUBPOINTS = 8
+
+
 def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
-    """For ``scheme.frame = "affine"``: the initial frame (the initial law's exact mean and
-    covariance) and the [initial] table of the law pushed forward to the frame, whose
-    cell averages fill the xi grid (grid.lower / grid.upper are then in frame units)."""
+    """For ``scheme.frame = "affine"``: the initial frame and the [initial] table of the law
+    pushed forward to the frame, whose cell averages fill the xi grid (grid.lower /
+    grid.upper are then in frame units). The frame is :meth:`AffineFrame.following` the
+    law's mean and covariance (exact for gaussian, mixture and uniform; the tokens' own for
+    tokens; the file's cell averages' for a fixed-box file; a co-moving-frame file's own
+    frame at its snapshot). Every kind is accepted:
+
+    * gaussian / mixture: a mixture with components ``L^-1 (mu_k - m)``, ``L^-1 C_k L^-T``;
+    * uniform: a box ``[lo, hi]`` has mean ``(lo + hi) / 2`` and covariance
+      ``diag((hi - lo)^2 / 12)`` (L diagonal: the pushed box is ``[-sqrt 3, sqrt 3]^d``);
+      a ball of radius r has covariance ``r^2 / (d + 2) I`` (pushed: radius ``sqrt(d + 2)``);
+    * tokens: ``xi_i = L^-1 (x_i - m)``, deposited as the table says;
+    * file: a frame file's density is already in frame units (same grid keys); a fixed-box
+      file's cells enter as FILE_SUBPOINTS^d points per cell carrying its mass, pushed and
+      deposited cloud-in-cell (mass exact, moments to O(h^2))."""
     kind = table.get("kind", "gaussian")
     raw: list[Any]  # weights, means and covariances as written (checked below)
     if kind == "gaussian":
@@ -398,10 +424,16 @@ def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
     elif kind == "mixture":
         raw = [table.get(k) for k in ("weights", "means", "covariances")]
         _density("mixture", table, Grid([-1.0] * d, [1.0] * d, [2] * d))  # the key checks
+    elif kind == "uniform":
+        return _framed_uniform(table, d)
+    elif kind == "tokens":
+        return _framed_tokens(table, d)
+    elif kind == "file":
+        return _framed_file(table, d)
     else:
         raise ConfigError(
-            f'scheme.frame: the affine frame starts from initial.kind = "gaussian" or '
-            f'"mixture", not {kind!r}; use scheme.frame = "fixed"'
+            f"initial.kind: unknown {kind!r}; choose one of gaussian, mixture, uniform, "
+            "tokens, file"
         )
     weights = _vector("initial.weights", raw[0])
     means = [_vector("initial.mean", m, d) for m in raw[1]]
@@ -417,6 +449,114 @@ def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
         covariances=[c.tolist() for c in xi_covs],
     )
     return frame, pushed
+
+
+def _framed_uniform(table: dict, d: int) -> tuple[AffineFrame, dict]:
+    """A uniform box or ball and its frame (closed-form moments, :func:`framed_initial`)."""
+    if "radius" in table:
+        center = _vector("initial.center", table.get("center", [0.0] * d), d)
+        radius = _number("initial.radius", table["radius"], positive=True)
+        frame = AffineFrame.following(center, radius**2 / (d + 2) * np.eye(d))
+        return frame, {"kind": "uniform", "center": [0.0] * d, "radius": math.sqrt(d + 2)}
+    low = _vector("initial.lower", table.get("lower"), d)
+    high = _vector("initial.upper", table.get("upper"), d)
+    if not np.all(high > low):
+        raise ConfigError(f"initial.upper: must exceed initial.lower, got {high} <= {low}")
+    frame = AffineFrame.following(0.5 * (low + high), np.diag((high - low) ** 2 / 12.0))
+    edge = [math.sqrt(3.0)] * d
+    return frame, {"kind": "uniform", "lower": [-e for e in edge], "upper": edge}
+
+
+def _pushed_tokens(
+    table: dict,
+    points: np.ndarray,
+    weights: np.ndarray,
+    frame: AffineFrame | None = None,
+    deposit: str | None = None,
+) -> tuple[AffineFrame, dict]:
+    """Weighted points (n, d), weights (n,) summing to 1: the frame following their mean and
+    covariance (or ``frame``) and the table that deposits them in frame units (``deposit``,
+    else initial.deposit, default cic)."""
+    if frame is None:
+        mean = weights @ points
+        centred = points - mean
+        cov = (centred * weights[:, None]).T @ centred
+        try:
+            frame = AffineFrame.following(mean, cov)
+        except ValueError:
+            raise ConfigError(
+                "scheme.frame: the initial tokens' covariance is singular (they lie on a "
+                'lower-dimensional set); the frame needs a spread law, or scheme.frame = "fixed"'
+            ) from None
+    xi = (points - frame.mean) @ frame.inverse.T
+    deposit = deposit or table.get("deposit", "cic")
+    return frame, {"kind": "tokens", "deposit": deposit, FRAMED_TOKENS: (xi, weights)}
+
+
+def _framed_tokens(table: dict, d: int) -> tuple[AffineFrame, dict]:
+    from tpde.validation.particles import load_tokens
+
+    path = table.get("file")
+    if not isinstance(path, str):
+        raise ConfigError("initial.file: missing (a .npy file of n x d tokens)")
+    try:
+        tokens = np.asarray(load_tokens(path, d), dtype=float).reshape(-1, d)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"initial.file: cannot read {path}: {exc}") from None
+    _choice("initial.deposit", table.get("deposit", "cic"), ("ngp", "cic"))
+    weights = np.full(tokens.shape[0], 1.0 / tokens.shape[0])
+    return _pushed_tokens(table, tokens, weights)
+
+
+def _framed_file(table: dict, d: int) -> tuple[AffineFrame, dict]:
+    """A tpde output as the frame's initial law (:func:`framed_initial`)."""
+    from tpde.io import grid_from_dataset, read
+
+    path = table.get("file")
+    if not isinstance(path, str):
+        raise ConfigError("initial.file: missing (a tpde NetCDF output)")
+    if not os.path.isfile(path):
+        raise ConfigError(f"initial.file: {path} does not exist (a tpde NetCDF output)")
+    try:
+        ds = read(path)
+        source = grid_from_dataset(ds)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"initial.file: cannot read {path} as a tpde output: {str(exc).splitlines()[0]}"
+        ) from None
+    if source.ndim != d or "s" in ds.dims:
+        raise ConfigError(f"initial.file: {path} is not a {d}-D run without position slices")
+    count = ds.sizes["time"]
+    index = int(_number("initial.snapshot", table.get("snapshot", -1), integer=True))
+    if not -count <= index < count:
+        raise ConfigError(
+            f"initial.snapshot: {index} is out of range; {path} holds {count} snapshots "
+            f"(0 .. {count - 1}, or -1 for the last)"
+        )
+    if "frame_mean" in ds.variables:  # a frame run: its density is already in frame units
+        frame = AffineFrame(
+            np.asarray(ds["frame_mean"][index], dtype=float),
+            np.asarray(ds["frame_matrix"][index], dtype=float),
+        )
+        return frame, dict(table)
+    density = from_array(source, np.asarray(ds["density"][index]))
+    mass, mean, cov = moments(density, source)
+    if not mass > 0:
+        raise ConfigError(f"initial.file: {path} holds no mass at snapshot {index}")
+    # FILE_SUBPOINTS^d points per cell, each with its share of the cell's mass
+    k = FILE_SUBPOINTS
+    axes = [
+        (source.lower[a] + (np.arange(source.cells[a] * k) + 0.5) * source.spacing[a] / k)
+        for a in range(d)
+    ]
+    points = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
+    weights = np.repeat(density, k, axis=0) if d >= 1 else density
+    for a in range(1, d):
+        weights = np.repeat(weights, k, axis=a)
+    weights = weights.reshape(-1)
+    keep = weights > 0
+    frame = AffineFrame.following(mean, cov)
+    return _pushed_tokens(table, points[keep], weights[keep] / weights[keep].sum(), frame, "ngp")
 
 
 def _spd(key: str, cov: np.ndarray) -> None:
