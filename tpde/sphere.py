@@ -90,6 +90,8 @@ KEYS = {
     "scheme": {"reconstruction", "integrator", "cfl", "dt_max", "limiter", "velocity_at"},
     "run": {"t_end", "snapshots", "output", "noise"},
 }
+#: every section's known keys (tpde.config.geometry_sections)
+CONFIG_SECTIONS = KEYS
 INITIAL_KINDS = ("uniform", "noise", "von_mises_fisher", "mixture")
 RECONSTRUCTIONS = ("upwind", "muscl", "weno5", "weno5z")
 INTEGRATORS = ("euler", "ssprk2", "ssprk3")
