@@ -16,7 +16,7 @@ from tpde.grid import moments
 from tpde.schemes.solver import Solver
 
 #: the frame's xi box: the tilted laws of a unit law need about 7 standard deviations
-#: beyond the tilt (docs/theory.md, 'Tails'), so +-10 at 40^2 (h = 0.5)
+#: beyond the tilt (docs/theory.md, 'Blow-up and tails'), so +-10 at 40^2 (h = 0.5)
 CELLS, RADIUS = 40, 10.0
 H = 2 * RADIUS / CELLS
 #: the fixed box the file runs are written on

@@ -219,7 +219,7 @@ def test_three_bumps_fixed_box_reference_is_converged():
 @pytest.mark.slow
 def test_three_bumps_in_a_frame_box_that_resolves_them_within_one_percent():
     """The frame's error on the three bumps is its cells' (docs/theory.md, 'The three-bump
-    law: where the frame's error comes from'): at the same 64^2 on +-5 (cells of 0.156
+    law: where the error of the frame comes from'): at the same 64^2 on +-5 (cells of 0.156
     frame units) instead of +-16, the frame's t* on the common secant at the stop is
     within 1 % of the fixed +-6 box at 192^2 (measured -4.3e-3, 56 s; +-16: -2.6e-2)."""
     with warnings.catch_warnings():
