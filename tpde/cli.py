@@ -657,11 +657,6 @@ def cmd_plot(args) -> int:
 def cmd_compare(args) -> int:
     from tpde.plots import compare_figure
 
-    if args.run.is_file() and _sphere_file(args.run):
-        return _fail(
-            f"compare: {args.run} is a sphere run; tpde compare draws flat grids and the "
-            "circle: draw each file with tpde plot"
-        )
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset

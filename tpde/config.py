@@ -199,19 +199,16 @@ from .config_core import (
 )
 
 
-def known_keys(
-    prefix: Sequence[str | int], sections: Mapping[str, Any] = SECTIONS
-) -> frozenset[str]:
+def known_keys(prefix: Sequence[str | int]) -> frozenset[str]:
     """The keys the config format knows inside ``prefix`` (a path of keys and list indices,
     e.g. ``["attention", "layers", 0]``), for any variant: the sections at the top, their
-    keys (``sections``: the flat geometry's, or another's from :func:`geometry_sections`),
-    the keys of a [[attention.heads]] or [[attention.layers]] table and of the heads
+    keys, the keys of a [[attention.heads]] or [[attention.layers]] table and of the heads
     of a layer. The one schema that tpde.sweep checks parameter paths against."""
     path = list(prefix)
     if not path:
-        return frozenset(sections)
+        return frozenset(SECTIONS)
     if len(path) == 1:
-        return frozenset(sections.get(str(path[0]), ()))
+        return frozenset(SECTIONS.get(str(path[0]), ()))
     if path[0] == "attention" and len(path) == 3 and path[1] in ("heads", "layers"):
         return HEAD_KEYS | (LAYER_KEYS if path[1] == "layers" else frozenset())
     if path[0] == "attention" and len(path) == 5 and path[1] == "layers" and path[3] == "heads":
@@ -842,18 +839,6 @@ GEOMETRY_BUILDERS: dict[str, tuple[str, str]] = {
     "circle": ("tpde.circle", "build_circle"),  # docs/theory.md, 'The circle on the grid'
     "sphere": ("tpde.sphere", "build_sphere"),  # the cubed sphere: its own run and file
 }
-
-
-def geometry_sections(raw: Mapping) -> tuple[Mapping[str, Any], str | None]:
-    """The known keys of every section of ``raw``'s geometry and its name (None: flat), from
-    the geometry's module (its ``CONFIG_SECTIONS``): what tpde.sweep checks a base config's
-    keys and its parameter paths against."""
-    grid_table = raw.get("grid")
-    geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, Mapping) else "flat"
-    if isinstance(geometry, str) and geometry in GEOMETRY_BUILDERS:
-        module = importlib.import_module(GEOMETRY_BUILDERS[geometry][0])
-        return vars(module)["CONFIG_SECTIONS"], geometry
-    return SECTIONS, None
 
 
 def build(source: str | Path | Mapping) -> Config:

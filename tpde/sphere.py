@@ -94,8 +94,6 @@ KEYS = {
     "run": {"t_end", "snapshots", "output", "noise"},
     "atoms": {f.name for f in dataclasses.fields(AtomOptions)},
 }
-#: every section's known keys (tpde.config.geometry_sections)
-CONFIG_SECTIONS = KEYS
 INITIAL_KINDS = ("uniform", "noise", "von_mises_fisher", "mixture")
 RECONSTRUCTIONS = ("upwind", "muscl", "weno5", "weno5z")
 INTEGRATORS = ("euler", "ssprk2", "ssprk3")

@@ -53,11 +53,11 @@ from tpde.grid.threads import THREADS_VARIABLE, parse_threads
 
 from . import io
 from .config import (
+    SECTIONS,
     ConfigError,
     canonical,
     check_keys,
     dumps,
-    geometry_sections,
     known_keys,
     load,
     parse_toml,
@@ -90,13 +90,8 @@ DEFAULT_TOLERANCE = 0.05
 #: mistake (one more parameter list than meant) and takes minutes to even enumerate
 MAX_RUNS = 10_000
 BLOWUP_GROWTH = 1e3  # a completed run whose trace grew by more than this is a blow-up
-#: the run's recorded status (tpde.io.RESULTS) -> its outcome, for the results of the
-#: dynamics that stopped before t_end (``completed`` and ``blowup`` are read above)
-OUTCOME_OF_STATUS = {
-    "mass_left_domain": "mass_left",
-    "box_limited": "box_limited",
-    "under_resolved": "under_resolved",
-}
+BLOWUP_MESSAGE = re.compile(r"non-finite|not finite|overflow", re.IGNORECASE)
+_AT_TIME = re.compile(r"\bat t = ([-+0-9.eE]+)")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -181,8 +176,8 @@ def _base(value: Any, folder: Path) -> dict:
         raw = resolve_paths(load(value), folder)
     else:
         raise ConfigError(f"base: expected a file name or a table, got {value!r:.60}")
-    try:  # the base's keys follow its geometry's schema (its values are checked per run)
-        check_keys(raw, *geometry_sections(raw))
+    try:  # the base's keys follow the config schema (its values are checked per run)
+        check_keys(raw)
     except ConfigError as exc:
         raise ConfigError(f"base: {exc}") from None
     return copy.deepcopy(raw)
@@ -278,7 +273,6 @@ def _render(steps: list) -> str:
 def _check_path(base: dict, key: str, steps: list) -> None:
     """The key must exist in the base config, up to a missing last key (or missing section
     plus key) that the configuration format knows (e.g. attention.scale, scheme.cfl)."""
-    sections = geometry_sections(base)[0]
     node: Any = base
     for depth, step in enumerate(steps):
         where = _render(steps[:depth]) or "the base config"
@@ -296,14 +290,14 @@ def _check_path(base: dict, key: str, steps: list) -> None:
             node = node[step]
             continue
         rest = steps[depth + 1 :]
-        known = step in known_keys(steps[:depth], sections)
+        known = step in known_keys(steps[:depth])
         if known and (
             not rest
             or (
                 depth == 0
                 and len(rest) == 1
                 and isinstance(rest[0], str)
-                and rest[0] in sections.get(step, ())
+                and rest[0] in SECTIONS.get(step, ())
             )
         ):
             return
@@ -390,15 +384,13 @@ def classify(
       number of eigenvalues of Sigma / tr(Sigma) at the last snapshot above ``tolerance``.
       A completed run whose trace grew by more than ``BLOWUP_GROWTH`` (1e3) or whose last
       covariance is not finite is a ``blowup`` instead, at the first such snapshot.
-    - ``blowup`` -> ``blowup`` at ``status_time`` (the monitor's prediction:
-      tpde.schemes.monitor).
-    - ``mass_left_domain`` -> ``mass_left``, ``box_limited`` -> ``box_limited`` (the box
-      stopped holding the dynamics), ``under_resolved`` -> ``under_resolved``, each at
-      ``status_time`` (:data:`OUTCOME_OF_STATUS`).
-    - anything else (``error``, ``interrupted``, a file still ``running``) -> ``failed``
-      with the message. Only the typed status is read, never the message: a run whose
-      numerics failed (e.g. a non-finite density the monitor did not predict as a
-      blow-up) is a failure, not a measured blow-up.
+    - ``blowup`` -> ``blowup`` at ``status_time``; ``error`` whose message mentions a
+      non-finite value (the solver's SimulationError) -> ``blowup`` at the time the message
+      names (else the last finite snapshot).
+    - ``mass_left_domain`` -> ``mass_left`` at ``status_time``.
+    - ``box_limited`` -> ``box_limited`` at ``status_time`` (the box stopped holding the
+      dynamics: tpde.schemes.monitor).
+    - anything else -> ``failed`` with the message.
     """
     time = np.asarray(time, dtype=float)
     cov = np.asarray(covariance, dtype=float)
@@ -449,9 +441,16 @@ def classify(
     elif status == "blowup":
         t = status_time if math.isfinite(status_time) else last_time
         out.update(outcome="blowup", event_time=float(t))
-    elif status in OUTCOME_OF_STATUS:
-        out.update(outcome=OUTCOME_OF_STATUS[status], event_time=float(status_time))
-    else:  # error, interrupted, running: the run gave no result of the dynamics
+    elif status == "mass_left_domain":
+        out.update(outcome="mass_left", event_time=float(status_time))
+    elif status == "box_limited":
+        out.update(outcome="box_limited", event_time=float(status_time))
+    elif status == "under_resolved":
+        out.update(outcome="under_resolved", event_time=float(status_time))
+    elif status == "error" and BLOWUP_MESSAGE.search(message or ""):
+        at = _AT_TIME.search(message)
+        out.update(outcome="blowup", event_time=float(at.group(1)) if at else last_time)
+    else:
         out["message"] = message or f"run ended with status {status!r}"
     return out
 
@@ -475,12 +474,7 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
     with xr.open_dataset(path, engine="netcdf4", decode_times=False, cache=False) as ds:
         attrs = dict(ds.attrs)
         time = np.asarray(ds["time"].values, dtype=float)
-        if "covariance" in ds.variables:
-            cov = np.asarray(ds["covariance"].values, dtype=float)
-        else:  # the sphere records raw moments in R^3: Sigma = E[x x^T] - m m^T
-            mean = np.asarray(ds["mean_vector"].values, dtype=float)
-            second = np.asarray(ds["second_moment"].values, dtype=float)
-            cov = second - mean[:, :, None] * mean[:, None, :]
+        cov = np.asarray(ds["covariance"].values, dtype=float)
     n = io.complete_records(time)
     outcome = io.Outcome.from_attributes(attrs)  # the typed outcome the run recorded
     record = classify(outcome.status, outcome.time, outcome.message, time[:n], cov[:n], tolerance)
