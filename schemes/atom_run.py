@@ -13,6 +13,7 @@ cells see the atoms and the atoms see the cells and themselves.
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,9 +23,26 @@ from .atoms import AtomRates, Atoms, atom_rates
 __all__ = ["AtomRun", "PinningWatch", "describe"]
 
 
-def describe(event: AtomTransfer) -> str:
-    """One line for an atom's event (the run's events and ``tpde info``)."""
-    where = f"at {event.centre:.6f} with mass {event.mass:.6g}"
+class Transfer(Protocol):
+    """What :func:`describe` reads of a transfer (the circle's or the sphere's)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def ident(self) -> int: ...
+    @property
+    def parents(self) -> tuple[int, ...]: ...
+    @property
+    def mass(self) -> float: ...
+    @property
+    def centre(self) -> Any: ...
+
+
+def describe(event: Transfer, place: str | None = None) -> str:
+    """One line for an atom's event (the run's events and ``tpde info``); ``place``: where
+    it is, as its geometry writes it (default: the angle)."""
+    where = f"at {event.centre:.6f}" if place is None else f"at {place}"
+    where += f" with mass {event.mass:.6g}"
     if event.kind == "atom_merge":
         a, b = event.parents
         return f"atoms {a} and {b} merge into atom {event.ident} {where}"

@@ -38,6 +38,7 @@ from numpy.typing import ArrayLike
 
 from tpde.grid import cubed_sphere as cs
 
+from .atom_run import describe as describe_transfer
 from .atoms import AtomOptions
 
 __all__ = [
@@ -505,13 +506,7 @@ def release(rho, cells: SphereCells, atoms: VMFAtoms, options: AtomOptions, time
 def describe(event: SphereTransfer) -> str:
     """One line for an atom's event (the run's events and ``tpde info``)."""
     lat, lon = cs.lat_lon(event.centre)
-    where = f"at lat {float(lat):.4f} lon {float(lon):.4f} with mass {event.mass:.6g}"
-    if event.kind == "atom_merge":
-        a, b = event.parents
-        return f"atoms {a} and {b} merge into atom {event.ident} {where}"
-    if event.kind == "atom_release":
-        return f"atom {event.ident} {where} spreads past the release width: back to the cells"
-    return f"atom {event.ident} is born {where} (a cluster narrower than the cells allow)"
+    return describe_transfer(event, f"lat {float(lat):.4f} lon {float(lon):.4f}")
 
 
 class SphereAtomRun:

@@ -120,12 +120,19 @@ def atom_lines(ds: Any) -> list[str]:
         lines.append(
             f"    atom {int(ids[-1, j])}: centre {centre[-1, j]:.6f}, mass {mass[-1, j]:.6g}"
         )
+    return lines + history_lines(ids, born, parents)
+
+
+def history_lines(ids: np.ndarray, born: np.ndarray, parents: np.ndarray) -> list[str]:
+    """One line per atom ever recorded, in id order: born or merged from which two, and when.
+    ids (time, atom) with -1 for empty slots; born (time, atom); parents (time, atom, 2)."""
     seen: dict[int, tuple[float, tuple[int, int]]] = {}
     for r in range(ids.shape[0]):
         for j in np.flatnonzero(ids[r] >= 0):
             n = int(ids[r, j])
             if n not in seen:
                 seen[n] = (float(born[r, j]), (int(parents[r, j, 0]), int(parents[r, j, 1])))
+    lines = []
     for n, (t, (a, b)) in sorted(seen.items()):
         what = f"merged from atoms {a} and {b}" if a >= 0 else "born"
         when = "at the start" if np.isnan(t) else f"at t = {t:.6g}"

@@ -508,8 +508,8 @@ def _framed_tokens(table: dict, d: int) -> tuple[AffineFrame, dict]:
     return _pushed_tokens(table, tokens, weights)
 
 
-def _framed_file(table: dict, d: int) -> tuple[AffineFrame, dict]:
-    """A tpde output as the frame's initial law (:func:`framed_initial`)."""
+def _output_file(table: dict) -> tuple[str, Any, Grid]:
+    """``initial.file``: its path, the dataset and its grid (one line per bad input)."""
     from tpde.io import grid_from_dataset, read
 
     path = table.get("file")
@@ -524,6 +524,12 @@ def _framed_file(table: dict, d: int) -> tuple[AffineFrame, dict]:
         raise ConfigError(
             f"initial.file: cannot read {path} as a tpde output: {str(exc).splitlines()[0]}"
         ) from None
+    return path, ds, source
+
+
+def _framed_file(table: dict, d: int) -> tuple[AffineFrame, dict]:
+    """A tpde output as the frame's initial law (:func:`framed_initial`)."""
+    path, ds, source = _output_file(table)
     if source.ndim != d or "s" in ds.dims:
         raise ConfigError(f"initial.file: {path} is not a {d}-D run without position slices")
     count = ds.sizes["time"]
@@ -569,20 +575,7 @@ def _spd(key: str, cov: np.ndarray) -> None:
 
 
 def _from_file(table: dict, grid: Grid) -> np.ndarray:
-    from tpde.io import grid_from_dataset, read
-
-    path = table.get("file")
-    if not isinstance(path, str):
-        raise ConfigError("initial.file: missing (a tpde NetCDF output)")
-    if not os.path.isfile(path):
-        raise ConfigError(f"initial.file: {path} does not exist (a tpde NetCDF output)")
-    try:
-        ds = read(path)
-        source = grid_from_dataset(ds)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ConfigError(
-            f"initial.file: cannot read {path} as a tpde output: {str(exc).splitlines()[0]}"
-        ) from None
+    path, ds, source = _output_file(table)
     if source.shape != grid.shape or not all(  # (axes of different lengths: one at a time)
         np.allclose(source.centres(a), grid.centres(a)) for a in range(grid.ndim)
     ):

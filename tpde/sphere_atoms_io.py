@@ -26,7 +26,7 @@ import numpy as np
 from tpde.grid import cubed_sphere as cs
 from tpde.schemes.sphere_atoms import VMFAtoms
 
-from .atoms_io import ATOM_SLOTS
+from .atoms_io import ATOM_SLOTS, history_lines
 
 __all__ = ["read_sphere_atoms", "sphere_atom_lines", "write_sphere_atoms"]
 
@@ -126,14 +126,4 @@ def sphere_atom_lines(ds: Any) -> list[str]:
             f"    atom {int(ids[-1, j])}: lat {lat[-1, j]:7.2f}  lon {lon[-1, j]:8.2f}  "
             f"mass {mass[-1, j]:.6g}"
         )
-    seen: dict[int, tuple[float, tuple[int, int]]] = {}
-    for r in range(ids.shape[0]):
-        for j in np.flatnonzero(ids[r] >= 0):
-            n = int(ids[r, j])
-            if n not in seen:
-                seen[n] = (float(born[r, j]), (int(parents[r, j, 0]), int(parents[r, j, 1])))
-    for n, (t, (a, b)) in sorted(seen.items()):
-        what = f"merged from atoms {a} and {b}" if a >= 0 else "born"
-        when = "at the start" if np.isnan(t) else f"at t = {t:.6g}"
-        lines.append(f"    atom {n}: {what} {when}")
-    return lines
+    return lines + history_lines(ids, born, parents)
