@@ -41,9 +41,9 @@ from tpde import config as tconfig  # noqa: E402
 from tpde.grid import Grid, gaussian, moments  # noqa: E402
 from tpde.schemes import monitor as monitor_module  # noqa: E402
 from tpde.schemes.solver import Problem, Solver  # noqa: E402
-from tpde.studies import fitted_box  # noqa: E402
 from tpde.validation import solve  # noqa: E402
 from tpde.validation.gaussian import VARIANTS, softmax_blowup_time  # noqa: E402
+from tpde.validation.studies import fitted_box  # noqa: E402
 from tpde.variants import ATTENTION, Head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ Gaussian ODE (docs/theory.md, 'Gaussian closures', solved
 to 1e-13). Both methods in one run, one process, default threads:
 
 * grid: tpde's default scheme (WENO5-Z, SSP-RK3) on the box fitted to alpha(t) +- 7 sigma(t)
-  (tpde.studies.fitted_box), n^2 cells for n in 24 .. 192; wall time of the whole run
+  (tpde.validation.studies.fitted_box), n^2 cells for n in 24 .. 192; wall time of the whole run
   (problem set-up included, numba compiled beforehand).
 * tokens: n i.i.d. samples of N(alpha_0, Sigma_0) (the particle system of docs/theory.md, 'The
   Transformer PDE', the model the PDE is the mean-field limit of), RK4 with dt = 0.05 (time error
@@ -35,7 +35,6 @@ import numba  # noqa: E402
 from _machine import A1, V1, emit  # noqa: E402
 
 from tpde.grid import Grid, gaussian, moments  # noqa: E402
-from tpde.studies import fitted_box, grid_run, relative_errors  # noqa: E402
 from tpde.validation.gaussian import solve  # noqa: E402
 from tpde.validation.particles import (  # noqa: E402
     TokenSystem,
@@ -43,6 +42,7 @@ from tpde.validation.particles import (  # noqa: E402
     simulate,
     token_moments,
 )
+from tpde.validation.studies import fitted_box, grid_run, relative_errors  # noqa: E402
 from tpde.variants import Head  # noqa: E402
 
 MEAN0 = np.array([0.5, -0.3])

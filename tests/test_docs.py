@@ -314,8 +314,8 @@ def mass_periodic_softmax() -> float:
 def softmax_1d_covariance() -> float:
     from tpde.grid import Grid, gaussian, moments
     from tpde.schemes.solver import Problem, Solver
-    from tpde.studies import fitted_box
     from tpde.validation.gaussian import solve
+    from tpde.validation.studies import fitted_box
     from tpde.variants import ATTENTION, Head
 
     mean0, cov0, head = np.array([0.4]), np.array([[0.8]]), Head([[-0.6]], [[1.0]])

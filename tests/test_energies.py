@@ -1,4 +1,5 @@
-"""Energies and Lyapunov functions (tpde.energies; docs/theory.md, 'Gradient flows and energies').
+"""Energies and Lyapunov functions (tpde.variants.energies; docs/theory.md,
+'Gradient flows and energies').
 
 Independent references: the closed form of E[e^{x^T A y}] for independent Gaussians (the
 interaction energy of Gaussians and Gaussian mixtures), a dense double sum, the primal value
@@ -18,7 +19,14 @@ import pytest
 from scipy.linalg import sqrtm
 
 from tpde.config import build
-from tpde.energies import (
+from tpde.grid import Grid, gaussian, gaussian_mixture, moments
+from tpde.grid.stencils import point_values
+from tpde.io import SnapshotWriter, read
+from tpde.run import run_config
+from tpde.schemes.solver import Problem, Solver
+from tpde.validation.gaussian import sinkhorn_cross_covariance, solve
+from tpde.variants import Head, L2Head, Layers, SinkhornAttention, SinkhornHead, SoftmaxAttention
+from tpde.variants.energies import (
     Energy,
     applicable,
     energies,
@@ -28,13 +36,6 @@ from tpde.energies import (
     sinkhorn_self_cost,
     trace_lyapunov,
 )
-from tpde.grid import Grid, gaussian, gaussian_mixture, moments
-from tpde.grid.stencils import point_values
-from tpde.io import SnapshotWriter, read
-from tpde.run import run_config
-from tpde.schemes.solver import Problem, Solver
-from tpde.validation.gaussian import sinkhorn_cross_covariance, solve
-from tpde.variants import Head, L2Head, Layers, SinkhornAttention, SinkhornHead, SoftmaxAttention
 from tpde.variants.sinkhorn import quadrature_weights
 
 # paper experiment E1 (docs/theory.md, 'Paper experiments E1-E6'): K = -Q, A = K^T Q / sqrt(2)

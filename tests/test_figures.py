@@ -2,7 +2,7 @@
 figure, no two tick labels of an axis overlap, every image has its colour bar, quantities
 that are zero to round-off are said to be (not drawn as noise), reference curves are drawn
 on top of the run's, and no matplotlib warning is raised (tpde.plots, tpde.circle_plots,
-tpde.sphere_plots, tpde.validate's figures, tpde.sweep's phase diagram, xarray's default
+tpde.sphere_plots, tpde.validation.suite's figures, tpde.sweep's phase diagram, xarray's default
 plot of a tpde file)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from matplotlib.image import AxesImage
 
 import tpde
 import tpde.io as io
-from tpde.energies import Energy
 from tpde.grid import Grid, gaussian
+from tpde.variants.energies import Energy
 
 pytestmark = pytest.mark.filterwarnings("error")  # a warning of matplotlib fails the test
 
@@ -364,7 +364,7 @@ def test_xarray_default_plots_read(files):
     )
     print(f"frame: x {xlabel!r}, colour bar {bar!r}")
     assert bar == "token density (physical space)" and xlabel == "physical x of the cell centre"
-    from tpde.energies import DESCRIPTIONS
+    from tpde.variants.energies import DESCRIPTIONS
 
     names = {name: ds[name].attrs.get("long_name", "") for name in ds.variables}
     names.update({f"energy_{k}": v[0] for k, v in DESCRIPTIONS.items()})
@@ -424,7 +424,7 @@ def test_sphere_figures(files):
 def test_validation_figures(tmp_path):
     """tpde validate's figures on made-up numbers: log axes over less than a decade, whose
     minor tick labels ran into one another."""
-    from tpde import validate
+    from tpde.validation import suite as validate
 
     times = np.linspace(0.0, 0.25, 6)
     covs = np.array([np.diag([0.8 - t, 0.5 - 0.5 * t]) for t in times])

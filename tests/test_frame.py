@@ -16,9 +16,9 @@ from tpde.grid import Grid, gaussian, moments
 from tpde.schemes.frame import AffineFrame, affine_fit, mixture_frame
 from tpde.schemes.monitor import predicted_blowup
 from tpde.schemes.solver import Problem, Scheme, Solver
-from tpde.studies import fitted_box
 from tpde.validation import solve
 from tpde.validation.gaussian import softmax_blowup_time, softmax_scalar_v_covariance
+from tpde.validation.studies import fitted_box
 from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
 
 #: collapse onto a line with a decaying mean: V = -I, A + A^T = diag(2, 0) (rank one, PSD)

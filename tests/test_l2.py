@@ -12,9 +12,9 @@ from test_variants import COV1, MEAN1, V1
 
 from tpde.grid import Grid, gaussian, gaussian_mixture
 from tpde.grid.stencils import point_values
-from tpde.paper import EXPERIMENTS
 from tpde.schemes.frame import AffineFrame, transported
 from tpde.validation import l2_field
+from tpde.validation.paper import EXPERIMENTS
 from tpde.variants import ATTENTION, Head, L2Head
 from tpde.variants.engines.direct import support_box
 from tpde.variants.l2 import L2Attention

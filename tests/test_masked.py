@@ -4,7 +4,7 @@ References: bit-for-bit causality (a change after position s0 leaves every slice
 untouched), the invariant position marginal, the sink slice against an unmasked run of the sink
 alone, the softmax Gaussian ODE for position-independent data (validation case VC12), a brute-force
 masked velocity (the unmasked field of the sum of the slices up to k, dense engine), and the masked
-token system (conditional W2, tpde.studies).
+token system (conditional W2, tpde.validation.studies).
 
 The bit-for-bit causality runs (32^2, 30 steps, dense sums) are in the slow suite; their
 default-tier twin runs the same check on 16^2 for 10 steps.
@@ -19,8 +19,8 @@ from test_variants import A1, COV1, MEAN1, V1
 
 from tpde.grid import Grid, Positions, gaussian, gaussian_mixture, moments
 from tpde.schemes.solver import Problem, Scheme, Solver
-from tpde.studies import fitted_box, relative_errors
 from tpde.validation.gaussian import solve
+from tpde.validation.studies import fitted_box, relative_errors
 from tpde.variants import ATTENTION, CausalAttention, Head, SigmoidHead
 
 VARIANTS = ["softmax", "multihead", "l2", "sigmoid", "linear"]
@@ -202,9 +202,9 @@ def check_grid_and_masked_tokens(ns: tuple[int, ...], farther: float):
     t = 1 the conditional W2 to the masked grid run is below the sampling distance at t = 0
     and (two ns, 4x apart) falls like n^{-1/2}; tokens moved without the mask are ``farther``
     times farther."""
-    from tpde.studies import masked_grid_vs_tokens
     from tpde.validation.metrics import conditional_wasserstein_tokens
     from tpde.validation.particles import TokenSystem, sample_sliced_tokens, simulate
+    from tpde.validation.studies import masked_grid_vs_tokens
 
     grid = Grid([-6.0], [6.0], [240])
     positions = Positions(3, 0.2)

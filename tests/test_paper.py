@@ -1,4 +1,4 @@
-"""The paper's experiments (docs/theory.md, 'Paper experiments E1-E6'; tpde.paper): the
+"""The paper's experiments (docs/theory.md, 'Paper experiments E1-E6'; tpde.validation.paper): the
 authors' draws, the rank counts, and
 the grid against the Gaussian ODE on E2 and E5 (issue 8)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpde.paper import (
+from tpde.validation.paper import (
     EXPERIMENTS,
     authors_coordinates,
     exact_limit_rank,

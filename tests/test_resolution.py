@@ -18,9 +18,9 @@ from tpde.schemes.frame import AffineFrame
 from tpde.schemes.monitor import reconstruction_error_rate
 from tpde.schemes.operator import FluxOperator
 from tpde.schemes.solver import Problem, Scheme, Solver
-from tpde.studies import fitted_box
 from tpde.validation import solve
 from tpde.validation.gaussian import softmax_blowup_time, softmax_scalar_v_covariance
+from tpde.validation.studies import fitted_box
 from tpde.variants import ATTENTION, Head
 
 #: E5 (docs/theory.md, 'Paper experiments E1-E6'): softmax, V = I, blowing up at t*

@@ -27,8 +27,8 @@ from test_variants import A1, COV1, MEAN1, V1, multihead_c1, relative_errors
 
 from tpde.grid import Grid, gaussian, moments
 from tpde.schemes.solver import Problem, Solver
-from tpde.studies import fitted_box
 from tpde.validation import solve
+from tpde.validation.studies import fitted_box
 from tpde.variants import ATTENTION, Head, L2Head, Layers, SinkhornHead
 
 T_END = 1.0

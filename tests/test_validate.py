@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpde import studies, validate
 from tpde.cli import main
 from tpde.grid import Grid, gaussian_mixture, uniform_ball
+from tpde.validation import studies
+from tpde.validation import suite as validate
 from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
 

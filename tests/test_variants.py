@@ -12,7 +12,7 @@ import pytest
 from exact import print_table
 
 from tpde.grid import Grid, gaussian
-from tpde.studies import relative_errors  # noqa: F401  (shared by the run tests)
+from tpde.validation.studies import relative_errors  # noqa: F401  (shared by the run tests)
 from tpde.variants import Head
 from tpde.variants.engines.direct import density_sources, grad_log_box_factor, tilted_means
 from tpde.variants.softmax import LinearAttention, SoftmaxAttention

@@ -51,11 +51,6 @@ SUBMODULES = frozenset(
         "sphere",
         "circle_plots",
         "sphere_plots",
-        "energies",
         "references",
-        "studies",
-        "paper",
-        "validate",
-        "demo",
     )
 )

@@ -292,7 +292,7 @@ def circle_energies(
     """``(density, t) -> {"interaction": Energy}`` for ``A = beta I`` (the energy of
     docs/theory.md, 'Attention dynamics on the sphere'; ``increasing`` when ``C`` is a
     positive multiple of the identity); ``{}`` for other matrices."""
-    from tpde.energies import Energy
+    from tpde.variants.energies import Energy
 
     head = field.spec if isinstance(field.spec, Head) else None
     if head is None:

@@ -707,7 +707,7 @@ def gaussian_reference(ds) -> dict | None:
 
 
 def cmd_validate(args) -> int:
-    from tpde.validate import run_suite
+    from tpde.validation.suite import run_suite
 
     if args.output.exists() and not args.output.is_dir():
         return _fail(

@@ -55,8 +55,8 @@ Masked (causal) attention adds the position coordinate s (``positions=`` a
 
 Files without positions have none of these (:func:`positions_from_dataset` gives None).
 
-Energies (``energies=`` a callable ``(density, t) -> {name: value}``, :mod:`tpde.energies`;
-tpde.run passes :func:`tpde.energies.run_energies`)::
+Energies (``energies=`` a callable ``(density, t) -> {name: value}``, :mod:`tpde.variants.energies`;
+tpde.run passes :func:`tpde.variants.energies.run_energies`)::
 
     variables  : energy_<name>(time)  one per energy, created at the first snapshot, with the
                  attributes long_name, formula, units and monotone ("increasing",
@@ -148,7 +148,7 @@ __all__ = [
 ]
 
 CONVENTIONS = "CF-1.10"
-#: the values of an energy record's ``monotone`` attribute (tpde.energies.MONOTONE)
+#: the values of an energy record's ``monotone`` attribute (tpde.variants.energies.MONOTONE)
 ENERGY_MONOTONE = ("increasing", "decreasing", "none")
 AXES = ("x", "y", "z")
 LOCK_TIMEOUT = 60.0
@@ -232,7 +232,7 @@ _CELL_MEASURE_FRAME = (
 )
 
 
-#: ``(density, t) -> {name: float or tpde.energies.Energy}``, evaluated at every snapshot
+#: ``(density, t) -> {name: float or tpde.variants.energies.Energy}``, evaluated at every snapshot
 EnergyCallable = Callable[[np.ndarray, float], Mapping[str, Any]]
 
 
@@ -1372,9 +1372,9 @@ class SnapshotWriter(OutputWriter):
         then have shape ``positions.shape(grid) = (S, *grid.shape)`` and the file gets the
         ``s`` dimension and the slice records (module docstring).
     energies : a callable ``(density, t) -> Mapping[str, float | Energy]`` evaluated at
-        every snapshot written (:func:`tpde.energies.run_energies`), or None. Each name gets
-        the record ``energy_<name>(time)``, created at the first snapshot with the
-        attributes of a :class:`tpde.energies.Energy` value (monotone, long_name, formula;
+        every snapshot written (:func:`tpde.variants.energies.run_energies`), or None. Each
+        name gets the record ``energy_<name>(time)``, created at the first snapshot with the
+        attributes of a :class:`tpde.variants.energies.Energy` value (monotone, long_name, formula;
         a plain float gets monotone "none"); the names are stored in the global attribute
         ``energies`` and stay fixed for the run (a name missing later is written as NaN).
 

@@ -19,10 +19,10 @@ from typing import Any
 from tpde.grid import profile
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.solver import Snapshot, Solver
+from tpde.variants.energies import run_energies
 
 from . import io
 from .config import Config, ConfigError, build, canonical
-from .energies import run_energies
 from .lifecycle import Interrupted, error_line, refuse_result
 from .lifecycle import RunSignals as _Signals
 from .lifecycle import open_writer as _writer
@@ -116,7 +116,7 @@ def run_config(
     reached). :class:`tpde.io.DiskFull` ends a run as ``error`` with every earlier snapshot
     readable and resumable. With ``overwrite`` an existing file is replaced only by a run
     that ends with a result (:class:`tpde.io.SnapshotWriter`). The energies of
-    :func:`tpde.energies.run_energies` are written at every snapshot (``energy_<name>``).
+    :func:`tpde.variants.energies.run_energies` are written at every snapshot (``energy_<name>``).
 
     An ``output`` ending in ``.zarr`` is a Zarr store: the run writes the NetCDF file
     :func:`tpde.io.zarr_staging` and copies it into the store when it ends with a result

@@ -1,6 +1,6 @@
 """Validation: Gaussian mean/covariance ODEs (gaussian.py), the interacting-token system
 (particles.py) and distances (metrics.py); the studies that run the grid solver against
-them are ``tpde.studies`` (behind ``tpde validate``).
+them are ``tpde.validation.studies`` (behind ``tpde validate``).
 
 The names of gaussian.py are re-exported here; the other modules are imported by name
 (``from tpde.validation.particles import TokenSystem``).

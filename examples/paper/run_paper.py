@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from tpde import set_num_threads
-from tpde.paper import (
+from tpde.validation.paper import (
     EXPERIMENTS,
     rank_counts,
     rank_histogram_figure,

@@ -7,7 +7,7 @@ The authors integrate only the covariance ODE of Gaussian initial data (``2d_plo
 experiment evolves a set of initial covariances twice: by the Gaussian ODE (tpde.validation.
 gaussian, DOP853) and by the grid solver from the Gaussian density N(0, Sigma_0) (WENO5-Z,
 SSP-RK3, in the co-moving affine frame, or with ``frame=False`` on the box fitted to the ODE
-solution, tpde.studies.fitted_box), and draws both in the
+solution, tpde.validation.studies.fitted_box), and draws both in the
 authors' coordinates: (x, y, z) = (a - b, 2c, a + b) for Sigma = [[a, c], [c, b]], where the PSD
 cone is z >= sqrt(x^2 + y^2) and its boundary the rank-1 matrices, and the trace-normalised
 (a - b, 2c) / tr Sigma in the unit disc (the unit circle: rank 1). Blow-up (tr Sigma > 1e3, the
@@ -36,9 +36,8 @@ from tpde.grid import Grid, gaussian, moments
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.validation.gaussian import solve
+from tpde.validation.studies import fitted_box, grid_run
 from tpde.variants import ATTENTION, Head, L2Head, SinkhornHead
-
-from .studies import fitted_box, grid_run
 
 SQ2 = np.sqrt(2.0)
 #: the authors' explosion rule (tr Sigma above this: blow-up)

@@ -5,7 +5,7 @@ so the exact solution is known: the demo runs WENO5-Z + SSP-RK3 on a 2-D grid, p
 L1 error of the density and the errors of mean and covariance, and draws the density with the
 exact 1- and 2-sigma ellipses (out/demo.png).
 
-    python -m tpde.demo -o out [--cells 128]
+    python examples/affine_demo.py -o out [--cells 128]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     tpde validate [--suite quick|full] [-o DIR]
 
-Three independent descriptions of the same dynamics are compared (tpde.studies):
+Three independent descriptions of the same dynamics are compared (tpde.validation.studies):
 the grid solution, the interacting tokens and, for Gaussian data, the mean/covariance ODEs
 (docs/theory.md, 'The Transformer PDE' and 'Gaussian closures'). The quick suite (18
 checks; 11 minutes measured on 2 cores shared at a load of 10-14) covers every variant on
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tpde import studies
 from tpde.grid import Grid, Positions, gaussian_mixture, uniform_ball
 from tpde.validation import gaussian as ode
+from tpde.validation import studies
 from tpde.variants import Head, L2Head, SigmoidHead, SinkhornHead
 
 # case c1 (non-symmetric A and V) and its initial Gaussian: docs/theory.md, 'Test matrices c1
