@@ -95,3 +95,27 @@ def test_no_import_cycle():
     found = cycles(graph)
     print(f"\n{len(graph)} modules, {sum(map(len, graph.values()))} import edges, cycles: {found}")
     assert found == []
+
+
+#: the layers, lowest first: a module imports only its own layer and those below it
+LAYERS = ("grid", "schemes", "variants", "validation", "face")
+
+
+def layer(module: str) -> int:
+    """0 for ``tpde.grid...``, 4 for the face (``tpde.io``, ``tpde.cli``, ``tpde``)."""
+    part = module.split(".")[1] if "." in module else "face"
+    return LAYERS.index(part) if part in LAYERS else LAYERS.index("face")
+
+
+def test_no_upward_import():
+    graph = import_graph()
+    upward = sorted(
+        (name, target)
+        for name, edges in graph.items()
+        for target in edges
+        if layer(target) > layer(name)
+    )
+    counts = {part: sum(layer(m) == i for m in graph) for i, part in enumerate(LAYERS)}
+    print(f"\nmodules per layer: {counts}; upward imports: {upward}")
+    assert layer("tpde.grid.circle") == 0 and layer("tpde.io") == 4 and layer("tpde") == 4
+    assert upward == []
