@@ -29,6 +29,7 @@ Euler step has a negative cell. The low-order step is non-negative when
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,8 +50,10 @@ from tpde.grid.cubed_sphere import (
     to_sphere,
 )
 
+from .operator import PositivityError
 from .reconstruction import get_reconstruction, reconstruct
 from .rk import get_integrator
+from .solver import MAX_STEPS, STEP_TRIES, SimulationError
 from .sphere_diffusion import SphereDiffusion
 
 __all__ = ["SphereVelocity", "CubedSphereOperator", "SphereResult", "solve"]
@@ -381,10 +384,6 @@ class CubedSphereOperator:
         return np.maximum(result, 0.0)  # round-off only (|value| <= 1e-12 max density)
 
 
-class PositivityError(RuntimeError):
-    """The first-order update went negative: the step is above the positivity bound."""
-
-
 @dataclass
 class SphereResult:
     """Snapshots of a run on the cubed sphere: times, densities ``(6, n, n)`` per unit area,
@@ -396,6 +395,8 @@ class SphereResult:
     densities: list[np.ndarray] = field(default_factory=list)
     masses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     steps: int = 0
+    #: steps whose update went negative, halved and redone
+    rejected_steps: int = 0
     clipped: int = 0
     #: what happened (:class:`tpde.schemes.monitor.Event`: atom births, merges, releases;
     #: ``pinned`` with atoms off)
@@ -426,6 +427,7 @@ def solve(
     atoms=None,
     pinning: bool = False,
     events: list | None = None,
+    max_steps: int = MAX_STEPS,
 ) -> SphereResult:
     """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
     limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
@@ -444,7 +446,12 @@ def solve(
     the same SSP-RK stages, the transfers after each step, their events in ``events``).
     ``pinning`` (atoms off): every ``PIN_EVERY`` steps a dry run of the conversion; one
     ``pinned`` event when a collapsed cluster drifts slower than its cells can move it.
-    ``events``: the list the events are appended to as they happen (a new one if None)."""
+    ``events``: the list the events are appended to as they happen (a new one if None).
+
+    Like the flat solver's loop (:class:`tpde.schemes.solver.Solver`): a step whose update
+    goes negative (:class:`PositivityError`) is halved and redone from its start, at most
+    ``STEP_TRIES`` times; a non-finite velocity or density, or more than ``max_steps``
+    steps, raise :class:`tpde.schemes.solver.SimulationError` naming the time."""
     from .atom_run import PIN_EVERY
     from .monitor import Event
     from .sphere_atoms import SphereAtomRun, describe
@@ -482,11 +489,55 @@ def solve(
     t = float(times[0])
     steady = op.node_speeds(velocity, density, t) if velocity.steady else None
     steps = 0
+
+    def step(q: np.ndarray, speeds: np.ndarray, t: float, dt: float) -> np.ndarray:
+        """One Strang-split SSP-RK step from ``q`` (raises PositivityError)."""
+        if diffusion.matrix is not None:  # Strang: the first half of the noise
+            q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
+            if steady is None:  # the transport step starts from the diffused state
+                speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
+        stages = [q]
+        if atoms is not None:
+            atoms.stages()
+        for i in range(rk.stages):
+            if atoms is not None:
+                atoms.see(i)
+            if i > 0 and steady is None:
+                rho_i = grid.from_coordinate(stages[i])
+                speeds = op.node_speeds(velocity, rho_i, t + offsets[i] * dt)
+            if atoms is not None:
+                atoms.rates(i, grid.from_coordinate(stages[i]), t + offsets[i] * dt)
+                atoms.combine(list(zip(rk.alpha[i], rk.beta[i], strict=True)), dt)
+            terms = [
+                (a, op.euler(stages[k], speeds, (b / a) * dt) if b else stages[k])
+                for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True))
+                if a != 0.0
+            ]
+            # last + sum a_k (X_k - last): differences of equal-mass states carry no mass,
+            # so the stages keep it to the last bit (1.1e-16 over 6063 steps at n = 64;
+            # the plain sum with the tables' exactly summing weights drifts randomly,
+            # 1.7e-14; with fl(1/3) + fl(2/3) = 1 - 2^-54 it had shrunk by 3.6e-13)
+            new = terms[-1][1].copy()
+            for a, x in terms[:-1]:
+                new += a * (x - terms[-1][1])
+            stages.append(new)
+        q = stages[-1]
+        if diffusion.matrix is not None:  # and the second
+            q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
+        return q
+
+    rejected = 0
     for target in times[1:]:
         while t < target * (1 - 1e-14):
+            if steps >= max_steps:
+                raise SimulationError(f"run.max_steps = {max_steps} reached at t = {t:.6g}")
             rho = grid.from_coordinate(q)
             speeds = steady if steady is not None else op.node_speeds(velocity, rho, t)
             rate = op.max_outflow(speeds)
+            if not math.isfinite(rate):
+                raise SimulationError(
+                    f"velocity: non-finite value at the Gauss nodes at t = {t:.6g}, step {steps}"
+                )
             dt = target - t
             if rate > 0:
                 dt = min(dt, cfl / rate)
@@ -494,38 +545,21 @@ def solve(
                 dt = min(dt, dt_max)
             if dt < target - t and target - t < 1.5 * dt:
                 dt = 0.5 * (target - t)  # no sliver of a last step
-            if diffusion.matrix is not None:  # Strang: the first half of the noise
-                q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
-                if steady is None:  # the transport step starts from the diffused state
-                    speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
-            stages = [q]
-            if atoms is not None:
-                atoms.stages()
-            for i in range(rk.stages):
-                if atoms is not None:
-                    atoms.see(i)
-                if i > 0 and steady is None:
-                    rho_i = grid.from_coordinate(stages[i])
-                    speeds = op.node_speeds(velocity, rho_i, t + offsets[i] * dt)
-                if atoms is not None:
-                    atoms.rates(i, grid.from_coordinate(stages[i]), t + offsets[i] * dt)
-                    atoms.combine(list(zip(rk.alpha[i], rk.beta[i], strict=True)), dt)
-                terms = [
-                    (a, op.euler(stages[k], speeds, (b / a) * dt) if b else stages[k])
-                    for k, (a, b) in enumerate(zip(rk.alpha[i], rk.beta[i], strict=True))
-                    if a != 0.0
-                ]
-                # last + sum a_k (X_k - last): differences of equal-mass states carry no mass,
-                # so the stages keep it to the last bit (1.1e-16 over 6063 steps at n = 64;
-                # the plain sum with the tables' exactly summing weights drifts randomly,
-                # 1.7e-14; with fl(1/3) + fl(2/3) = 1 - 2^-54 it had shrunk by 3.6e-13)
-                new = terms[-1][1].copy()
-                for a, x in terms[:-1]:
-                    new += a * (x - terms[-1][1])
-                stages.append(new)
-            q = stages[-1]
-            if diffusion.matrix is not None:  # and the second
-                q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
+            for _attempt in range(STEP_TRIES):
+                try:
+                    stepped = step(q, speeds, t, dt)
+                    break
+                except PositivityError:  # redone from its start with half the step
+                    rejected += 1
+                    dt *= 0.5
+            else:
+                raise SimulationError(f"step size collapsed below {dt:.3e} at t = {t:.6g}")
+            if not np.all(np.isfinite(stepped)):
+                raise SimulationError(
+                    f"density: non-finite value in the step from t = {t:.6g} to "
+                    f"{t + dt:.6g} (step {steps}): the velocity or the density failed there"
+                )
+            q = stepped
             t += dt
             steps += 1
             if atoms is not None:
@@ -550,6 +584,7 @@ def solve(
             on_snapshot(float(target), rho, steps)
     out.masses = np.array(masses)
     out.steps = steps
+    out.rejected_steps = rejected
     out.clipped = diffusion.clipped
     out.events = events
     out.atoms = None if atoms is None else atoms.atoms

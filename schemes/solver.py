@@ -73,6 +73,14 @@ STATUSES = (
 )
 
 
+#: the steps a run may take (``Problem.max_steps``; the sphere's loop too): a run past it
+#: ends with an error naming the time, not hours later
+MAX_STEPS = 10_000_000
+#: how often a step whose update went negative is halved and redone before the run ends
+#: (each retry halves dt: 30 is a factor 1e-9)
+STEP_TRIES = 30
+
+
 class SimulationError(RuntimeError):
     """The numerics failed (non-finite values, step size collapse); message names t and step."""
 
@@ -230,7 +238,7 @@ class Problem:
     snapshots: int | Sequence[float] = 2
     t_start: float = 0.0
     max_outflow: float = 1e-3
-    max_steps: int = 10_000_000
+    max_steps: int = MAX_STEPS
     initial_outflow: float = 0.0
     positions: Positions | None = None
     frame: AffineFrame | None = None
@@ -759,7 +767,7 @@ class Solver:
                 self.status_message = unresolved[1]
                 return unresolved[0]
             tries: list[tuple[float, float]] = []  # the frame's rejected (dt, error)
-            for _attempt in range(30):
+            for _attempt in range(STEP_TRIES):
                 try:
                     if self.diffusion is None:
                         self.step(dt, handed.pop() if handed else None)

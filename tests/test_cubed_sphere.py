@@ -5,6 +5,7 @@ positivity, the attention field against quadrature."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -398,3 +399,61 @@ def test_face_centre_velocity_converges():
     assert gaps[1] < 5e-5 and gaps[0] / gaps[1] > 16
     with pytest.raises(ValueError, match="scheme.velocity_at"):
         CubedSphereOperator(g, velocity_at="corners")
+
+
+class BrokenAfter(SolidRotation):
+    """A rotation whose velocity turns NaN after ``t_bad`` (a velocity that fails mid-run)."""
+
+    steady = False
+
+    def __init__(self, t_bad: float):
+        super().__init__([0.2, -0.3, 1.0], 1.0)
+        self.t_bad = t_bad
+
+    def tangent(self, density, grid, t, points):
+        v = super().tangent(density, grid, t, points)
+        return v * np.nan if t > self.t_bad else v
+
+
+def test_the_sphere_loop_names_a_non_finite_velocity_and_max_steps():
+    """The sphere's loop checks what the flat solver checks: a non-finite velocity ends the
+    run with the time it happened; ``max_steps`` bounds the steps."""
+    from tpde.schemes.solver import SimulationError
+
+    g = cs.cubed_sphere(8)
+    rho = cs.cell_averages(g, vmf(np.array([0.0, 0.0, 1.0]), 4.0))
+    with pytest.raises(SimulationError, match="non-finite") as bad:
+        solve(g, rho, BrokenAfter(0.205), 1.0, snapshots=3, dt_max=0.01)
+    start, end = map(float, re.search(r"from t = (\S+) to (\S+) ", str(bad.value)).groups())
+    assert start <= 0.205 < end and end - start <= 0.01 + 1e-15  # the step it happened in
+    with pytest.raises(SimulationError, match=r"velocity: non-finite .* at t = 0, step 0"):
+        solve(g, rho, BrokenAfter(-1.0), 1.0, snapshots=2)  # at a step's start
+    with pytest.raises(SimulationError, match=r"run.max_steps = 3 reached at t = 0\.03\b") as cap:
+        solve(g, rho, SolidRotation(), 1.0, snapshots=2, dt_max=0.01, max_steps=3)
+    print(f"\n{bad.value}\n{cap.value}")
+
+
+def test_a_step_above_the_positivity_bound_is_halved_and_redone(monkeypatch):
+    """With the step bound overestimated tenfold the update goes negative; the loop halves
+    the step and redoes it from its start (as the flat solver does), so the run still ends
+    positive and with its mass, close to the run with the true bound."""
+    g = cs.cubed_sphere(16)
+    m = np.array([1.0, 1.0, 1.0]) / math.sqrt(3)
+    cap = cs.cell_averages(g, lambda x: (x @ m > math.cos(0.4)).astype(float), nodes=6)
+    rho = cap / g.integrate(cap)
+    rot = SolidRotation([0.2, -0.3, 1.0], 1.0)
+    honest = solve(g, rho, rot, 0.5, cfl=0.9, snapshots=2)
+    true_rate = CubedSphereOperator.max_outflow
+    monkeypatch.setattr(
+        CubedSphereOperator, "max_outflow", lambda self, speeds: true_rate(self, speeds) / 10
+    )
+    retried = solve(g, rho, rot, 0.5, cfl=0.9, snapshots=2)
+    gap = np.abs(retried.final - honest.final).max() / honest.final.max()
+    print(
+        f"\nrejected steps: {retried.rejected_steps} (true bound: {honest.rejected_steps}); "
+        f"steps {retried.steps} vs {honest.steps}; min {retried.final.min():.1e}; "
+        f"mass change {abs(retried.masses[-1] - 1):.1e}; gap to the honest run {gap:.1e}"
+    )
+    assert honest.rejected_steps == 0 and retried.rejected_steps > 0
+    assert retried.final.min() >= 0.0 and abs(retried.masses[-1] - 1.0) < 1e-13
+    assert gap < 0.05  # the same solution (a discontinuous cap: first order at its edge)
