@@ -129,6 +129,32 @@ class AtomRun:
         self.atoms = self._final
         self.field.atoms = self.atoms
 
+    # ---- noise ------------------------------------------------------------------------------
+    def diffuse(self, variance: float) -> Atoms:
+        """The atoms' part of a diffusion substep ``exp(tau eps Delta)``, exact: a Gaussian
+        (on the circle a wrapped normal) convolved with the heat kernel of variance
+        ``2 eps tau`` per axis is the Gaussian ``N(a, S + 2 eps tau I)``, same mass and centre
+        (docs/theory.md, 'Atoms with noise'). ``variance``: ``2 eps tau``. Returns the atoms
+        before the substep (:meth:`restore` them when the step is rejected)."""
+        before = self.atoms
+        if before.count:
+            added = variance * np.eye(before.dim)
+            self.atoms = Atoms(
+                before.mass,
+                before.centre,
+                before.cov + added,
+                before.ids,
+                before.born,
+                before.parents,
+            )
+            self.field.atoms = self.atoms
+        return before
+
+    def restore(self, atoms: Atoms) -> None:
+        """Back to ``atoms`` (a rejected noisy step starts again from them)."""
+        self.atoms = atoms
+        self.field.atoms = atoms
+
     # ---- after the step ---------------------------------------------------------------------
     def transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
         """Absorb, merge, convert, release (:mod:`.atom_cells`); ``density`` is updated in

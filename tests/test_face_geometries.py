@@ -267,15 +267,15 @@ def test_compare_draws_a_run_that_stopped_between_snapshots(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"run": {"t_end": 1.0, "noise": 0.01}}, "atoms: not with run.noise"),
+        ({"attention": {"beta": 4.0, "engine": "direct"}}, "atoms: on the circle atoms need"),
         ({"attention": {"A": [[2.0, 0.5], [0.0, 1.0]]}}, "atoms: on the circle atoms need"),
     ],
-    ids=["noise", "general-head"],
+    ids=["direct-engine", "general-head"],
 )
 def test_atoms_refuse_what_they_do_not_carry(change, message):
     """Atoms on the circle refuse, in one line, what their share of the sums and their
-    motion do not carry yet (the noise's + 2 eps of an atom's covariance; the Bessel
-    series of a general A), instead of running the cells alone."""
+    motion do not carry (the direct engine's point sums; the Bessel series of a general A),
+    instead of running the cells alone."""
     from tpde.config import ConfigError, build
 
     raw = {
