@@ -268,14 +268,14 @@ def test_compare_draws_a_run_that_stopped_between_snapshots(tmp_path):
     "change, message",
     [
         ({"attention": {"beta": 4.0, "engine": "direct"}}, "atoms: on the circle atoms need"),
-        ({"attention": {"A": [[2.0, 0.5], [0.0, 1.0]]}}, "atoms: on the circle atoms need"),
+        ({"grid": {"geometry": "circle", "cells": 16}}, "refine grid.cells"),
     ],
-    ids=["direct-engine", "general-head"],
+    ids=["direct-engine", "coarse-grid"],
 )
 def test_atoms_refuse_what_they_do_not_carry(change, message):
-    """Atoms on the circle refuse, in one line, what their share of the sums and their
-    motion do not carry (the direct engine's point sums; the Bessel series of a general A),
-    instead of running the cells alone."""
+    """Atoms on the circle refuse, in one line, what their share of the sums does not carry
+    (the direct engine's point sums; a grid whose modes do not hold the kernel), instead of
+    running the cells alone."""
     from tpde.config import ConfigError, build
 
     raw = {
@@ -289,6 +289,33 @@ def test_atoms_refuse_what_they_do_not_carry(change, message):
         raw[section] = table
     with pytest.raises(ConfigError, match=message):
         build(raw)
+
+
+def test_atoms_take_the_noise_and_any_head():
+    """``[atoms]`` on the circle with ``run.noise`` and a general 2 x 2 ``A`` (the Bessel
+    series): the config builds and a short run ends ``completed`` with its clusters as atoms,
+    mass of cells plus atoms to 1e-13."""
+    import tpde
+
+    raw = {
+        "grid": {"geometry": "circle", "cells": 128},
+        "initial": {
+            "kind": "mixture",
+            "weights": [0.5, 0.4],
+            "means": [1.0, 1.7],
+            "kappas": [200, 200],
+        },
+        "attention": {"A": [[6.0, 0.5], [0.0, 4.0]], "engine": "fft"},
+        "atoms": {},
+        "run": {"t_end": 0.2, "snapshots": 3, "noise": 1e-3},
+    }
+    run = tpde.simulate(raw)
+    count = int((run["atom_id"].values[-1] >= 0).sum())
+    total = run["mass"].values + np.nansum(run["atom_mass"].values, axis=1)
+    status = run.attrs.get("status")
+    print(f"\n{status}: {count} atoms, mass - 1 = {np.abs(total - 1).max():.1e}")
+    assert status == "completed" and count == 2
+    assert np.abs(total - 1).max() < 1e-13
 
 
 def test_sphere_references_through_the_config_hooks(tmp_path, capsys):

@@ -33,6 +33,7 @@ from tpde.grid import Grid
 from tpde.grid.circle import TWO_PI, fourier_modes
 from tpde.schemes.atoms import Atoms
 
+from .engines.bessel import BesselSeries
 from .parameters import Head
 
 __all__ = [
@@ -45,6 +46,9 @@ __all__ = [
     "kernel_band",
     "kernel_modes",
     "mode_factor",
+    "series_modes",
+    "series_velocity_at",
+    "tilted_moments",
     "velocity_at",
 ]
 
@@ -52,6 +56,12 @@ __all__ = [
 BAND_TOLERANCE = 1e-16
 #: the kernel's modes below this (relative to its mean) are left out of the atoms' sums
 KERNEL_TAIL = 1e-18
+#: the tilted trigonometric moments ``int e^{i j phi} e^{c.y} dmu``, ``j < SERIES_MOMENTS``,
+#: that the atoms' motion under any head reads (its integrands have degree 3 in y)
+SERIES_MOMENTS = 4
+#: equispaced nodes that take those integrands to their Fourier coefficients exactly (a
+#: trigonometric polynomial of degree 3 needs more than 7)
+SERIES_NODES = 8
 
 
 def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
@@ -231,3 +241,97 @@ def energy_with_atoms(density: np.ndarray, grid: Grid, beta: float, atoms: Atoms
     c[: cells.size] += cells
     weights = np.where(k == 0, 1.0, 2.0) * ive(k, beta)
     return float(np.sum(weights * np.abs(c) ** 2) * math.exp(beta) / (2.0 * beta))
+
+
+# ---- any head: the Jacobi-Anger series (docs/theory.md, 'Atoms under any head on the circle')
+def series_modes(
+    density: np.ndarray, grid: Grid, atoms: Atoms | None, count: int, factors: np.ndarray
+) -> np.ndarray:
+    """``c_m``, ``m = 0 .. count - 1``, of cells plus atoms: the cells' below the grid's
+    Nyquist mode (the rfft of the averages times ``factors``, :func:`mode_factor`'s values
+    for ``m < n / 2``; beyond it the cells have none), the atoms' exact at every ``m`` (a
+    narrow atom has modes far beyond the grid's)."""
+    cells = min(int(count), grid.cells[0] // 2)
+    out = np.zeros(int(count), complex)
+    out[:cells] = np.fft.rfft(np.asarray(density, float))[:cells] * factors[:cells]
+    if atoms is not None and atoms.count:
+        out += atom_modes(atoms, np.arange(int(count)))
+    return out
+
+
+def tilted_moments(
+    series: BesselSeries, positive: np.ndarray, count: int = SERIES_MOMENTS
+) -> np.ndarray:
+    """``e^{-r} E_j``, ``E_j = int e^{i j phi} e^{c.y} dmu = sum_m I_|m|(r) e^{i m psi}
+    c_{m - j}`` for ``j = 0 .. count - 1`` at the series' targets (Jacobi-Anger, as
+    :class:`~.engines.bessel.BesselSeries`, whose tail bound holds for every shift ``j``:
+    ``|c_m| <= int |mu|``): (P, count) complex. ``positive``: ``c_0 ..`` (at least
+    ``order + 1`` of them where the measure has them; ``c_{-m} = conj(c_m)``)."""
+    K = series.order
+    shift = count - 1
+    full = np.zeros(2 * K + 1 + shift, complex)  # c_l for l = -K - shift .. K
+    centre = K + shift
+    have = min(positive.size, K + 1)
+    full[centre : centre + have] = positive[:have]
+    full[centre - have + 1 : centre][::-1] = np.conj(positive[1:have])
+    columns = np.stack([full[shift - j : shift - j + 2 * K + 1] for j in range(count)], axis=1)
+    return series.table @ columns
+
+
+def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
+    """Fourier coefficients ``f_j``, ``j = 0 .. 3``, of the six integrands (6, P, 4) whose
+    integrals against ``e^{<A x, y>} dmu(y)`` are ``N, N', N'', Z, Z', Z''`` at the targets
+    ``theta`` (P,): with ``g = <A x, y>``, ``g1 = <A t, y>``, ``n = <t, C y>``, ``n1 = -<x,
+    C y>`` (``x' = t``, ``t' = -x``) they are ``n``, ``n1 + n g1``, ``-n + 2 n1 g1 + n (g1^2 -
+    g)``, ``1``, ``g1``, ``g1^2 - g``: polynomials of degree <= 3 in ``y = (cos phi, sin
+    phi)``, taken exactly to their modes by :data:`SERIES_NODES` equispaced nodes."""
+    A, C = head.A, head.C
+    x = np.stack([np.cos(theta), np.sin(theta)], axis=1)  # (P, 2)
+    t = np.stack([-np.sin(theta), np.cos(theta)], axis=1)
+    phi = TWO_PI * np.arange(SERIES_NODES) / SERIES_NODES
+    y = np.stack([np.cos(phi), np.sin(phi)], axis=0)  # (2, Q)
+    g = (x @ A.T) @ y
+    g1 = (t @ A.T) @ y
+    n = (t @ C) @ y
+    n1 = -(x @ C) @ y
+    curve = g1 * g1 - g
+    values = np.stack(
+        [n, n1 + n * g1, -n + 2.0 * n1 * g1 + n * curve, np.ones_like(g), g1, curve]
+    )  # (6, P, Q)
+    return np.fft.fft(values, axis=-1)[..., :SERIES_MOMENTS] / SERIES_NODES
+
+
+def series_velocity_at(
+    density: np.ndarray,
+    grid: Grid,
+    atoms: Atoms | None,
+    head: Head,
+    points: np.ndarray,
+    factors: np.ndarray,
+    normalised: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms for
+    any 2 x 2 head: per target the tilt ``c = A x``, the Bessel series of ``e^{c.y}`` read
+    against the measure's modes shifted by ``j = 0 .. 3`` (:func:`tilted_moments`), and each
+    of ``N, N', N'', Z, Z', Z''`` as ``f_0 E_0 + 2 Re sum_{j >= 1} f_j E_j``
+    (:func:`_integrands`; real measure: ``E_{-j} = conj(E_j)``). ``factors``: the cells'
+    :func:`mode_factor` below the Nyquist mode. Every sum carries the same ``e^{-|c|}``,
+    which cancels in ``u = N / Z`` and its derivatives (unnormalised: times ``e^{|c|}``)."""
+    theta = np.asarray(points, float).reshape(-1)
+    tilts = np.stack([np.cos(theta), np.sin(theta)], axis=1) @ head.A.T
+    radius = np.hypot(tilts[:, 0], tilts[:, 1])
+    series = BesselSeries(radius, np.arctan2(tilts[:, 1], tilts[:, 0]))
+    positive = series_modes(density, grid, atoms, series.order + 1, factors)
+    moments = tilted_moments(series, positive)  # (P, 4)
+    f = _integrands(head, theta)  # (6, P, 4)
+    sums = f[..., 0].real * moments[None, :, 0].real
+    sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
+    n0, n1, n2, z, z1, z2 = sums
+    if not normalised:
+        scale = np.exp(radius)
+        return n0 * scale, n1 * scale, n2 * scale
+    bound = float(np.linalg.norm(head.C, 2))
+    u = n0 / z
+    du = n1 / z - n0 * z1 / z**2
+    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
+    return np.minimum(np.maximum(u, -bound), bound), du, d2u

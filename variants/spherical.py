@@ -65,11 +65,13 @@ from tpde.schemes.velocity import VelocityField
 
 from .circle_atoms import (
     add_atom_spectrum,
+    atom_modes,
     check_band,
     dft_factor,
     kernel_band,
     kernel_modes,
     mode_factor,
+    series_velocity_at,
     velocity_at,
 )
 from .engines.bessel import BesselSeries
@@ -198,18 +200,20 @@ class CircleAttention(VelocityField):
 
     # ---- atoms (docs/theory.md, 'Cells plus atoms') ------------------
     def _check_atoms(self, grid: Grid, head: Head, engine: str, copies: int) -> None:
-        # the atoms' modes join the convolution's spectrum; the Bessel series of a general A
-        # (engines/bessel.py) has no atom share yet, so it is refused, never silently cellular
+        # the atoms' modes join the convolution's spectrum (A = a I + b J) or the Bessel
+        # series' coefficients (any A, engines/bessel.py); the direct engine's point sums
+        # have no atom share, so it is refused, never silently cellular
         key = ("atoms-checked", grid, id(head), engine, copies)
         cached = self._fixed.get(key)
         if cached is not None and cached[0] is head:
             return  # (checked for this grid and head: every stage asks again)
-        if engine != "fft" or copies != 1 or not (is_conformal(head.C) and is_conformal(head.A)):
+        if engine != "fft" or copies != 1:
             raise ValueError(
                 'atoms: on the circle atoms need attention.engine = "fft" (auto takes it for '
-                "|A| <= 8), A and C of the form a I + b J and grid.copies = 1"
+                "|A| <= 8) and grid.copies = 1"
             )
-        self._atom_kernel(grid, head)
+        if is_conformal(head.A):
+            self._atom_kernel(grid, head)  # (the convolution's band holds the kernel)
         self._fixed[key] = (head, True)
 
     def atom_velocity(self, density, grid: Grid, t: float, atoms):
@@ -223,6 +227,17 @@ class CircleAttention(VelocityField):
         else:
             copies = circle_copies(grid)
             self._check_atoms(grid, head, self.choose(head, copies), copies)
+        if not (is_conformal(head.A) and is_conformal(head.C)):  # any head: the series
+            u, du, d2u = series_velocity_at(
+                rho,
+                grid,
+                atoms,
+                head,
+                atoms.centre[:, 0],
+                self._mode_factors(grid),
+                self.normalised,
+            )
+            return u[:, None], du[:, None, None], d2u[:, None, None, None]
         u, du, d2u = velocity_at(
             rho,
             grid,
@@ -395,8 +410,15 @@ class CircleAttention(VelocityField):
         bound = self._bound(head)
         tables = [self._series(grid, head, shift) for shift in shifts]
         # the coefficients c_m the longest series reads (m <= K + 1), below Nyquist
-        count = min(max(series.order for series, _ in tables) + 2, grid.cells[0] // 2)
+        longest = max(series.order for series, _ in tables) + 2
+        count = min(longest, grid.cells[0] // 2)
         positive = np.fft.rfft(rho)[:count] * self._mode_factors(grid)[:count]
+        if self.atoms is not None and self.atoms.count:
+            # the atoms' exact modes to the longest series' order: a narrow atom has them
+            # beyond the grid's Nyquist mode (docs/theory.md, 'Atoms under any head ...')
+            summed = atom_modes(self.atoms, np.arange(longest))
+            summed[:count] += positive
+            positive = summed
         out = []
         for series, weights in tables:
             z, moment = series.sums(positive)
