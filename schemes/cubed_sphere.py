@@ -464,8 +464,6 @@ def solve(
     op = CubedSphereOperator(grid, reconstruction, limiter, velocity_at)
     rk = get_integrator(integrator)
     diffusion = SphereDiffusion(grid, noise)
-    if atoms is not None and diffusion.matrix is not None:
-        raise ValueError("atoms: not with run.noise yet on the sphere; remove [atoms]")
     watch = None
     if atoms is None and pinning and hasattr(velocity, "probe_tangent"):
         from .atoms import AtomOptions
@@ -494,6 +492,8 @@ def solve(
         """One Strang-split SSP-RK step from ``q`` (raises PositivityError)."""
         if diffusion.matrix is not None:  # Strang: the first half of the noise
             q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
+            if atoms is not None:  # (the atoms' half: their first moment exact)
+                atoms.diffuse(noise * dt)
             if steady is None:  # the transport step starts from the diffused state
                 speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
         stages = [q]
@@ -545,6 +545,7 @@ def solve(
                 dt = min(dt, dt_max)
             if dt < target - t and target - t < 1.5 * dt:
                 dt = 0.5 * (target - t)  # no sliver of a last step
+            before = None if atoms is None else atoms.atoms  # (a retry starts from them)
             for _attempt in range(STEP_TRIES):
                 try:
                     stepped = step(q, speeds, t, dt)
@@ -552,6 +553,8 @@ def solve(
                 except PositivityError:  # redone from its start with half the step
                     rejected += 1
                     dt *= 0.5
+                    if atoms is not None and before is not None:
+                        atoms.restore(before)
             else:
                 raise SimulationError(f"step size collapsed below {dt:.3e} at t = {t:.6g}")
             if not np.all(np.isfinite(stepped)):
@@ -564,6 +567,8 @@ def solve(
             steps += 1
             if atoms is not None:
                 atoms.accept()
+                if diffusion.matrix is not None:  # the atoms' second half
+                    atoms.diffuse(noise * dt)
                 rho, moved, changed = atoms.transfer(grid.from_coordinate(q), t)
                 if changed:
                     q = grid.to_coordinate(rho)

@@ -52,6 +52,7 @@ __all__ = [
     "merge_parts",
     "probe_points",
     "vmf_cubature",
+    "vmf_diffused_spread",
     "vmf_log_mgf",
     "vmf_sums",
     "vmf_rates",
@@ -145,6 +146,23 @@ def kappa_of_deficit(q: ArrayLike) -> np.ndarray:
         step = (deficit(k) - q) / slope
         k = np.where(big, k, np.maximum(k - step, 0.5 * k))
     return np.where(k > 20.0, 1.0 / q, k)
+
+
+def vmf_diffused_spread(spread: ArrayLike, variance: float) -> np.ndarray:
+    """The spread ``1 / kappa'`` of a vMF atom after the heat substep ``exp(tau eps Delta)``,
+    ``variance = 2 eps tau`` (docs/theory.md, 'Atoms with noise on the sphere').
+
+    The coordinates ``x`` are degree-1 harmonics (``Delta x = -2 x``), so the heat flow
+    takes the atom's first moment ``m A(kappa) a`` to ``m A(kappa) e^{-2 eps tau} a`` exactly
+    (``A = 1 - deficit``): mass and mean direction stay, and ``kappa'`` is the one with
+    ``A(kappa') = A(kappa) e^{-variance}``, i.e. the deficit ``q' = q - (1 - q)
+    expm1(-variance)`` (no cancellation at a collapsed atom's ``q ~ 1e-100``). For a narrow
+    atom ``s' = 1 - (1 - s) e^{-variance} = s + 2 eps tau + O(s eps tau, (eps tau)^2)``; the
+    degree-2 harmonic of the vMF then agrees with the heat flow's to second order in ``(s,
+    eps tau)`` (the vMF family is closed under the heat flow to that order): the law's error
+    per substep is third order. Shape (K,)."""
+    q = deficit(1.0 / np.asarray(spread, float))
+    return 1.0 / kappa_of_deficit(q - (1.0 - q) * math.expm1(-float(variance)))
 
 
 def merge_parts(
@@ -563,6 +581,22 @@ class SphereAtomRun:
     def accept(self) -> None:
         self.atoms = self._stage[-1].normalised()
         self.field.atoms = self.atoms
+
+    def restore(self, atoms: VMFAtoms) -> None:
+        """Back to ``atoms`` (a rejected step starts again from them)."""
+        self.atoms = atoms
+        self.field.atoms = atoms
+
+    def diffuse(self, variance: float) -> None:
+        """The atoms' part of a noise substep ``exp(tau eps Delta)``, ``variance = 2 eps
+        tau``: each spread by :func:`vmf_diffused_spread` (mass, direction and first moment
+        exact)."""
+        atoms = self.atoms
+        if atoms.count:
+            spread = vmf_diffused_spread(atoms.spread, variance)
+            self.atoms = VMFAtoms(atoms.mass, atoms.centre, spread, atoms.ids, atoms.born,
+                                  atoms.parents)  # fmt: skip
+            self.field.atoms = self.atoms
 
     def transfer(
         self, density: np.ndarray, t: float

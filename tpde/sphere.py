@@ -349,8 +349,6 @@ def build_sphere(raw: dict) -> SphereConfig:
             stored["scheme"].setdefault(key, value)
     atoms = None
     if "atoms" in raw:
-        if "noise" in scheme:
-            raise ConfigError("atoms: not with run.noise yet on the sphere; remove [atoms]")
         atoms = AtomOptions(**raw["atoms"])
         try:
             atoms.validate()
