@@ -415,7 +415,8 @@ class CircleAttention(VelocityField):
         positive = np.fft.rfft(rho)[:count] * self._mode_factors(grid)[:count]
         if self.atoms is not None and self.atoms.count:
             # the atoms' exact modes to the longest series' order: a narrow atom has them
-            # beyond the grid's Nyquist mode (docs/theory.md, 'Atoms under any head ...')
+            # beyond the grid's Nyquist mode
+            # (docs/theory.md, 'Atoms under any head on the circle')
             summed = atom_modes(self.atoms, np.arange(longest))
             summed[:count] += positive
             positive = summed
