@@ -233,3 +233,40 @@ def test_noisy_atoms_resume_bit_for_bit():
     assert np.array_equal(a.density, b.density)
     for name in ("mass", "centre", "cov", "ids", "born"):
         assert np.array_equal(getattr(a.atoms, name), getattr(b.atoms, name), equal_nan=True)
+
+
+@pytest.mark.slow
+def test_noisy_atoms_in_the_file_resume_bit_for_bit(tmp_path):
+    """``tpde run`` with ``[atoms]`` and ``run.noise`` on the circle, killed after 5 snapshots
+    and resumed (``--resume``), equals the uninterrupted run bit for bit: cells, atoms' ids,
+    masses, centres and variances in every record."""
+    from exact import kill_after
+
+    from tpde.cli import main
+    from tpde.config import dumps
+    from tpde.io import read
+
+    raw = {
+        "grid": {"geometry": "circle", "cells": 128},
+        "initial": {
+            "kind": "mixture",
+            "weights": [0.5, 0.4],
+            "means": [1.0, 1.7],
+            "kappas": [200, 200],
+        },
+        "attention": {"beta": BETA, "engine": "fft"},
+        "atoms": {},
+        "run": {"t_end": 4.0, "snapshots": 21, "noise": 2e-3},
+    }
+    config = tmp_path / "noisy.toml"
+    config.write_text(dumps(raw))
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
+    kill_after(["run", str(config), "-o", str(cut)], 6)
+    assert main(["run", str(config), "-o", str(cut), "--resume", "--quiet"]) == 0
+    resumed, reference = read(cut), read(full)
+    for name in ("density", "atom_id", "atom_mass", "atom_centre", "atom_variance"):
+        assert np.array_equal(resumed[name].values, reference[name].values, equal_nan=True), name
+    counts = (reference["atom_id"].values >= 0).sum(axis=1)
+    print(f"\natoms per record: {counts.tolist()}")
+    assert counts.max() >= 2
