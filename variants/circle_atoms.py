@@ -33,7 +33,7 @@ from tpde.grid import Grid
 from tpde.grid.circle import TWO_PI, fourier_modes
 from tpde.schemes.atoms import Atoms
 
-from .engines.bessel import BesselSeries
+from .engines.bessel import BesselSeries, series_order
 from .parameters import Head
 
 __all__ = [
@@ -46,7 +46,9 @@ __all__ = [
     "kernel_band",
     "kernel_modes",
     "mode_factor",
+    "series_bound_order",
     "series_modes",
+    "series_table",
     "series_velocity_at",
     "tilted_moments",
     "velocity_at",
@@ -259,15 +261,30 @@ def series_modes(
     return out
 
 
+def series_bound_order(head: Head) -> int:
+    """The series order that meets the tail bound of :mod:`.engines.bessel` at every target:
+    the order of the largest tilt ``|A x| <= ||A||_2`` (the bound grows with the radius at a
+    fixed order: ``I_{K+1}(r) / I_0(r)`` and the ratio ``q`` both do)."""
+    return int(series_order(np.array([float(np.linalg.norm(head.A, 2))]))[0][0])
+
+
+def series_table(radius: np.ndarray, angle: np.ndarray, order: int) -> np.ndarray:
+    """``ive(|m|, r_i) e^{i m psi_i}``, ``m = -K .. K`` (P, 2K + 1), as
+    :class:`~.engines.bessel.BesselSeries`'s table, at a given order ``K``."""
+    m = np.arange(-int(order), int(order) + 1)
+    scaled = ive(np.arange(int(order) + 1)[None, :], np.asarray(radius, float)[:, None])
+    return scaled[:, np.abs(m)] * np.exp(1j * np.outer(angle, m))
+
+
 def tilted_moments(
-    series: BesselSeries, positive: np.ndarray, count: int = SERIES_MOMENTS
+    table: np.ndarray, positive: np.ndarray, count: int = SERIES_MOMENTS
 ) -> np.ndarray:
     """``e^{-r} E_j``, ``E_j = int e^{i j phi} e^{c.y} dmu = sum_m I_|m|(r) e^{i m psi}
-    c_{m - j}`` for ``j = 0 .. count - 1`` at the series' targets (Jacobi-Anger, as
-    :class:`~.engines.bessel.BesselSeries`, whose tail bound holds for every shift ``j``:
-    ``|c_m| <= int |mu|``): (P, count) complex. ``positive``: ``c_0 ..`` (at least
-    ``order + 1`` of them where the measure has them; ``c_{-m} = conj(c_m)``)."""
-    K = series.order
+    c_{m - j}`` for ``j = 0 .. count - 1`` at the targets of a series ``table`` (P, 2K + 1)
+    (Jacobi-Anger, as :class:`~.engines.bessel.BesselSeries`, whose tail bound holds for
+    every shift ``j``: ``|c_m| <= int |mu|``): (P, count) complex. ``positive``: ``c_0 ..``
+    (at least ``K + 1`` of them where the measure has them; ``c_{-m} = conj(c_m)``)."""
+    K = (table.shape[1] - 1) // 2
     shift = count - 1
     full = np.zeros(2 * K + 1 + shift, complex)  # c_l for l = -K - shift .. K
     centre = K + shift
@@ -275,7 +292,7 @@ def tilted_moments(
     full[centre : centre + have] = positive[:have]
     full[centre - have + 1 : centre][::-1] = np.conj(positive[1:have])
     columns = np.stack([full[shift - j : shift - j + 2 * K + 1] for j in range(count)], axis=1)
-    return series.table @ columns
+    return table @ columns
 
 
 def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
@@ -309,6 +326,8 @@ def series_velocity_at(
     points: np.ndarray,
     factors: np.ndarray,
     normalised: bool = True,
+    order: int | None = None,
+    modes: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms for
     any 2 x 2 head: per target the tilt ``c = A x``, the Bessel series of ``e^{c.y}`` read
@@ -316,13 +335,22 @@ def series_velocity_at(
     of ``N, N', N'', Z, Z', Z''`` as ``f_0 E_0 + 2 Re sum_{j >= 1} f_j E_j``
     (:func:`_integrands`; real measure: ``E_{-j} = conj(E_j)``). ``factors``: the cells'
     :func:`mode_factor` below the Nyquist mode. Every sum carries the same ``e^{-|c|}``,
-    which cancels in ``u = N / Z`` and its derivatives (unnormalised: times ``e^{|c|}``)."""
+    which cancels in ``u = N / Z`` and its derivatives (unnormalised: times ``e^{|c|}``).
+    ``order``: the series order (:func:`series_bound_order`; else each call finds it a
+    posteriori); ``modes``: the measure's ``c_m``, cells plus atoms, when already summed
+    (at least ``order + 1`` of them)."""
     theta = np.asarray(points, float).reshape(-1)
     tilts = np.stack([np.cos(theta), np.sin(theta)], axis=1) @ head.A.T
     radius = np.hypot(tilts[:, 0], tilts[:, 1])
-    series = BesselSeries(radius, np.arctan2(tilts[:, 1], tilts[:, 0]))
-    positive = series_modes(density, grid, atoms, series.order + 1, factors)
-    moments = tilted_moments(series, positive)  # (P, 4)
+    angle = np.arctan2(tilts[:, 1], tilts[:, 0])
+    if order is None:
+        table = BesselSeries(radius, angle).table
+    else:
+        table = series_table(radius, angle, order)
+    K = (table.shape[1] - 1) // 2
+    if modes is None or modes.size < K + 1:
+        modes = series_modes(density, grid, atoms, K + 1, factors)
+    moments = tilted_moments(table, modes)  # (P, 4)
     f = _integrands(head, theta)  # (6, P, 4)
     sums = f[..., 0].real * moments[None, :, 0].real
     sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)

@@ -71,6 +71,7 @@ from .circle_atoms import (
     kernel_band,
     kernel_modes,
     mode_factor,
+    series_bound_order,
     series_velocity_at,
     velocity_at,
 )
@@ -228,6 +229,10 @@ class CircleAttention(VelocityField):
             copies = circle_copies(grid)
             self._check_atoms(grid, head, self.choose(head, copies), copies)
         if not (is_conformal(head.A) and is_conformal(head.C)):  # any head: the series
+            summed = getattr(self, "_series_modes", None)  # (the faces' c_m, if the same)
+            reuse = None
+            if summed is not None and summed[0] is atoms and summed[1] == _fingerprint(rho):
+                reuse = summed[2]
             u, du, d2u = series_velocity_at(
                 rho,
                 grid,
@@ -236,6 +241,8 @@ class CircleAttention(VelocityField):
                 atoms.centre[:, 0],
                 self._mode_factors(grid),
                 self.normalised,
+                self._series_order(head),
+                reuse,
             )
             return u[:, None], du[:, None, None], d2u[:, None, None, None]
         u, du, d2u = velocity_at(
@@ -249,6 +256,15 @@ class CircleAttention(VelocityField):
             modes,
         )
         return u[:, None], du[:, None, None], d2u[:, None, None, None]
+
+    def _series_order(self, head: Head) -> int:
+        """:func:`series_bound_order` of the head, kept while it is."""
+        key = ("series-order", id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            cached = (head, series_bound_order(head))
+            self._fixed[key] = cached
+        return cached[1]
 
     def _atom_kernel(self, grid: Grid, head: Head):
         """The kernel's modes the atoms' sums need (fixed while grid and head are)."""
@@ -420,6 +436,8 @@ class CircleAttention(VelocityField):
             summed = atom_modes(self.atoms, np.arange(longest))
             summed[:count] += positive
             positive = summed
+            # the measure's c_m, kept for atom_velocity at the same atoms and density
+            self._series_modes = (self.atoms, _fingerprint(rho), positive)
         out = []
         for series, weights in tables:
             z, moment = series.sums(positive)
