@@ -74,6 +74,13 @@ def test_a_non_finite_velocity_before_growth_ends_failed():
     assert result.status == "failed"
     assert "non-finite" in result.status_message
     assert 0.0 < result.status_time < 0.05
+    # the file records the typed cause (tpde.io.ERROR_REASONS), read by tpde sweep
+    from tpde.run import result_outcome
+
+    assert result.status_reason == "non_finite"
+    outcome = result_outcome(result)
+    assert (outcome.status, outcome.reason) == ("error", "non_finite")
+    assert outcome.time == result.status_time
 
 
 def test_rough_rates_end_the_run_with_a_status():

@@ -554,7 +554,8 @@ def status_line(outcome, times) -> str:
             "status: running: no end recorded (the run was killed or is still running); "
             f"last complete snapshot: {last}; tpde run CONFIG -o FILE --resume continues it"
         )
-    return f"status: {outcome.status} at t = {outcome.time:.6g}" + (
+    reason = f" ({outcome.reason})" if outcome.reason else ""  # an error's typed cause
+    return f"status: {outcome.status}{reason} at t = {outcome.time:.6g}" + (
         f": {message}" if message else ""
     )
 
@@ -657,6 +658,11 @@ def cmd_plot(args) -> int:
 def cmd_compare(args) -> int:
     from tpde.plots import compare_figure
 
+    if args.run.is_file() and _sphere_file(args.run):  # (its cells are no lattice to share)
+        return _fail(
+            f"compare: {args.run} is a sphere run; tpde compare draws flat grids and the "
+            "circle: draw each file with tpde plot"
+        )
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset
