@@ -8,7 +8,7 @@
     tpde info FILE.nc                       # a run, gaussian, particles or sweep summary file
     tpde plot FILE.nc [-o DIR] [--animate] [--times T ...] [--log] [--vmin V] [--vmax V]
               [--title TEXT]
-    tpde compare RUN.nc [PARTICLES.nc] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
+    tpde compare RUN.nc [PARTICLES.nc ...] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
     tpde --version
     tpde validate [--suite quick|full] [-o DIR] [--threads N]
     tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [--threads N] [-o DIR] [--quiet]
@@ -142,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("run", type=Path, help="the grid run (tpde run)")
     compare.add_argument(
-        "references", type=Path, nargs="*", help="PARTICLES.nc and/or GAUSSIAN.nc, any order"
+        "references",
+        type=Path,
+        nargs="*",
+        help="PARTICLES.nc (several on the circle: seeds, drawn as a band) and/or GAUSSIAN.nc, "
+        "any order",
     )
     compare.add_argument(
         "-o",
@@ -666,19 +670,23 @@ def cmd_compare(args) -> int:
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset
+        tokens: list = []  # tpde particles files (several seeds: a band on the circle)
         for path in args.references:
             ds = _open(path)
             kind = _kind(ds)
+            if kind == "particles":
+                tokens.append(ds)
+                continue
             if kind == "run" or kind in found:
                 return _fail(
                     f"compare: {path} is a {'grid run' if kind == 'run' else kind} output; "
-                    "give at most one tpde particles and one tpde gaussian file after RUN"
+                    "give tpde particles files and at most one tpde gaussian file after RUN"
                 )
             found[kind] = ds
         target = args.output or args.run.with_name(args.run.stem + "_compare.png")
         fig = compare_figure(
             run,
-            found.get("particles"),
+            tokens or None,
             found.get("gaussian"),
             args.time,
             log=args.log,
