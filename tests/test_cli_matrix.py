@@ -31,7 +31,8 @@ FLAT2 = {
     "attention": {"A": [[0.5, 0.1], [0.0, 0.3]], "V": I2},
     "run": RUN,
 }
-#: geometry kind -> (config, the swept key, the commands refused in one line)
+#: geometry kind -> (config, the swept key, the commands refused in one line; "quantiles":
+#: tpde particles --quantiles, mid-quantile tokens defined in 1-D and on the circle)
 GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
     "flat-1d": (
         {
@@ -43,7 +44,7 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
         "attention.scale",
         (),
     ),
-    "flat-2d": (FLAT2, "attention.scale", ()),
+    "flat-2d": (FLAT2, "attention.scale", ("quantiles",)),
     "flat-3d": (
         {
             "grid": {"lower": [-7.0] * 3, "upper": [7.0] * 3, "cells": [6, 6, 6]},
@@ -52,12 +53,12 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
             "run": RUN,
         },
         "attention.scale",
-        (),
+        ("quantiles",),
     ),
     "frame": (
         {**copy.deepcopy(FLAT2), "scheme": {"frame": "affine"}},
         "attention.scale",
-        (),
+        ("quantiles",),
     ),
     "masked": (
         {
@@ -66,7 +67,7 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
             "attention": {**FLAT2["attention"], "masked": True},
         },
         "attention.scale",
-        (),
+        ("quantiles",),
     ),
     "circle": (
         {
@@ -86,7 +87,7 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
             "run": RUN,
         },
         "attention.beta",
-        ("gaussian", "compare"),
+        ("gaussian", "compare", "quantiles"),
     ),
 }
 
@@ -150,6 +151,7 @@ def matrix(tmp_path: Path, capsys, name: str, address: str, full: bool = False) 
     config = tmp_path / "config.toml"
     config.write_text(dumps(raw))
     run, tokens, ode = tmp_path / "run.nc", tmp_path / "tokens.nc", tmp_path / "ode.nc"
+    mid = tmp_path / "mid.nc"
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(
         f'base = "config.toml"\noutput = "{tmp_path / "sweep"}"\n[parameters]\n"{key}" = [2.0]\n'
@@ -160,6 +162,7 @@ def matrix(tmp_path: Path, capsys, name: str, address: str, full: bool = False) 
         ("info", ["info", run], None),
         ("plot", ["plot", run, "-o", figures], figures),
         ("particles", ["particles", config, "--tokens", 40, "-o", tokens], tokens),
+        ("quantiles", ["particles", config, "--tokens", 40, "--quantiles", "-o", mid], mid),
         ("gaussian", ["gaussian", config, "-o", ode], ode),
         ("info", ["info", tokens], None),
     ]
