@@ -79,7 +79,7 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
         "attention.beta",
         ("gaussian",),
     ),
-    "sphere": (  # no compare figure on the sphere yet: refused in one line
+    "sphere": (
         {
             "grid": {"geometry": "sphere", "cells": 6},
             "initial": {"kind": "noise", "amplitude": 1e-3, "l_max": 3},
@@ -87,7 +87,7 @@ GEOMETRIES: dict[str, tuple[dict, str, tuple[str, ...]]] = {
             "run": RUN,
         },
         "attention.beta",
-        ("gaussian", "compare", "quantiles"),
+        ("gaussian", "quantiles"),
     ),
 }
 

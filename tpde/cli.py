@@ -145,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         "references",
         type=Path,
         nargs="*",
-        help="PARTICLES.nc (several on the circle: seeds, drawn as a band) and/or GAUSSIAN.nc, "
-        "any order",
+        help="PARTICLES.nc (several on the circle and the sphere: seeds, drawn as a band) "
+        "and/or GAUSSIAN.nc, any order",
     )
     compare.add_argument(
         "-o",
@@ -662,11 +662,8 @@ def cmd_plot(args) -> int:
 def cmd_compare(args) -> int:
     from tpde.plots import compare_figure
 
-    if args.run.is_file() and _sphere_file(args.run):  # (its cells are no lattice to share)
-        return _fail(
-            f"compare: {args.run} is a sphere run; tpde compare draws flat grids and the "
-            "circle: draw each file with tpde plot"
-        )
+    if args.run.is_file() and _sphere_file(args.run):  # (its files: tpde.sphere's reader)
+        return _compare_sphere(args)
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset
@@ -696,6 +693,30 @@ def cmd_compare(args) -> int:
         )
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc).splitlines()[0])
+    fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
+    print(target)
+    return 0
+
+
+def _compare_sphere(args) -> int:
+    """``tpde compare`` of a sphere run: its token runs (several seeds: a band) in moments,
+    degree amplitudes and W_2 on the sphere (tpde.sphere_plots.compare_figure)."""
+    from tpde.sphere import read_sphere
+    from tpde.sphere_plots import compare_figure
+
+    for path in args.references:
+        if not path.is_file() or not _sphere_file(path):
+            return _fail(
+                f"compare: {path} is not a sphere file; give token runs of the run's config "
+                "(tpde particles CONFIG --seed S), the sphere has no Gaussian closure"
+            )
+    try:
+        fig = compare_figure(
+            read_sphere(args.run), [read_sphere(p) for p in args.references], args.title
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        return _fail(str(exc).splitlines()[0])
+    target = args.output or args.run.with_name(args.run.stem + "_compare.png")
     fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
     print(target)
     return 0

@@ -1241,7 +1241,8 @@ def compare_figure(
         return circle_plots.compare_figure(run, token_runs, time, title)
     if len(token_runs) > 1:
         raise ValueError(
-            "compare: several token files are drawn as a band on the circle only; "
+            "compare: several token files are drawn as a band on the circle and the sphere "
+            "only; "
             "give one tpde particles file"
         )
     particles = token_runs[0] if token_runs else None

@@ -1,6 +1,7 @@
-"""`tpde compare` on the circle: W_1 on the circle (exact for cells) against closed forms
-and POT's circular distance, and the comparison figure of a grid run against several
-token seeds drawn as a band (order parameter and W_1 in the circle's own terms)."""
+"""`tpde compare` on the circle and the sphere: W_1 on the circle (exact for cells) against
+closed forms and POT's circular distance, and the comparison figures of a grid run against
+several token seeds drawn as a band (in the geometry's own terms: order parameter, W_1 on
+the circle; mean length, second moment, degree amplitudes, W_2 on the sphere)."""
 
 from __future__ import annotations
 
@@ -114,4 +115,56 @@ def test_compare_on_the_circle_draws_seeds_as_a_band(tmp_path, capsys, monkeypat
     capsys.readouterr()
     assert main(["compare", str(flat_run), str(a), str(b), "-o", str(tmp_path / "f.png")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "band on the circle only" in err, err
+    assert err.count("\n") == 1 and "band on the circle and the sphere only" in err, err
+
+
+def test_compare_on_the_sphere_draws_seeds_as_a_band(tmp_path, capsys, monkeypatch):
+    """`tpde compare RUN t1 t2 t3` on the sphere writes its figure (exit 0); the order
+    parameter's band and median are those of |mean of the tokens| recomputed from the
+    token positions; W_2 to the run and the seeds' own noise are drawn; a flat file as a
+    reference is refused in one line (exit 2)."""
+    import xarray as xr
+    from matplotlib.figure import Figure
+
+    from tpde.sphere import read_sphere
+    from tpde.sphere_plots import compare_figure
+
+    raw = {
+        "grid": {"geometry": "sphere", "cells": 6},
+        "initial": {"kind": "noise", "amplitude": 0.05, "l_max": 3},
+        "attention": {"beta": 4.0},
+        "run": {"t_end": 0.2, "snapshots": 3},
+    }
+    config = tmp_path / "s2.toml"
+    config.write_text(dumps(raw))
+    run, tokens = tmp_path / "run.nc", [tmp_path / f"t{s}.nc" for s in (1, 2, 3)]
+    assert main(["run", str(config), "-o", str(run), "--quiet"]) == 0
+    for seed, path in enumerate(tokens, start=1):
+        args = ["particles", str(config), "--tokens", "60", "--seed", str(seed), "-o", str(path)]
+        assert main(args) == 0
+    drawn_to: list = []  # (drawing is most of a figure's cost: tests/test_figures.py draws)
+    monkeypatch.setattr(Figure, "savefig", lambda self, name, *a, **k: drawn_to.append(name))
+    picture = tmp_path / "compare.png"
+    assert main(["compare", str(run), *map(str, tokens), "-o", str(picture)]) == 0
+    assert drawn_to == [picture]
+    fig = compare_figure(read_sphere(run), [read_sphere(p) for p in tokens])
+    order, _, _, distance = fig.get_axes()
+    lengths = []
+    for path in tokens:
+        with xr.open_dataset(path) as one:
+            lengths.append(np.linalg.norm(one["tokens"].values.mean(axis=1), axis=1))
+    median = order.get_lines()[-1].get_ydata()
+    print(f"\n|mean| of the tokens (median of 3 seeds): {np.round(median, 4).tolist()}")
+    np.testing.assert_allclose(median, np.median(np.array(lengths), axis=0), rtol=1e-10)
+    assert order.collections and distance.collections  # the seeds' bands
+    labels = [line.get_label() for line in distance.get_lines()]
+    assert "seeds - seeds (sampling noise)" in labels
+    w2 = distance.get_lines()[0].get_ydata()
+    print(f"W_2 tokens - grid (median): {np.round(w2, 4).tolist()}")
+    assert np.all((w2 > 0) & (w2 < np.pi))
+    capsys.readouterr()
+    flat = tmp_path / "flat.nc"
+    flat.write_text("")
+    assert main(["compare", str(run), str(flat), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a sphere file" in err, err
