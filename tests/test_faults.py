@@ -358,6 +358,10 @@ def test_errors_are_recorded_with_their_time(folder, capsys, monkeypatch):
     print(f"  sweep record: {record['outcome']} ({record['reason']}) at {record['event_time']}")
     assert record["outcome"] == "failed" and record["reason"] == "non_finite"
     assert 0.2 <= record["event_time"] <= 0.25
+    capsys.readouterr()
+    assert main(["info", str(nan_file)]) == 0
+    out = capsys.readouterr().out
+    assert "status: error (non_finite) at t = 0.2" in out, out
     held("4", 3)
 
 
