@@ -530,7 +530,9 @@ def solve(
     for target in times[1:]:
         while t < target * (1 - 1e-14):
             if steps >= max_steps:
-                raise SimulationError(f"run.max_steps = {max_steps} reached at t = {t:.6g}")
+                raise SimulationError(
+                    f"run.max_steps = {max_steps} reached at t = {t:.6g}", "max_steps"
+                )
             rho = grid.from_coordinate(q)
             speeds = steady if steady is not None else op.node_speeds(velocity, rho, t)
             rate = op.max_outflow(speeds)
@@ -556,7 +558,9 @@ def solve(
                     if atoms is not None and before is not None:
                         atoms.restore(before)
             else:
-                raise SimulationError(f"step size collapsed below {dt:.3e} at t = {t:.6g}")
+                raise SimulationError(
+                    f"step size collapsed below {dt:.3e} at t = {t:.6g}", "step_collapse"
+                )
             if not np.all(np.isfinite(stepped)):
                 raise SimulationError(
                     f"density: non-finite value in the step from t = {t:.6g} to "

@@ -79,10 +79,23 @@ MAX_STEPS = 10_000_000
 #: how often a step whose update went negative is halved and redone before the run ends
 #: (each retry halves dt: 30 is a factor 1e-9)
 STEP_TRIES = 30
+#: why the numerics failed (:attr:`SimulationError.reason`, the file's ``status_reason``):
+#: a non-finite value, the step budget ``max_steps`` spent, a fixed ``scheme.dt`` above the
+#: positivity bound, the step halved STEP_TRIES times without passing the limiter
+FAILURE_REASONS = ("non_finite", "max_steps", "step_bound", "step_collapse")
 
 
 class SimulationError(RuntimeError):
-    """The numerics failed (non-finite values, step size collapse); message names t and step."""
+    """The numerics failed (non-finite values, step size collapse); message names t and step.
+
+    ``reason``: one of :data:`FAILURE_REASONS`, the typed cause a file and a sweep read (the
+    message is for people)."""
+
+    def __init__(self, message: str, reason: str = "non_finite"):
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"SimulationError: reason {reason!r} not in {FAILURE_REASONS}")
+        super().__init__(message)
+        self.reason = reason
 
 
 class FrameStepRejected(ArithmeticError):
@@ -327,6 +340,8 @@ class Result:
     status: str = "completed"
     status_time: float = float("nan")
     status_message: str = ""
+    #: the typed cause of a ``failed`` status (:data:`FAILURE_REASONS`), else ""
+    status_reason: str = ""
     steps: int = 0
     rejected_steps: int = 0
     limited_stages: int = 0
@@ -445,6 +460,7 @@ class Solver:
         )
         self.monitor.reconstruction_error = float(problem.initial_reconstruction_error)
         self.status_message = ""
+        self.status_reason = ""  # (a failed status's FAILURE_REASONS entry)
         # noise: the exact diffusion substeps around each transport step (.diffusion)
         self.diffusion = (
             Diffusion(self.grid, problem.noise, self.operator.lead) if problem.noise else None
@@ -727,6 +743,7 @@ class Solver:
                 status, self.status_message = self.monitor.ended(
                     self.t, "failed", str(exc), f"the numerics failed: {exc}"
                 )
+                self.status_reason = exc.reason if status == "failed" else ""
                 return status
 
     def _advance_to(self, t_target: float) -> str:
@@ -734,7 +751,8 @@ class Solver:
         while self.t < t_target:
             if self.steps >= self.problem.max_steps:
                 raise SimulationError(
-                    f"run.max_steps = {self.problem.max_steps} reached at t = {self.t:.6g}"
+                    f"run.max_steps = {self.problem.max_steps} reached at t = {self.t:.6g}",
+                    "max_steps",
                 )
             velocity = self.face_velocity(self.density, self.t, self.frame)
             self.last_speed = velocity.max_speed()
@@ -744,7 +762,8 @@ class Solver:
                 if dt > bound * (1 + 1e-12):
                     raise SimulationError(
                         f"scheme.dt = {dt:.4g} exceeds the positivity bound "
-                        f"{bound:.4g} at t = {self.t:.6g}: lower dt"
+                        f"{bound:.4g} at t = {self.t:.6g}: lower dt",
+                        "step_bound",
                     )
             else:
                 dt = scheme.cfl * bound
@@ -792,7 +811,9 @@ class Solver:
                         return status
                     dt = self._frame_dt
             else:
-                raise SimulationError(f"step size collapsed below {dt:.3e} at t = {self.t:.6g}")
+                raise SimulationError(
+                    f"step size collapsed below {dt:.3e} at t = {self.t:.6g}", "step_collapse"
+                )
             if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
                 self.t = t_target
             self.monitor.add_reconstruction_error(rate * dt)
@@ -868,6 +889,7 @@ class Solver:
                     result.status = status
                     result.status_time = self.t
                     result.status_message = self.status_message
+                    result.status_reason = self.status_reason
                     break
         finally:
             result.events = list(self.monitor.events)

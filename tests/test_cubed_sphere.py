@@ -431,6 +431,8 @@ def test_the_sphere_loop_names_a_non_finite_velocity_and_max_steps():
     with pytest.raises(SimulationError, match=r"run.max_steps = 3 reached at t = 0\.03\b") as cap:
         solve(g, rho, SolidRotation(), 1.0, snapshots=2, dt_max=0.01, max_steps=3)
     print(f"\n{bad.value}\n{cap.value}")
+    # the typed causes a run file records (status_reason) and tpde sweep reads
+    assert (bad.value.reason, cap.value.reason) == ("non_finite", "max_steps")
 
 
 def test_a_step_above_the_positivity_bound_is_halved_and_redone(monkeypatch):

@@ -351,8 +351,17 @@ def test_errors_are_recorded_with_their_time(folder, capsys, monkeypatch):
         run_config(built, nan_file)
     nan_outcome = io.outcome(nan_file)
     assert nan_outcome.status == "error" and 0.2 <= nan_outcome.time <= 0.25
+    assert nan_outcome.reason == "non_finite"  # typed: the sweep never reads the message
+    # the velocity turned NaN while the covariance stayed put (drift 0.1): no evidence of a
+    # blow-up, so the sweep records a failure of the numerics with its time and reason
     record = read_outcome(nan_file)
-    assert record["outcome"] == "blowup" and 0.2 <= record["event_time"] <= 0.25
+    print(f"  sweep record: {record['outcome']} ({record['reason']}) at {record['event_time']}")
+    assert record["outcome"] == "failed" and record["reason"] == "non_finite"
+    assert 0.2 <= record["event_time"] <= 0.25
+    capsys.readouterr()
+    assert main(["info", str(nan_file)]) == 0
+    out = capsys.readouterr().out
+    assert "status: error (non_finite) at t = 0.2" in out, out
     held("4", 3)
 
 

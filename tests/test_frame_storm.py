@@ -68,12 +68,23 @@ def test_a_non_finite_velocity_after_growth_ends_with_blowup_and_its_prediction(
     assert result.status_time < 0.55 * T_STAR + 0.05
 
 
-def test_a_non_finite_velocity_before_growth_ends_failed():
+def test_a_non_finite_velocity_before_growth_ends_failed(tmp_path):
     result = frame_run(Faulty("overflow", t_bad=0.02), 0.5)
     print(f"\n{result.status}: {result.status_message}")
     assert result.status == "failed"
     assert "non-finite" in result.status_message
     assert 0.0 < result.status_time < 0.05
+    # the file records the typed cause (tpde.io.ERROR_REASONS), read by tpde sweep
+    from tpde.run import result_outcome
+
+    assert result.status_reason == "non_finite"
+    outcome = result_outcome(result)
+    assert (outcome.status, outcome.reason) == ("error", "non_finite")
+    assert outcome.time == result.status_time
+    from tpde import io
+
+    stored = io.outcome(io.write(result, tmp_path / "failed.nc"))  # a run built in Python
+    assert (stored.status, stored.reason, stored.time) == ("error", "non_finite", outcome.time)
 
 
 def test_rough_rates_end_the_run_with_a_status():

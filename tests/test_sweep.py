@@ -137,15 +137,30 @@ def test_classify_outcomes():
     grown = np.array([np.eye(2), 2e3 * np.eye(2), 1e4 * np.eye(2)])
     out = classify("completed", 1.0, "", t, grown)
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.5)
-    out = classify("error", math.nan, "non-finite density at t = 0.73, step 12", t[:2], line[:2])
+    # the typed status decides, never the message: a non-finite value is a failure of the
+    # numerics at its time, unless the recorded trace grew by more than 1e3 before it
+    message = "SimulationError: non-finite density at t = 0.73, step 12"
+    out = classify("error", 0.73, message, t[:2], line[:2], reason="non_finite")
+    assert (out["outcome"], out["reason"], out["event_time"]) == ("failed", "non_finite", 0.73)
+    assert out["message"] == message
+    out = classify("error", 0.73, "", t[:2], grown[:2], reason="non_finite")
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.73)
+    out = classify("error", 0.73, message, t[:2], grown[:2], reason="max_steps")
+    assert (out["outcome"], out["reason"]) == ("failed", "max_steps")  # growth is no cause
+    out = classify("error", 0.73, "overflow at t = 0.5", t[:2], line[:2])
+    assert (out["outcome"], out["reason"], out["event_time"]) == ("failed", "exception", 0.73)
+    out = classify("under_resolved", 0.3, "", t, line)
+    assert (out["outcome"], out["event_time"]) == ("under_resolved", 0.3)
+    out = classify("box_limited", 0.2, "", t, line)
+    assert (out["outcome"], out["event_time"]) == ("box_limited", 0.2)
     out = classify("blowup", 0.61, "", t, line)
     assert (out["outcome"], out["event_time"]) == ("blowup", 0.61)
     out = classify("mass_left_domain", 0.42, "outflow ...", t, line)
     assert (out["outcome"], out["event_time"], out["rank"]) == ("mass_left", 0.42, -1)
     out = classify("error", math.nan, "SinkhornError: max_iter reached", t, line)
     assert (out["outcome"], out["message"]) == ("failed", "SinkhornError: max_iter reached")
-    assert classify("running", 0.0, "", t[:1], line[:1])["outcome"] == "failed"
+    out = classify("running", 0.0, "", t[:1], line[:1])
+    assert (out["outcome"], out["reason"]) == ("failed", "running")
 
 
 def test_progress_line():
@@ -298,3 +313,48 @@ def test_one_parameter_sweep_writes_its_grid_and_passes_threads(tmp_path, monkey
     for run in (tmp_path / "out" / "runs").glob("*.nc"):
         with xr.open_dataset(run) as one:
             assert int(one.attrs["threads"]) == 1
+
+
+def test_summary_line_and_info_count_every_outcome(tmp_path, capsys):
+    """A 4-run sweep (one run reaches t_end, one leaves the box's trust, two have a
+    covariance that is not positive definite): the end-of-sweep line and `tpde info` of
+    its summary give every outcome's count, box_limited included (a line that listed only
+    converged, blowup and failed once hid 53 box_limited runs of 64), and each failure
+    its typed reason."""
+    path = write_sweep(
+        tmp_path,
+        {"attention.scale": [0.5, 3.0], "initial.covariance": [COVARIANCES[0], COVARIANCES[2]]},
+    )
+    with distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp://",
+        dashboard_address=None,
+        silence_logs=50,
+    ) as cluster:
+        code = main(["sweep", str(path), "--scheduler", cluster.scheduler_address, "--quiet"])
+    out = capsys.readouterr().out
+    line = out.splitlines()[0]
+    print(f"\n{line}")
+    assert code == 0
+    expected = {
+        "converged": 1,
+        "blowup": 0,
+        "mass_left": 0,
+        "box_limited": 1,
+        "failed": 2,
+        "under_resolved": 0,
+    }
+    assert line.startswith("4 runs: ")
+    for outcome, count in expected.items():
+        assert f"{count} {outcome}" in line, outcome
+    ds = read_summary(tmp_path / "out" / "summary.nc")
+    failed = ds["outcome"].values == "failed"
+    assert sorted(ds["reason"].values[failed]) == ["config", "config"]
+    assert set(ds["reason"].values[~failed]) == {""}
+    assert main(["info", str(tmp_path / "out" / "summary.nc")]) == 0
+    said = [s for s in capsys.readouterr().out.splitlines() if "outcomes:" in s]
+    print(said[0])
+    for outcome, count in expected.items():
+        assert f"{count} {outcome}" in said[0], outcome

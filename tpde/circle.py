@@ -67,6 +67,9 @@ KEYS = {
     "attention": {"variant", "beta", "A", "V", "W", "normalised", "engine", "masked"},
     "atoms": {f.name for f in dataclasses.fields(AtomOptions)},
 }
+#: every section's known keys ([scheme] and [run] are the flat geometry's): build_circle
+#: and tpde.sweep (a base config's keys, its parameter paths) check against it
+CONFIG_SECTIONS = {**KEYS, "scheme": SECTIONS["scheme"], "run": SECTIONS["run"]}
 INITIAL_KINDS = ("uniform", "noise", "von_mises", "mixture")
 
 
@@ -168,9 +171,7 @@ def build_circle(raw: dict) -> Config:
         raise ConfigError(
             f"grid.geometry: unknown {geometry!r}; choose one of {', '.join(GEOMETRIES)}"
         )
-    # [scheme] and [run] are the flat geometry's
-    sections = {**KEYS, "scheme": SECTIONS["scheme"], "run": SECTIONS["run"]}
-    check_keys(raw, sections, "circle", required=("grid", "attention", "run"))
+    check_keys(raw, CONFIG_SECTIONS, "circle", required=("grid", "attention", "run"))
     grid = _grid(raw["grid"])
     field = _attention(raw["attention"])
     try:

@@ -7,8 +7,9 @@
 circle run: overlaid on one axes, the later ones hid the earlier); ``order_figure``: the order
 parameter ``|<e^{i theta}>|``, the first mode amplitudes and the cluster count against time
 (``moments.png``: the mean and variance of an angle mean little on the circle).
-``circle_figures`` writes the first three. The reading helpers take a Dataset or a path of a
-tpde output.
+``compare_figure``: a grid run against one or several token runs (``tpde compare`` on the
+circle; several seeds drawn as a band). ``circle_figures`` writes the first three. The
+reading helpers take a Dataset or a path of a tpde output.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tpde.grid.circle import TWO_PI, circle_grid, clusters, fourier_modes
 __all__ = [
     "circle_figures",
     "circle_series",
+    "compare_figure",
     "is_circle_file",
     "modes_figure",
     "order_figure",
@@ -305,3 +307,123 @@ def circle_figures(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.Pat
         fig.savefig(target, dpi=DPI)
         written.append(target)
     return written
+
+
+def _order(density: np.ndarray, grid, copies: int) -> np.ndarray:
+    """The order parameter ``|c_m| / c_0`` of every snapshot (``m`` = copies; m = 1:
+    ``|<e^{i theta}>|``), shape (time,)."""
+    modes = fourier_modes(density, grid, copies)
+    return np.abs(modes[..., -1]) / np.maximum(np.abs(modes[..., 0]), 1e-300)
+
+
+def compare_figure(
+    run: xr.Dataset | str | os.PathLike[str],
+    tokens: Sequence[xr.Dataset | str | os.PathLike[str]],
+    time: float | None = None,
+    title: str | None = None,
+) -> Figure:
+    """A grid run on the circle against token runs of the same config (``tpde compare``;
+    ``tpde particles`` with several ``--seed`` values: their spread is drawn as a band,
+    min to max over the seeds, with their median).
+
+    Top: the density at ``time`` (default: the run's last snapshot; a token run without that
+    time is left out of the panel and counted in its title) in units of the uniform density,
+    the token histograms on the run's cells. Bottom: the order parameter ``|c_m| / c_0``
+    against t (:func:`order_figure`), and ``W_1`` on the circle between each token histogram
+    and the run (:func:`tpde.validation.metrics.wasserstein_circle`, exact for the cells).
+    ValueError (one line) for token files not on the run's circle."""
+    from tpde.validation.metrics import wasserstein_circle
+
+    s = circle_series(run)
+    grid, m, t = s["grid"], s["copies"], s["time"]
+    sets = [circle_series(ds) for ds in tokens]
+    for one in sets:
+        if one["density"].shape[-1] != s["density"].shape[-1] or one["copies"] != m:
+            raise ValueError(
+                "compare: a token file is not on the run's circle (cells or copies differ); "
+                "write it with the run's config (tpde particles CONFIG)"
+            )
+    index = int(np.argmin(np.abs(t - time))) if time is not None else t.size - 1
+    at = float(t[index])
+    fig = _figure(12.0, 7.5)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.0])  # type: ignore[misc]
+    ax = top.subplots()
+    uniform = 1.0 / TWO_PI
+    theta, rho = _full_circle(s["theta"], s["density"][index], m)
+    ax.plot(theta, rho / uniform, color="C0", lw=1.5, label="grid run")
+    drawn = []
+    for one in sets:
+        j = np.flatnonzero(np.isclose(one["time"], at, rtol=1e-12, atol=1e-12))
+        if j.size:
+            drawn.append(_full_circle(one["theta"], one["density"][j[0]], m)[1] / uniform)
+    seeds = f"{len(sets)} token run{'s' if len(sets) != 1 else ''}"
+    if len(drawn) == 1:
+        ax.plot(theta, drawn[0], ":", color="C1", drawstyle="steps-mid", label="token histogram")
+    elif drawn:
+        stack = np.stack(drawn)
+        ax.fill_between(
+            theta,
+            stack.min(axis=0),
+            stack.max(axis=0),
+            step="mid",
+            color="C1",
+            alpha=0.3,
+            label=f"token histograms, min to max over {len(drawn)} seeds",
+        )
+        ax.plot(
+            theta, np.median(stack, axis=0), ":", color="C1", drawstyle="steps-mid", label="median"
+        )
+    missing = len(sets) - len(drawn)
+    ax.set_title(
+        f"t = {at:.4g}" + (f" ({missing} of {seeds} without this time)" if missing else ""),
+        fontsize="medium",
+    )
+    _angle_ticks(ax)
+    ax.set_xlabel("theta")
+    ax.set_ylabel("density / uniform density")
+    ax.set_ylim(bottom=0.0)
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
+    ax_r, ax_w = bottom.subplots(1, 2)
+    ax_r.plot(t, _order(s["density"], grid, m), color="C0", label="grid run")
+    common = [float(x) for x in t if all(np.isclose(one["time"], x).any() for one in sets)]
+    orders, distances = [], []
+    for one in sets:
+        pick = [int(np.flatnonzero(np.isclose(one["time"], x))[0]) for x in common]
+        orders.append(_order(one["density"][pick], grid, m))
+        run_at = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
+        distances.append(
+            [
+                wasserstein_circle(one["density"][a], s["density"][b], grid)
+                for a, b in zip(pick, run_at, strict=True)
+            ]
+        )
+    for axis, values, name in ((ax_r, orders, "tokens"), (ax_w, distances, "tokens - grid")):
+        if not values or not common:
+            continue
+        stack = np.asarray(values, dtype=float)
+        if len(values) > 1:
+            axis.fill_between(
+                common,
+                stack.min(axis=0),
+                stack.max(axis=0),
+                color="C1",
+                alpha=0.3,
+                label=f"{name}: min to max over {len(values)} seeds",
+            )
+        label = name if len(values) == 1 else f"{name}: median"
+        axis.plot(common, np.median(stack, axis=0), ":o", ms=3, color="C1", label=label)
+    order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
+    ax_r.set_ylabel(order)
+    ax_r.set_ylim(0.0, 1.05)
+    ax_r.set_title("order parameter", fontsize="medium")
+    ax_w.set_ylabel("W_1 on the circle")
+    ax_w.set_title("distance of the token histograms to the grid run", fontsize="medium")
+    ax_w.set_ylim(bottom=0.0)
+    for axis in (ax_r, ax_w):
+        axis.set_xlabel("t")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small")
+    name = title if title is not None else str(s.get("title", "") or "")
+    fig.suptitle(f"{name}: grid run and {seeds}" if name else f"grid run and {seeds}")
+    return fig

@@ -8,7 +8,7 @@
     tpde info FILE.nc                       # a run, gaussian, particles or sweep summary file
     tpde plot FILE.nc [-o DIR] [--animate] [--times T ...] [--log] [--vmin V] [--vmax V]
               [--title TEXT]
-    tpde compare RUN.nc [PARTICLES.nc] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
+    tpde compare RUN.nc [PARTICLES.nc ...] [GAUSSIAN.nc] [-o FIG.png] [--time T] [--log] ...
     tpde --version
     tpde validate [--suite quick|full] [-o DIR] [--threads N]
     tpde sweep SWEEP.toml [--scheduler ADDRESS] [--workers N] [--threads N] [-o DIR] [--quiet]
@@ -142,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("run", type=Path, help="the grid run (tpde run)")
     compare.add_argument(
-        "references", type=Path, nargs="*", help="PARTICLES.nc and/or GAUSSIAN.nc, any order"
+        "references",
+        type=Path,
+        nargs="*",
+        help="PARTICLES.nc (several on the circle and the sphere: seeds, drawn as a band) "
+        "and/or GAUSSIAN.nc, any order",
     )
     compare.add_argument(
         "-o",
@@ -554,7 +558,8 @@ def status_line(outcome, times) -> str:
             "status: running: no end recorded (the run was killed or is still running); "
             f"last complete snapshot: {last}; tpde run CONFIG -o FILE --resume continues it"
         )
-    return f"status: {outcome.status} at t = {outcome.time:.6g}" + (
+    reason = f" ({outcome.reason})" if outcome.reason else ""  # an error's typed cause
+    return f"status: {outcome.status}{reason} at t = {outcome.time:.6g}" + (
         f": {message}" if message else ""
     )
 
@@ -657,22 +662,28 @@ def cmd_plot(args) -> int:
 def cmd_compare(args) -> int:
     from tpde.plots import compare_figure
 
+    if args.run.is_file() and _sphere_file(args.run):  # (its files: tpde.sphere's reader)
+        return _compare_sphere(args)
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset
+        tokens: list = []  # tpde particles files (several seeds: a band on the circle)
         for path in args.references:
             ds = _open(path)
             kind = _kind(ds)
+            if kind == "particles":
+                tokens.append(ds)
+                continue
             if kind == "run" or kind in found:
                 return _fail(
                     f"compare: {path} is a {'grid run' if kind == 'run' else kind} output; "
-                    "give at most one tpde particles and one tpde gaussian file after RUN"
+                    "give tpde particles files and at most one tpde gaussian file after RUN"
                 )
             found[kind] = ds
         target = args.output or args.run.with_name(args.run.stem + "_compare.png")
         fig = compare_figure(
             run,
-            found.get("particles"),
+            tokens or None,
             found.get("gaussian"),
             args.time,
             log=args.log,
@@ -682,6 +693,30 @@ def cmd_compare(args) -> int:
         )
     except (FileNotFoundError, ValueError) as exc:
         return _fail(str(exc).splitlines()[0])
+    fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
+    print(target)
+    return 0
+
+
+def _compare_sphere(args) -> int:
+    """``tpde compare`` of a sphere run: its token runs (several seeds: a band) in moments,
+    degree amplitudes and W_2 on the sphere (tpde.sphere_plots.compare_figure)."""
+    from tpde.sphere import read_sphere
+    from tpde.sphere_plots import compare_figure
+
+    for path in args.references:
+        if not path.is_file() or not _sphere_file(path):
+            return _fail(
+                f"compare: {path} is not a sphere file; give token runs of the run's config "
+                "(tpde particles CONFIG --seed S), the sphere has no Gaussian closure"
+            )
+    try:
+        fig = compare_figure(
+            read_sphere(args.run), [read_sphere(p) for p in args.references], args.title
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        return _fail(str(exc).splitlines()[0])
+    target = args.output or args.run.with_name(args.run.stem + "_compare.png")
     fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
     print(target)
     return 0

@@ -16,7 +16,8 @@ File layout (NetCDF4/HDF5, CF-1.10), for a grid of d axes and N snapshots::
                  (tpde.grid.moments), outflow(time) (cumulative mass that left the box),
                  max_speed(time), dt(time)
     attributes : Conventions, title, history, source, tpde_version, config (the resolved
-                 TOML), status, status_time, status_message, grid_lower, grid_upper,
+                 TOML), status, status_time, status_message, status_reason (the typed
+                 cause of an ``error``: :data:`ERROR_REASONS`), grid_lower, grid_upper,
                  grid_cells, grid_boundary; at close threads, steps, rejected_steps,
                  wall_time (the counters of every run segment, summed over resumes)
 
@@ -107,6 +108,7 @@ __all__ = [
     "CELL_MEASURES",
     "CONVENTIONS",
     "COUNTERS",
+    "ERROR_REASONS",
     "MEAN",
     "OUTCOMES",
     "RESULTS",
@@ -255,24 +257,51 @@ RESULTS = ("completed", "mass_left_domain", "box_limited", "blowup", "under_reso
 OUTCOMES = (*RESULTS, "interrupted", "error")
 #: the status of a file while it is written (left as is by SIGKILL or a power cut)
 RUNNING = "running"
+#: why a run ended with status ``error`` (the file's ``status_reason``; "" for every other
+#: status): the numerics failed (tpde.schemes.solver.FAILURE_REASONS: a non-finite value,
+#: ``max_steps``, a fixed step above the positivity bound, a step size collapse), the
+#: config, the output or the disk refused, memory ran out, or another exception. Typed, so
+#: that a sweep maps it without reading the message (which is for people).
+ERROR_REASONS = (
+    "non_finite",
+    "max_steps",
+    "step_bound",
+    "step_collapse",
+    "config",
+    "output",
+    "disk_full",
+    "memory",
+    "exception",
+)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended, as stored in the file's ``status``, ``status_time`` and
-    ``status_message`` attributes (``status`` one of :data:`OUTCOMES`, or ``running``)."""
+    """How a run ended, as stored in the file's ``status``, ``status_time``,
+    ``status_message`` and ``status_reason`` attributes (``status`` one of
+    :data:`OUTCOMES`, or ``running``; ``reason`` one of :data:`ERROR_REASONS` for an
+    ``error``, where "" reads as ``exception``, and "" for every other status)."""
 
     status: str
     time: float = math.nan
     message: str = ""
+    reason: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in (*OUTCOMES, RUNNING):
             raise ValueError(
                 f"run.output: status {self.status!r} is not one of {', '.join(OUTCOMES)}"
             )
+        reason = str(self.reason) or ("exception" if self.status == "error" else "")
+        if self.status != "error" and reason:
+            raise ValueError(f"run.output: a reason ({reason!r}) goes with status error only")
+        if self.status == "error" and reason not in ERROR_REASONS:
+            raise ValueError(
+                f"run.output: reason {reason!r} is not one of {', '.join(ERROR_REASONS)}"
+            )
         object.__setattr__(self, "time", float(self.time))
         object.__setattr__(self, "message", " ".join(str(self.message).split()))
+        object.__setattr__(self, "reason", reason)
 
     @property
     def result(self) -> bool:
@@ -291,7 +320,10 @@ class Outcome:
             when = math.nan
         if status not in (*OUTCOMES, RUNNING):
             return cls("error", when, f"unknown status {status[:40]!r} in the file; {message}")
-        return cls(status, when, message)
+        reason = str(attrs.get("status_reason", "")).strip() if status == "error" else ""
+        if reason and reason not in ERROR_REASONS:  # (a file of a later version)
+            message, reason = f"unknown reason {reason[:40]!r} in the file; {message}", ""
+        return cls(status, when, message, reason)
 
 
 class OutputError(ValueError):
@@ -865,6 +897,7 @@ def _global_attributes(
         "status": "running",
         "status_time": math.nan,
         "status_message": "",
+        "status_reason": "",
         "grid_lower": np.asarray(grid.lower, dtype=np.float64),
         "grid_upper": np.asarray(grid.upper, dtype=np.float64),
         "grid_cells": np.asarray(grid.cells, dtype=np.int64),
@@ -1186,6 +1219,7 @@ def reopen_output(
                     "status": RUNNING,
                     "status_time": math.nan,
                     "status_message": f"resumed after {count} snapshots",
+                    "status_reason": "",
                     "history": f"{attrs.get('history', '')}\n{_now()}: resumed by {_source()}",
                 }
             )
@@ -1311,6 +1345,7 @@ class OutputWriter:
                             "status": outcome.status,
                             "status_time": outcome.time,
                             "status_message": outcome.message,
+                            "status_reason": outcome.reason,
                             **_provenance(nc, provenance or {}),
                             UNCLOSED_STEPS: np.int64(0),  # counted in steps now
                         }
@@ -1925,10 +1960,11 @@ def write(
         writer.close("error", math.nan, f"{type(exc).__name__}: {exc}")
         raise
     status = _STATUS_OF_RESULT.get(str(result.status), str(result.status))
+    reason = str(getattr(result, "status_reason", "") or "") if status == "error" else ""
     if status not in OUTCOMES:
-        status = "error"
+        status, reason = "error", "exception"
     writer.close(
-        Outcome(status, float(result.status_time), str(result.status_message)),
+        Outcome(status, float(result.status_time), str(result.status_message), reason),
         provenance=_result_provenance(result),
     )
     return os.fspath(path)

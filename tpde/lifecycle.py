@@ -13,10 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tpde.schemes.solver import SimulationError
+
 from . import io
 from .config_core import ConfigError
 
-__all__ = ["Interrupted", "RunSignals", "error_line", "open_writer", "refuse_result"]
+__all__ = [
+    "Interrupted",
+    "RunSignals",
+    "error_line",
+    "error_reason",
+    "open_writer",
+    "refuse_result",
+]
 
 
 class Interrupted(KeyboardInterrupt):
@@ -86,6 +95,23 @@ def error_line(exc: BaseException) -> str:
         return "MemoryError: out of memory" + (f" ({exc})" if str(exc) else "")
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def error_reason(exc: BaseException) -> str:
+    """The typed cause of a run that ended with ``exc`` (:data:`tpde.io.ERROR_REASONS`, the
+    file's ``status_reason``): the solver's own (``SimulationError.reason``: a non-finite
+    value, ``max_steps``, ...), else the kind of the exception."""
+    if isinstance(exc, SimulationError):
+        return exc.reason
+    if isinstance(exc, io.DiskFull):
+        return "disk_full"
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, io.OutputError):
+        return "output"
+    if isinstance(exc, MemoryError):
+        return "memory"
+    return "exception"
 
 
 def refuse_result(output: Path, outcome: io.Outcome) -> None:

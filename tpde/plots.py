@@ -1194,7 +1194,9 @@ def _picture(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray
 
 def compare_figure(
     run: xr.Dataset | str | os.PathLike[str],
-    particles: xr.Dataset | str | os.PathLike[str] | None = None,
+    particles: (
+        xr.Dataset | str | os.PathLike[str] | Sequence[xr.Dataset | str | os.PathLike[str]] | None
+    ) = None,
     gaussian: xr.Dataset | str | os.PathLike[str] | None = None,
     time: float | None = None,
     *,
@@ -1216,10 +1218,34 @@ def compare_figure(
     ``distances`` snapshot times; POT, tpde.validation.metrics), and the run's energies.
     A reference's curves stop where it does (the ODE at a blow-up), and its panel says so
     when it has no snapshot at ``time``.
+
+    A run on the circle is drawn in the circle's terms (:func:`tpde.circle_plots.
+    compare_figure`: the order parameter and ``W_1`` on the circle, not an angle's mean and
+    variance); there ``particles`` may be several token runs (seeds), drawn as a band.
     """
+    import xarray
+
+    from tpde import circle_plots
     from tpde.io import grid_from_dataset
 
     run = _as_dataset(run)
+    token_runs: list = []
+    if isinstance(particles, str | os.PathLike | xarray.Dataset):
+        token_runs = [particles]
+    elif particles is not None:
+        token_runs = list(particles)  # (several token runs: seeds)
+
+    if circle_plots.is_circle_file(run):  # (the geometry's own figure)
+        if gaussian is not None:
+            raise ValueError("compare: the circle has no Gaussian closure; give token files")
+        return circle_plots.compare_figure(run, token_runs, time, title)
+    if len(token_runs) > 1:
+        raise ValueError(
+            "compare: several token files are drawn as a band on the circle and the sphere "
+            "only; "
+            "give one tpde particles file"
+        )
+    particles = token_runs[0] if token_runs else None
     refs = {"tokens": particles, "ODE": gaussian}
     sets = {name: None if value is None else _as_dataset(value) for name, value in refs.items()}
     if title is not None:

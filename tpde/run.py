@@ -23,7 +23,7 @@ from tpde.variants.energies import run_energies
 
 from . import io
 from .config import Config, ConfigError, build, canonical
-from .lifecycle import Interrupted, error_line, refuse_result
+from .lifecycle import Interrupted, error_line, error_reason, refuse_result
 from .lifecycle import RunSignals as _Signals
 from .lifecycle import open_writer as _writer
 
@@ -190,7 +190,7 @@ def run_config(
         try:
             solver = Solver(problem, on_snapshot=on_snapshot)
             result = solver.run()
-            outcome = io.Outcome(result.status, result.status_time, result.status_message)
+            outcome = result_outcome(result)
         except KeyboardInterrupt as exc:
             name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
             last = writer.last_time if writer.last_time is not None else problem.t_start
@@ -213,6 +213,7 @@ def run_config(
                 f"{error_line(exc)} (at t = {reached:.6g}"
                 + ("" if last is None else f"; snapshots up to t = {last:.6g} are complete")
                 + ")",
+                error_reason(exc),
             )
             raise
         finally:
@@ -220,6 +221,20 @@ def run_config(
             with signals.held(deliver=False):
                 writer.close(outcome, provenance=_provenance(solver, start))
     return output
+
+
+def result_outcome(result) -> io.Outcome:
+    """The file's :class:`tpde.io.Outcome` of a solver's Result: its status (``failed``,
+    the numerics failing in the co-moving frame, is the file's ``error``), time, message
+    and, for an error, its typed reason (``Result.status_reason``)."""
+    if result.status == "failed":
+        return io.Outcome(
+            "error",
+            result.status_time,
+            result.status_message,
+            result.status_reason or "exception",
+        )
+    return io.Outcome(result.status, result.status_time, result.status_message)
 
 
 def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:

@@ -94,6 +94,8 @@ KEYS = {
     "run": {"t_end", "snapshots", "output", "noise"},
     "atoms": {f.name for f in dataclasses.fields(AtomOptions)},
 }
+#: every section's known keys (tpde.sweep checks a base config and its parameter paths)
+CONFIG_SECTIONS = KEYS
 INITIAL_KINDS = ("uniform", "noise", "von_mises_fisher", "mixture")
 RECONSTRUCTIONS = ("upwind", "muscl", "weno5", "weno5z")
 INTEGRATORS = ("euler", "ssprk2", "ssprk3")
@@ -884,7 +886,7 @@ def run_sphere(
     (:func:`tpde.schemes.cubed_sphere.solve`)."""
     from tpde.schemes.cubed_sphere import solve
 
-    from .lifecycle import Interrupted, error_line, refuse_result
+    from .lifecycle import Interrupted, error_line, error_reason, refuse_result
     from .lifecycle import RunSignals as _Signals
     from .lifecycle import open_writer as _writer
 
@@ -1011,6 +1013,7 @@ def run_sphere(
                 times[0] if last is None else last,
                 error_line(exc)
                 + ("" if last is None else f" (snapshots up to t = {last:.6g} are complete)"),
+                error_reason(exc),
             )
             raise
         finally:

@@ -7,7 +7,9 @@ clusters of the last one marked (local maxima above twice the uniform density,
 :func:`tpde.grid.cubed_sphere.clusters`, with their masses); ``moments.png``: the mean vector,
 its length and the eigenvalues of the second moment over time, and, when the file records them,
 the interaction energy (its staircase) and the degree amplitudes ``A_l``, ``l >= 1`` (log
-scale: the modes' growth).
+scale: the modes' growth). ``compare_figure``: a grid run against one or several token
+runs (``tpde compare`` on the sphere; several seeds drawn as a band), in moments, degree
+amplitudes and ``W_2`` on the sphere.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import numpy as np
 
 from tpde.grid import cubed_sphere as cs
 
-__all__ = ["density_map_figure", "moments_figure", "plot_sphere", "raster"]
+__all__ = ["compare_figure", "density_map_figure", "moments_figure", "plot_sphere", "raster"]
+
+#: W_2 is computed at up to this many snapshot times (an exact transport LP each)
+COMPARE_DISTANCES = 8
+#: the largest transport problem (density atoms x tokens) computed for the W_2 panel; a
+#: density's atoms per cell side drop from 3 to 1 above it, and the panel says so beyond
+COMPARE_COST_ENTRIES = 2e7
 
 
 def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
@@ -146,3 +154,144 @@ def plot_sphere(
         fig.savefig(target, dpi=110)
         fig.clear()
     return out
+
+
+def _band(ax, t, values: list, colour: str, name: str) -> None:
+    """One reference's curve: its median over the seeds, dotted, and (several seeds) the
+    band from their min to their max."""
+    stack = np.asarray(values, dtype=float)
+    if len(values) > 1:
+        ax.fill_between(
+            t,
+            stack.min(axis=0),
+            stack.max(axis=0),
+            color=colour,
+            alpha=0.3,
+            label=f"{name}: min to max over {len(values)} seeds",
+        )
+    ax.plot(
+        t,
+        np.median(stack, axis=0),
+        ":",
+        color=colour,
+        label=name if len(values) == 1 else f"{name}: median",
+    )
+
+
+def compare_figure(run, tokens: Sequence, title: str | None = None):
+    """A grid run on the sphere against token runs of the same config (``tpde compare``;
+    ``tpde particles`` with several ``--seed`` values: their spread drawn as a band, min to
+    max over the seeds, with their median). ``run`` and ``tokens``: sphere files read by
+    :func:`tpde.sphere.read_sphere`.
+
+    Against t, at the snapshot times every file holds: the length of the mean vector
+    ``|int x dmu|`` (the order parameter), the largest and smallest eigenvalue of the
+    second moment ``int x x^T dmu``, the degree amplitudes ``A_1, A_2, A_3`` (log), and
+    ``W_2`` on the sphere (geodesic cost; :func:`tpde.validation.sphere_transport.
+    grid_token_w2`: the run's cells as atoms, exact LP) of each token run to the run, with
+    the seeds' own distance to one another (their sampling noise) at up to
+    ``COMPARE_DISTANCES`` times. ValueError (one line) for token files of another sphere."""
+    from tpde.validation.sphere_transport import grid_token_w2
+
+    from .sphere import from_file, grid_of
+
+    grid = grid_of(run)
+    cells = 6 * grid.n * grid.n
+    for one in tokens:
+        if one.sizes.get("cell") != run.sizes.get("cell") or "tokens" not in one:
+            raise ValueError(
+                "compare: a reference is not a token run on the run's sphere (cells differ "
+                "or no tokens); write it with the run's config (tpde particles CONFIG)"
+            )
+    t = np.asarray(run["time"].values, float)
+    common = [x for x in t if all(np.isclose(one["time"].values, x).any() for one in tokens)]
+    common = common if tokens else []  # (no reference: the run's curves alone)
+    at_run = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
+    picks = [
+        [int(np.flatnonzero(np.isclose(one["time"].values, x))[0]) for x in common]
+        for one in tokens
+    ]
+    fig = _figure(12.0, 7.5)
+    (ax_m, ax_e), (ax_a, ax_w) = fig.subplots(2, 2)
+    ax_m.plot(t, np.linalg.norm(run["mean_vector"].values, axis=1), color="C0", label="grid run")
+    eig = np.linalg.eigvalsh(run["second_moment"].values)
+    ax_e.plot(t, eig[:, -1], color="C0", label="grid run: largest")
+    ax_e.plot(t, eig[:, 0], "--", color="C0", label="grid run: smallest")
+    if common:
+        means = [
+            np.linalg.norm(one["mean_vector"].values[k], axis=1)
+            for one, k in zip(tokens, picks, strict=True)
+        ]
+        _band(ax_m, common, means, "C1", "tokens")
+        eigs = [
+            np.linalg.eigvalsh(one["second_moment"].values[k])
+            for one, k in zip(tokens, picks, strict=True)
+        ]
+        _band(ax_e, common, [e[:, -1] for e in eigs], "C1", "tokens: largest")
+        _band(ax_e, common, [e[:, 0] for e in eigs], "C2", "tokens: smallest")
+    if "harmonic_amplitude" in run:
+        amplitude = run["harmonic_amplitude"].values
+        for degree in range(1, min(4, amplitude.shape[1])):
+            colour = f"C{degree - 1}"
+            ax_a.semilogy(
+                t,
+                np.maximum(amplitude[:, degree], 1e-300),
+                color=colour,
+                label=f"grid run: l = {degree}",
+            )
+            if common and all("harmonic_amplitude" in one for one in tokens):
+                values = [
+                    np.maximum(one["harmonic_amplitude"].values[k, degree], 1e-300)
+                    for one, k in zip(tokens, picks, strict=True)
+                ]
+                _band(ax_a, common, values, colour, f"tokens: l = {degree}")
+    chosen = (
+        np.unique(
+            np.linspace(0, len(common) - 1, min(COMPARE_DISTANCES, len(common))).round().astype(int)
+        )
+        if common
+        else np.zeros(0, int)
+    )
+    sizes = [one.sizes["token"] for one in tokens]
+    per_side = 3 if 9 * cells * max(sizes, default=0) <= COMPARE_COST_ENTRIES else 1
+    note = ""
+    if chosen.size and cells * max(sizes) <= COMPARE_COST_ENTRIES:
+        densities = [from_file(run["density"].values[at_run[i]]) for i in chosen]
+        sets = [
+            np.asarray(one["tokens"].values)[[k[i] for i in chosen]]
+            for one, k in zip(tokens, picks, strict=True)
+        ]
+        rows = grid_token_w2(grid, densities, sets, per_side)
+        when = [common[i] for i in chosen]
+        _band(
+            ax_w,
+            when,
+            [[r["grid"][s] for r in rows] for s in range(len(tokens))],
+            "C1",
+            "tokens - grid",
+        )
+        if len(tokens) > 1:
+            ax_w.plot(
+                when,
+                [r["noise"] for r in rows],
+                "k--",
+                lw=1,
+                label="seeds - seeds (sampling noise)",
+            )
+        ax_w.set_ylim(bottom=0.0)
+    elif chosen.size:
+        note = " (not computed: the transport problem is too large)"
+    ax_m.set_title("order parameter |int x dmu|", fontsize=10)
+    ax_m.set_ylim(0.0, 1.05)
+    ax_e.set_title("eigenvalues of int x x^T dmu", fontsize=10)
+    ax_a.set_title("degree amplitudes A_l", fontsize=10)
+    ax_w.set_title(f"W_2 on the sphere to the grid run{note}", fontsize=10)
+    for ax in (ax_m, ax_e, ax_a, ax_w):
+        ax.set_xlabel("t")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    seeds = f"{len(tokens)} token run{'s' if len(tokens) != 1 else ''}"
+    name = title if title is not None else " ".join(str(run.attrs.get("title", "")).split())
+    fig.suptitle(f"{name}: grid run and {seeds}" if name else f"grid run and {seeds}")
+    return fig

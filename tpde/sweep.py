@@ -21,13 +21,15 @@ x = "attention.scale"
 y = "attention.A[0][1]"
 ```
 
-Outcomes (:func:`classify`): ``converged`` (with the rank of the limit), ``blowup`` (with
-its time), ``mass_left`` (with the time the outflow passed ``run.max_outflow``),
-``box_limited`` (with the time the box stopped holding the dynamics) or ``failed`` (with
-the message). A failed run is recorded, never fatal. A rerun skips the runs whose file
-holds a terminal status (completed, blowup, mass_left_domain, box_limited) for the same
-configuration and redoes the others; the run id hashes the whole resolved configuration, so
-editing the base config reruns everything it touches.
+Outcomes (:func:`classify`, from the typed status a run file records, never from its
+message): ``converged`` (with the rank of the limit), ``blowup`` (with its time),
+``mass_left`` (with the time the outflow passed ``run.max_outflow``), ``box_limited`` (with
+the time the box stopped holding the dynamics), ``under_resolved`` or ``failed`` (with its
+typed reason, its time and the message). A failed run is recorded, never fatal. A rerun
+skips the runs whose file holds a terminal status (completed, blowup, mass_left_domain,
+box_limited, under_resolved) for the same configuration and redoes the others; the run id
+hashes the whole resolved configuration, so editing the base config reruns everything it
+touches.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib
 import itertools
 import json
 import logging
@@ -53,6 +56,7 @@ from tpde.grid.threads import THREADS_VARIABLE, parse_threads
 
 from . import io
 from .config import (
+    GEOMETRY_BUILDERS,
     SECTIONS,
     ConfigError,
     canonical,
@@ -90,8 +94,6 @@ DEFAULT_TOLERANCE = 0.05
 #: mistake (one more parameter list than meant) and takes minutes to even enumerate
 MAX_RUNS = 10_000
 BLOWUP_GROWTH = 1e3  # a completed run whose trace grew by more than this is a blow-up
-BLOWUP_MESSAGE = re.compile(r"non-finite|not finite|overflow", re.IGNORECASE)
-_AT_TIME = re.compile(r"\bat t = ([-+0-9.eE]+)")
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -176,8 +178,8 @@ def _base(value: Any, folder: Path) -> dict:
         raw = resolve_paths(load(value), folder)
     else:
         raise ConfigError(f"base: expected a file name or a table, got {value!r:.60}")
-    try:  # the base's keys follow the config schema (its values are checked per run)
-        check_keys(raw)
+    try:  # the base's keys follow its geometry's schema (its values are checked per run)
+        check_keys(raw, *geometry_sections(raw))
     except ConfigError as exc:
         raise ConfigError(f"base: {exc}") from None
     return copy.deepcopy(raw)
@@ -272,7 +274,9 @@ def _render(steps: list) -> str:
 
 def _check_path(base: dict, key: str, steps: list) -> None:
     """The key must exist in the base config, up to a missing last key (or missing section
-    plus key) that the configuration format knows (e.g. attention.scale, scheme.cfl)."""
+    plus key) that the configuration format knows (e.g. attention.scale, scheme.cfl), in
+    the base's geometry (:func:`geometry_sections`)."""
+    sections = geometry_sections(base)[0]
     node: Any = base
     for depth, step in enumerate(steps):
         where = _render(steps[:depth]) or "the base config"
@@ -290,14 +294,14 @@ def _check_path(base: dict, key: str, steps: list) -> None:
             node = node[step]
             continue
         rest = steps[depth + 1 :]
-        known = step in known_keys(steps[:depth])
+        known = step in _known_keys(steps[:depth], sections)
         if known and (
             not rest
             or (
                 depth == 0
                 and len(rest) == 1
                 and isinstance(rest[0], str)
-                and rest[0] in SECTIONS.get(step, ())
+                and rest[0] in sections.get(step, ())
             )
         ):
             return
@@ -306,6 +310,29 @@ def _check_path(base: dict, key: str, steps: list) -> None:
             "base config (and not a key to add); check the spelling against "
             "the base"
         )
+
+
+def geometry_sections(raw: Mapping) -> tuple[Mapping[str, Any], str | None]:
+    """The known keys of every section of ``raw``'s geometry and its name: the flat schema
+    (tpde.config.SECTIONS, None), or the ``CONFIG_SECTIONS`` of the geometry's own config
+    module (tpde.config.GEOMETRY_BUILDERS: tpde.circle, tpde.sphere). An unknown geometry
+    reads as flat here; building the run names it."""
+    grid_table = raw.get("grid")
+    geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, Mapping) else "flat"
+    if isinstance(geometry, str) and geometry in GEOMETRY_BUILDERS:
+        module = importlib.import_module(GEOMETRY_BUILDERS[geometry][0])
+        return vars(module)["CONFIG_SECTIONS"], geometry
+    return SECTIONS, None
+
+
+def _known_keys(prefix: Sequence[str | int], sections: Mapping[str, Any]) -> frozenset[str]:
+    """tpde.config.known_keys for the flat schema; a geometry with its own sections knows
+    its sections and their keys (it has no [[attention.heads]] tables)."""
+    if sections is SECTIONS:
+        return known_keys(prefix)
+    if not prefix:
+        return frozenset(sections)
+    return frozenset(sections.get(str(prefix[0]), ())) if len(prefix) == 1 else frozenset()
 
 
 def _assign(raw: dict, steps: list, value: Any) -> None:
@@ -369,6 +396,20 @@ def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
 
 
 # ---- outcomes -------------------------------------------------------------------------------
+#: the run file's status (tpde.io.RESULTS) -> the sweep's outcome; any other status
+#: (``error``, ``interrupted``, a file still ``running``) is ``failed``
+OUTCOME_OF_STATUS = {
+    "completed": "converged",
+    "blowup": "blowup",
+    "mass_left_domain": "mass_left",
+    "box_limited": "box_limited",
+    "under_resolved": "under_resolved",
+}
+#: reasons of a failed run beyond the file's (tpde.io.ERROR_REASONS): a run that ended
+#: without a result of the dynamics (``interrupted``, ``running``), a task the cluster lost
+SWEEP_REASONS = ("interrupted", "running", "lost")
+
+
 def classify(
     status: str | None,
     status_time: float,
@@ -376,21 +417,26 @@ def classify(
     time: np.ndarray,
     covariance: np.ndarray,
     tolerance: float = DEFAULT_TOLERANCE,
+    reason: str = "",
 ) -> dict:
-    """The outcome of one run from its status and covariance record ``(time, d, d)``.
+    """The outcome of one run from its typed status (``status``, ``status_time``, the
+    ``reason`` of an ``error``: tpde.io.Outcome) and its covariance record ``(time, d, d)``.
+    The message is carried, never read.
 
     - ``completed`` -> ``converged`` with ``rank``: 0 when tr(Sigma) at the last snapshot is
       at most ``tolerance`` times its initial value (collapse to a point), otherwise the
       number of eigenvalues of Sigma / tr(Sigma) at the last snapshot above ``tolerance``.
       A completed run whose trace grew by more than ``BLOWUP_GROWTH`` (1e3) or whose last
       covariance is not finite is a ``blowup`` instead, at the first such snapshot.
-    - ``blowup`` -> ``blowup`` at ``status_time``; ``error`` whose message mentions a
-      non-finite value (the solver's SimulationError) -> ``blowup`` at the time the message
-      names (else the last finite snapshot).
-    - ``mass_left_domain`` -> ``mass_left`` at ``status_time``.
-    - ``box_limited`` -> ``box_limited`` at ``status_time`` (the box stopped holding the
-      dynamics: tpde.schemes.monitor).
-    - anything else -> ``failed`` with the message.
+    - ``blowup`` (the monitor's prediction), ``mass_left_domain`` -> ``mass_left``,
+      ``box_limited`` (the box stopped holding the dynamics), ``under_resolved``: that
+      outcome at ``status_time`` (:data:`OUTCOME_OF_STATUS`).
+    - ``error`` -> ``failed`` at ``status_time`` with its ``reason``
+      (tpde.io.ERROR_REASONS), except a non-finite value (reason ``non_finite``) after
+      the recorded trace grew by more than ``BLOWUP_GROWTH``: that is the evidence of a
+      ``blowup``, at ``status_time``. A non-finite value without that growth is a failure
+      of the numerics, not a measured blow-up.
+    - anything else (``interrupted``, ``running``) -> ``failed``, reason the status.
     """
     time = np.asarray(time, dtype=float)
     cov = np.asarray(covariance, dtype=float)
@@ -400,11 +446,13 @@ def classify(
     traces = np.where(finite, np.trace(np.nan_to_num(cov), axis1=1, axis2=2), np.nan)
     last = int(np.nonzero(finite)[0][-1]) if finite.any() else None
     tr0 = float(traces[0]) if len(traces) else math.nan
+    grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else np.zeros(0)
     out: dict[str, Any] = {
         "status": str(status),
         "status_time": float(status_time),
         "message": message,
         "outcome": "failed",
+        "reason": "",
         "rank": -1,
         "event_time": math.nan,
         "trace_initial": tr0,
@@ -420,8 +468,8 @@ def classify(
         )
         out.update(trace_final=trace, eigenvalues=eig.tolist(), covariance=sigma.tolist())
     last_time = float(time[last]) if last is not None else math.nan
-    if status == "completed":
-        grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else np.zeros(0)
+    outcome = OUTCOME_OF_STATUS.get(str(status))
+    if outcome == "converged":
         if len(time) and not finite[-1]:
             out.update(
                 outcome="blowup", event_time=last_time, message=message or "non-finite covariance"
@@ -438,19 +486,18 @@ def classify(
             eig = np.asarray(out["eigenvalues"])
             collapsed = tr0 > 0 and out["trace_final"] <= tolerance * tr0
             out.update(outcome="converged", rank=0 if collapsed else int(np.sum(eig > tolerance)))
-    elif status == "blowup":
-        t = status_time if math.isfinite(status_time) else last_time
-        out.update(outcome="blowup", event_time=float(t))
-    elif status == "mass_left_domain":
-        out.update(outcome="mass_left", event_time=float(status_time))
-    elif status == "box_limited":
-        out.update(outcome="box_limited", event_time=float(status_time))
-    elif status == "under_resolved":
-        out.update(outcome="under_resolved", event_time=float(status_time))
-    elif status == "error" and BLOWUP_MESSAGE.search(message or ""):
-        at = _AT_TIME.search(message)
-        out.update(outcome="blowup", event_time=float(at.group(1)) if at else last_time)
-    else:
+    elif outcome is not None:
+        t = status_time if math.isfinite(status_time) or outcome != "blowup" else last_time
+        out.update(outcome=outcome, event_time=float(t))
+    elif status == "error":
+        why = reason or "exception"
+        out.update(reason=why, event_time=float(status_time))
+        if why == "non_finite" and len(grown):
+            out.update(outcome="blowup")
+        else:
+            out["message"] = message or f"run ended with an error ({why})"
+    else:  # interrupted, running: the run gave no result of the dynamics
+        out.update(reason=str(status), event_time=float(status_time))
         out["message"] = message or f"run ended with status {status!r}"
     return out
 
@@ -474,21 +521,31 @@ def read_outcome(path: str | Path, tolerance: float = DEFAULT_TOLERANCE) -> dict
     with xr.open_dataset(path, engine="netcdf4", decode_times=False, cache=False) as ds:
         attrs = dict(ds.attrs)
         time = np.asarray(ds["time"].values, dtype=float)
-        cov = np.asarray(ds["covariance"].values, dtype=float)
+        if "covariance" in ds.variables:
+            cov = np.asarray(ds["covariance"].values, dtype=float)
+        else:  # the sphere records raw moments in R^3: Sigma = E[x x^T] - m m^T
+            mean = np.asarray(ds["mean_vector"].values, dtype=float)
+            second = np.asarray(ds["second_moment"].values, dtype=float)
+            cov = second - mean[:, :, None] * mean[:, None, :]
     n = io.complete_records(time)
     outcome = io.Outcome.from_attributes(attrs)  # the typed outcome the run recorded
-    record = classify(outcome.status, outcome.time, outcome.message, time[:n], cov[:n], tolerance)
+    record = classify(
+        outcome.status, outcome.time, outcome.message, time[:n], cov[:n], tolerance, outcome.reason
+    )
     record["config"] = str(attrs.get("config", ""))
     return record
 
 
-def _failed(run_id_: str, message: str, wall: float = math.nan) -> dict:
+def _failed(run_id_: str, message: str, reason: str, wall: float = math.nan) -> dict:
+    """The record of a run without a readable file (``reason``: tpde.io.ERROR_REASONS, e.g.
+    ``config`` for a generated config that fails validation, or ``lost``)."""
     return {
         "run_id": run_id_,
         "status": "failed",
         "status_time": math.nan,
         "message": message,
         "outcome": "failed",
+        "reason": reason,
         "rank": -1,
         "event_time": math.nan,
         "trace_initial": math.nan,
@@ -526,11 +583,11 @@ def run_one(task: Mapping) -> dict:
         config = build(task["raw"])
         started = True
         run_config(config, path, overwrite=True, quiet=True)
-        error = None
+        error, reason = None, ""
     except Exception as exc:  # noqa: BLE001 - every failure is a result of the sweep
-        from .run import error_line
+        from .lifecycle import error_line, error_reason
 
-        error = error_line(exc)
+        error, reason = error_line(exc), error_reason(exc)
     record = None
     # a rerun that did not end with a result leaves its records in the staged file (the
     # earlier file of this run is kept, tpde.io.SnapshotWriter): the outcome is there
@@ -547,7 +604,7 @@ def run_one(task: Mapping) -> dict:
             record = None
     wall = _time.perf_counter() - start
     if record is None:
-        return _failed(rid, error or "the run wrote no output", wall)
+        return _failed(rid, error or "the run wrote no output", reason or "exception", wall)
     record.update(run_id=rid, wall_s=wall, skipped=False)
     return record
 
@@ -827,7 +884,7 @@ def _gather(
             try:
                 record = future.result()
             except Exception as exc:  # noqa: BLE001 - e.g. KilledWorker: a failed run
-                record = _failed(run.run_id, f"{type(exc).__name__}: {exc}")
+                record = _failed(run.run_id, f"{type(exc).__name__}: {exc}", "lost")
             future.release()
             records[run.run_id] = record
             display.update(record)
@@ -868,13 +925,14 @@ def _column(values: list) -> np.ndarray:
 def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
     """The summary ``xarray.Dataset`` along ``run`` (sweep order): one coordinate per swept
     parameter; ``run_id``, ``outcome``, ``rank`` (-1 unless converged), ``event_time`` (NaN
-    unless blowup / mass_left), ``trace_initial``, ``trace_final``, ``eigenvalues(run,
-    eigen)`` (of Sigma / tr Sigma at the last finite snapshot, descending), ``status``,
+    for converged runs and failures without a time), ``trace_initial``, ``trace_final``,
+    ``eigenvalues(run, eigen)`` (of Sigma / tr Sigma at the last finite snapshot,
+    descending), ``status``, ``reason`` (the typed cause of a failure, else ""),
     ``message``, ``wall_s``, ``skipped``; attributes: the sweep text and the counts."""
     import xarray as xr
 
     runs = spec.runs
-    rows = [records.get(r.run_id) or _failed(r.run_id, "no result") for r in runs]
+    rows = [records.get(r.run_id) or _failed(r.run_id, "no result", "lost") for r in runs]
     width = max([len(r["eigenvalues"]) for r in rows] + [1])
     eig = np.full((len(rows), width), np.nan)
     for i, r in enumerate(rows):
@@ -897,6 +955,7 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
             "trace_final": col("trace_final", float),
             "eigenvalues": (("run", "eigen"), eig),
             "status": col("status", str),
+            "reason": ("run", np.array([str(r.get("reason", "")) for r in rows], dtype=str)),
             "message": ("run", np.array([str(r["message"]) for r in rows], dtype=str)),
             "wall_s": col("wall_s", float),
             "skipped": col("skipped", np.int8),
@@ -921,7 +980,7 @@ def summary_dataset(spec: Sweep, records: Mapping[str, dict]):
         " at the last snapshot (0: collapse to a point)"
     )
     ds["event_time"].attrs["long_name"] = (
-        "time of the outcome's event (blow-up, mass leaving, box or resolution limit)"
+        "time of the outcome's event (blow-up, mass leaving, box or resolution limit, failure)"
     )
     return ds
 
@@ -936,6 +995,7 @@ _PER_RUN = (
     "trace_initial",
     "trace_final",
     "status",
+    "reason",
     "message",
     "wall_s",
     "skipped",
@@ -944,11 +1004,13 @@ _LONG_NAMES = {
     "run_id": "run identifier (its file: runs/<run_id>.nc)",
     "outcome": " | ".join(OUTCOMES),
     "outcome_code": "outcome of the run",
-    "event_time": "time of the blow-up or of the mass leaving the box",
+    "event_time": "time of the outcome's event (blow-up, mass leaving, box or resolution "
+    "limit, failure)",
     "trace_initial": "trace of the covariance at the first snapshot",
     "trace_final": "trace of the covariance at the last finite snapshot",
     "eigenvalues": "eigenvalues of Sigma/tr(Sigma) at the last finite snapshot, descending",
     "status": "status the run file records",
+    "reason": "typed cause of a failed run (tpde.io.ERROR_REASONS, interrupted, running, lost)",
     "message": "status message or failure",
     "wall_s": "wall time of the run",
     "skipped": "1 if the run was done by an earlier call",
