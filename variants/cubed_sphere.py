@@ -184,7 +184,12 @@ class CubedSphereAttention:
             share = atom_sums(atoms, tilts, np.linalg.norm(tilts, axis=1))
         if engine is not None:
             z, g, shift = engine.sums(
-                sources, mass, points, radial, None if share is None else share[0]
+                sources,
+                mass,
+                points,
+                radial,
+                None if share is None else share[0],
+                panels=(grid.n, self.nodes),
             )
         else:
             with profile.phase("velocity.direct"):
