@@ -176,7 +176,10 @@ class CubedSphereAttention:
     def _sums(self, density, grid, points, radial, engine):
         y, values, weights = point_values(grid, density, self.nodes)
         sources = y.reshape(-1, 3)
-        mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+        # the masses (6, n, n, g, g) in the values' own memory order (no copy to C order: the
+        # harmonic engine's panel reduction reads them as they lie)
+        mass = np.maximum(values, 0.0)
+        mass *= weights
         atoms = self.atoms if self.atoms is not None and self.atoms.count else None
         share = None
         if atoms is not None:
@@ -193,7 +196,7 @@ class CubedSphereAttention:
             )
         else:
             with profile.phase("velocity.direct"):
-                z, g, shift = self._dense_sums(sources, mass, points)
+                z, g, shift = self._dense_sums(sources, mass.reshape(-1), points)
         if share is not None:
             z, g = z + share[0], g + share[1]
         return z, g, shift
