@@ -525,12 +525,11 @@ class HarmonicSums:
             _ALM.put(degree, sources, masses, *cached)
         alm, reduced = cached
         M = points.shape[0]
-        z = np.zeros(M)
-        surface = np.zeros((2, M))
         terms = plan.basis.shape[1]
-        radial_part = np.zeros(M) if radial or not self.isotropic else None
+        with_radial = radial or not self.isotropic
+        z, surface = np.zeros(M), np.zeros((2, M))
+        radial_part = np.zeros(M) if with_radial else None
         for k in range(terms):
-            column = plan.basis[:, k]
 
             def synthesis(part: str, spin: int, mode: str = "STANDARD", k: int = k) -> np.ndarray:
                 coefficients = (alm * plan.weights[part][k])[None, :]
@@ -538,17 +537,17 @@ class HarmonicSums:
                     alm=coefficients, spin=spin, loc=plan.loc, mode=mode, **common
                 )
 
-            if terms == 1:  # one radius: the basis is 1 (the same sums, no products)
-                z += synthesis("z", 0)[0]
-                surface += synthesis("tangent", 1, "DERIV1")
-                if radial_part is not None:
-                    radial_part += synthesis("radial", 0)[0]
-                continue
+            if terms == 1:  # one radius: the basis is 1, the sums are the syntheses
+                z, surface = synthesis("z", 0)[0], synthesis("tangent", 1, "DERIV1")
+                radial_part = synthesis("radial", 0)[0] if with_radial else None
+                break
+            column = plan.basis[:, k]
             z += column * synthesis("z", 0)[0]
             surface += column * synthesis("tangent", 1, "DERIV1")
             if radial_part is not None:
                 radial_part += column * synthesis("radial", 0)[0]
-        g = surface[0][:, None] * plan.frame[0] + surface[1][:, None] * plan.frame[1]
+        g = surface[0][:, None] * plan.frame[0]
+        g += surface[1][:, None] * plan.frame[1]
         if radial_part is not None:
             g += radial_part[:, None] * plan.directions
         interpolation = 0.0
