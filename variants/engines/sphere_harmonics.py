@@ -323,6 +323,7 @@ class PanelReduction:
     loc: np.ndarray  # (6 K^2, 2)
     error: float  # the interpolation bound relative to max |f|
     _uniform: dict = field(default_factory=dict, compare=False, repr=False)
+    _laid_out: dict = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -381,7 +382,14 @@ class PanelReduction:
         m = np.asarray(masses, float).reshape(6, self.n, self.n, self.nodes, self.nodes)
         total = float(np.sum(m))
         c = total / (6.0 * float(np.sum(weights)))
-        deviation = np.subtract(m, c * weights, out=np.empty_like(m))
+        # the weights laid out as the masses (kept): the passes below run contiguous
+        laid = self._laid_out.get(m.strides)
+        if laid is None:
+            laid = np.empty_like(m)
+            laid[...] = weights
+            self._laid_out[m.strides] = laid
+        deviation = np.multiply(laid, -c, out=np.empty_like(m))
+        deviation += m
         spread = float(np.sum(np.abs(deviation)))
         if spread > UNIFORM_SPLIT * total:  # far from uniform: the base would add its noise
             alm = adjoint_synthesis_general(
