@@ -66,6 +66,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+import numba as nb
 import numpy as np
 
 from tpde.grid import profile
@@ -269,6 +270,16 @@ def _same_array(kept: np.ndarray, a: np.ndarray) -> bool:
 
 
 _ALM = _LastCoefficients()
+
+
+@nb.njit(cache=True)
+def _frame_sum(surface, frame, out):  # pragma: no cover - compiled
+    """``out[i] = surface[0, i] frame[0, i] + surface[1, i] frame[1, i]`` ``(M, 3)``: the
+    surface gradient from its ``(theta, phi)`` components (numpy's broadcast product with a
+    last axis of 3 is slow; the same operations)."""
+    for i in range(out.shape[0]):
+        for k in range(3):
+            out[i, k] = surface[0, i] * frame[0, i, k] + surface[1, i] * frame[1, i, k]
 
 
 def _lagrange(nodes: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -606,8 +617,8 @@ class HarmonicSums:
             surface += column * synthesis("tangent", 1, "DERIV1")
             if radial_part is not None:
                 radial_part += column * synthesis("radial", 0)[0]
-        g = surface[0][:, None] * plan.frame[0]
-        g += surface[1][:, None] * plan.frame[1]
+        g = np.empty((M, 3))
+        _frame_sum(np.ascontiguousarray(surface), plan.frame, g)
         if radial_part is not None:
             g += radial_part[:, None] * plan.directions
         interpolation = 0.0
