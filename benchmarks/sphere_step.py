@@ -11,7 +11,9 @@ Rows, in one run at one thread count (rounds alternate the two steps, so both se
   (6 n^2 cells), ``A = beta I`` with beta = 32, noise of amplitude 1e-3 up to degree 10 (the
   start of clusters from noise), WENO5-Z, the positivity limiter, the velocity at the face
   centres interpolated to the Gauss nodes (examples/sphere/clusters_s2.toml's scheme), the
-  harmonic engine; ``sphere_phase_s``: the self seconds per step of each phase.
+  harmonic engine (``reduction``: the panel reduction's ``K``, 0 without:
+  docs/theory.md, 'The panel reduction of the node measure'); ``sphere_phase_s``: the self
+  seconds per step of each phase.
 * ``flat``: one step of 2-D softmax (the c1 matrices) on a ``m^2`` grid with about as many
   cells (157^2 for 64 a panel), the default engine: ``sphere_over_flat`` the ratio of the
   medians (issue 27's target: <= 3).
@@ -23,7 +25,10 @@ Rows, in one run at one thread count (rounds alternate the two steps, so both se
   call, timed on 2000 points and scaled), with their largest disagreement; shtns has no
   adjoint at scattered points (only the analysis of its own regular grids), so the
   coefficients of the Gauss-node measure are ducc0's alone. shtns is optional
-  (``"shtns": null`` without it).
+  (``"shtns": null`` without it). ``adjoint_nodes_s`` / ``adjoint_reduced_s``: ducc0's
+  adjoint transform of the Gauss-node measure and of its panel reduction (the reduction's
+  two matrix products included), ``reduced_gap``: their largest coefficient gap over the
+  largest coefficient.
 * ``--example``: ``tpde run`` of examples/sphere/clusters_s2.toml (32 cells a panel, t = 20)
   into a temporary folder: its wall seconds and the load beside it.
 Prints one JSON line.
@@ -139,6 +144,7 @@ def transforms(n: int, threads: int) -> dict:
     alm = coefficients(y.reshape(-1, 3), (values * weights).reshape(-1), degree)
     points = CubedSphereOperator(grid, velocity_at="centres").face_centres.reshape(-1, 3)
     loc = _locations(points)[0]
+    out_adjoint = _adjoints(grid, degree, y, values * weights, alm, threads)
     start = time.perf_counter()
     ducc = synthesis_general(
         alm=alm[None, :], spin=0, lmax=degree, loc=loc, epsilon=3e-13, nthreads=threads
@@ -147,6 +153,7 @@ def transforms(n: int, threads: int) -> dict:
         "degree": degree,
         "targets": int(points.shape[0]),
         "ducc0_synthesis_s": time.perf_counter() - start,
+        **out_adjoint,
     }
     sys.stdout.flush()
     saved = os.dup(1)  # shtns prints a banner on the C stdout: keep the one JSON line alone
@@ -185,6 +192,38 @@ def transforms(n: int, threads: int) -> dict:
         "max_gap_over_scale": float(np.abs(values_shtns - ducc[pick]).max() / np.abs(ducc).max()),
     }
     out["shtns_over_ducc0"] = out["shtns"]["point_synthesis_s_scaled"] / out["ducc0_synthesis_s"]
+    return out
+
+
+def _adjoints(grid, degree: int, y, masses, alm, threads: int) -> dict:
+    """The adjoint transform of the node measure and of its panel reduction, timed (best of
+    3), and their largest coefficient gap over the largest coefficient."""
+    from ducc0.sht.experimental import adjoint_synthesis_general
+
+    from tpde.variants.engines.sphere_harmonics import NUFFT_EPSILON, PanelReduction, _locations
+
+    common = {"spin": 0, "lmax": degree, "epsilon": NUFFT_EPSILON, "nthreads": threads}
+    loc = _locations(y.reshape(-1, 3))[0]
+    flat = np.ascontiguousarray(masses).reshape(1, -1)
+    reduction = PanelReduction.build(grid.n, 3, degree)
+    out: dict = {"reduction": 0 if reduction is None else reduction.terms}
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        adjoint_synthesis_general(map=flat, loc=loc, **common)
+        times.append(time.perf_counter() - start)
+    out["adjoint_nodes_s"] = min(times)
+    if reduction is None:
+        return out
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        reduced = adjoint_synthesis_general(
+            map=reduction.masses(masses)[None, :], loc=reduction.loc, **common
+        )[0]
+        times.append(time.perf_counter() - start)
+    out["adjoint_reduced_s"] = min(times)
+    out["reduced_gap"] = float(np.abs(reduced - alm).max() / np.abs(alm).max())
     return out
 
 
@@ -234,7 +273,13 @@ def main() -> int:
     per_step = {k: round(float(v["self_s"]) / taken, 5) for k, v in phases.items()}
     figures = {
         "threads": args.threads,
-        "sphere": {"cells": 6 * n * n, "panel": n, "beta": BETA, "step_s": min(sphere_steps)},
+        "sphere": {
+            "cells": 6 * n * n,
+            "panel": n,
+            "beta": BETA,
+            "step_s": min(sphere_steps),
+            "reduction": sphere.field._harmonic.last.get("reduction", 0),
+        },
         "sphere_phase_s": per_step,
         "flat": {"cells": m * m, "n": m, "step_s": min(flat_steps)},
         "sphere_over_flat": statistics.median(ratios),

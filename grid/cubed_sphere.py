@@ -66,6 +66,8 @@ __all__ = [
     "mass",
     "mean",
     "mixture",
+    "node_points",
+    "node_reconstruction",
     "noise",
     "point_weights",
     "second_moment",
@@ -344,6 +346,22 @@ def _node_geometry(n: int, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     for array in (T, metric_values, points, weights):
         array.flags.writeable = False
     return T, metric_values, points, weights
+
+
+def node_points(grid: CubedSphere, nodes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """The Gauss nodes ``(6, n, n, g, g, 3)`` and area weights ``J w_a w_b h^2``
+    ``(n, n, g, g)`` of :func:`point_values` (shared, read-only: the same arrays on every
+    call for one grid)."""
+    _, _, points, weights = _node_geometry(grid.n, int(nodes))
+    return points, weights
+
+
+def node_reconstruction(grid: CubedSphere, nodes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`point_values` applies: the average-to-point weights ``T (g, n, n)`` of a
+    grid line and the reconstructed metric ``R[J_bar]`` ``(n, n, g, g)`` (shared,
+    read-only)."""
+    T, metric_values, _, _ = _node_geometry(grid.n, int(nodes))
+    return T, metric_values
 
 
 def point_values(

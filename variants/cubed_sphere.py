@@ -19,13 +19,20 @@ calls (the lattice of the face nodes does not change), so a call is one matrix p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
+import numba as nb
 import numpy as np
 
 from tpde.grid import profile
-from tpde.grid.cubed_sphere import CubedSphere, point_values
+from tpde.grid.cubed_sphere import (
+    CubedSphere,
+    node_points,
+    node_reconstruction,
+    point_values,
+)
 from tpde.schemes.sphere_atoms import VMFAtoms, vmf_cubature, vmf_log_mgf, vmf_sums
 
 from .engines.sphere_harmonics import HarmonicSums, scaled_energy
@@ -37,6 +44,7 @@ __all__ = [
     "energy_with_atoms",
     "CubedSphereAttention",
     "interaction_energy",
+    "node_masses",
     "rotate",
     "sphere_engine",
 ]
@@ -55,6 +63,77 @@ def sphere_engine(engine: str) -> str:
             f"{', '.join(SPHERE_ENGINES)}"
         )
     return "harmonic" if engine == "auto" else engine
+
+
+@nb.njit(cache=True)
+def _clipped_masses(first, band, q, metric, weights, rows, out):  # pragma: no cover - compiled
+    """``out[p, g, i, h, j] = max(v, 0) weights[i, j, g, h]``, ``v = sum_{u, w} band[g, i, u]
+    band[h, j, w] q[p, first[g, i] + u, first[h, j] + w] / metric[i, j, g, h]``: the tensor
+    reconstruction of :func:`tpde.grid.cubed_sphere.point_values` by its 5 non-zero weights
+    a row (``rows (6, g, n, n)`` the first pass), clipped and weighted."""
+    P, n = q.shape[0], q.shape[1]
+    G = first.shape[0]
+    for p in range(P):
+        for g in range(G):
+            for i in range(n):
+                f = first[g, i]
+                for k in range(n):
+                    acc = 0.0
+                    for u in range(5):
+                        acc += band[g, i, u] * q[p, f + u, k]
+                    rows[p, g, i, k] = acc
+    for p in range(P):
+        for g in range(G):
+            for i in range(n):
+                for h in range(G):
+                    for j in range(n):
+                        f = first[h, j]
+                        acc = 0.0
+                        for u in range(5):
+                            acc += band[h, j, u] * rows[p, g, i, f + u]
+                        value = acc / metric[i, j, g, h]
+                        out[p, g, i, h, j] = max(value, 0.0) * weights[i, j, g, h]
+
+
+@nb.njit(cache=True)
+def _projected_mean(z, g, points, out):  # pragma: no cover - compiled
+    """``out = gamma - <gamma, x> x`` with ``gamma = g / z`` per row ``(M, 3)``: the tangent
+    part of the tilted mean in one pass (numpy's order: ``(a_0 + a_1) + a_2``)."""
+    for i in range(points.shape[0]):
+        g0 = g[i, 0] / z[i]
+        g1 = g[i, 1] / z[i]
+        g2 = g[i, 2] / z[i]
+        dot = (g0 * points[i, 0] + g1 * points[i, 1]) + g2 * points[i, 2]
+        out[i, 0] = g0 - dot * points[i, 0]
+        out[i, 1] = g1 - dot * points[i, 1]
+        out[i, 2] = g2 - dot * points[i, 2]
+
+
+@functools.lru_cache(maxsize=8)
+def _mass_weights(n: int, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The first column and the 5 weights of each row of point_values' ``T (g, n, n)``, its
+    metric values and area weights ``(n, n, g, g)`` (contiguous)."""
+    grid = CubedSphere(n)
+    T, metric_values = node_reconstruction(grid, nodes)
+    _, weights = node_points(grid, nodes)
+    first = np.clip(np.argmax(T != 0.0, axis=-1), 0, n - 5).astype(np.int64)
+    band = np.take_along_axis(T, first[..., None] + np.arange(5), axis=-1)
+    return first, np.ascontiguousarray(band), np.ascontiguousarray(metric_values), weights
+
+
+def node_masses(grid: CubedSphere, density, nodes: int = 3) -> np.ndarray:
+    """``max(rho(y), 0) J w h^2`` at the Gauss nodes, ``(6, n, n, g, g)`` as
+    :func:`~tpde.grid.cubed_sphere.point_values` orders them (``rho`` its reconstruction),
+    laid out in memory as ``(p, g, i, h, j)``: one compiled pass over the 5 non-zero weights
+    of each row instead of two dense matrix products (the same numbers to the last bits:
+    the products' order of summation differs)."""
+    n, g = grid.n, int(nodes)
+    first, band, metric, weights = _mass_weights(n, g)
+    q = np.ascontiguousarray(grid.to_coordinate(density))
+    rows = np.empty((6, g, n, n))
+    out = np.empty((6, g, n, g, n))
+    _clipped_masses(first, band, q, metric, np.ascontiguousarray(weights), rows, out)
+    return out.transpose(0, 2, 4, 1, 3)
 
 
 def rotate(x: np.ndarray, axis: np.ndarray, angle: float) -> np.ndarray:
@@ -174,9 +253,11 @@ class CubedSphereAttention:
         return self._sums(density, grid, points, radial, self._harmonic)
 
     def _sums(self, density, grid, points, radial, engine):
-        y, values, weights = point_values(grid, density, self.nodes)
+        y, _ = node_points(grid, self.nodes)
         sources = y.reshape(-1, 3)
-        mass = (np.maximum(values, 0.0) * weights).reshape(-1)
+        # the masses (6, n, n, g, g) in their own memory order (p, g, i, h, j): no copy to C
+        # order, the harmonic engine's panel reduction reads them as they lie
+        mass = node_masses(grid, density, self.nodes)
         atoms = self.atoms if self.atoms is not None and self.atoms.count else None
         share = None
         if atoms is not None:
@@ -184,11 +265,16 @@ class CubedSphereAttention:
             share = atom_sums(atoms, tilts, np.linalg.norm(tilts, axis=1))
         if engine is not None:
             z, g, shift = engine.sums(
-                sources, mass, points, radial, None if share is None else share[0]
+                sources,
+                mass,
+                points,
+                radial,
+                None if share is None else share[0],
+                panels=(grid.n, self.nodes),
             )
         else:
             with profile.phase("velocity.direct"):
-                z, g, shift = self._dense_sums(sources, mass, points)
+                z, g, shift = self._dense_sums(sources, mass.reshape(-1), points)
         if share is not None:
             z, g = z + share[0], g + share[1]
         return z, g, shift
@@ -221,6 +307,10 @@ class CubedSphereAttention:
 
     def _tangent(self, density, grid, points, engine) -> np.ndarray:
         z, g, shift = self._sums(density, grid, points, not self.identity_v, engine)
+        if self.normalised and self.identity_v:
+            out = np.empty_like(points, dtype=float)
+            _projected_mean(np.ascontiguousarray(z), np.ascontiguousarray(g), points, out)
+            return out
         if self.normalised:
             gamma = g / z[:, None]
         else:
