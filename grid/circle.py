@@ -36,6 +36,7 @@ __all__ = [
     "fourier_modes",
     "is_circle",
     "mode_amplitude",
+    "noise_modes",
     "smooth_noise",
     "tangent",
     "uniform_modes",
@@ -169,15 +170,16 @@ def uniform_modes(
     return mass / TWO_PI * shape
 
 
-def smooth_noise(
-    grid: Grid, amplitude: float, k_max: int, seed: int = 0, mass: float = 1.0
-) -> np.ndarray:
-    """The uniform density times ``1 + amplitude * noise``: ``noise`` a random trigonometric
-    polynomial of degree ``k_max`` (independent normal coefficients of ``cos``, ``sin`` of
-    each mode, rescaled to maximum 1), as exact cell averages."""
+def noise_modes(
+    amplitude: float, k_max: int, seed: int = 0, copies: int = 1
+) -> list[tuple[int, float, float]]:
+    """The ``(k, a, phase)`` triples of :func:`smooth_noise`: a random trigonometric
+    polynomial of degree ``k_max`` in the multiples of ``copies`` (independent normal
+    coefficients of ``cos``, ``sin`` of each mode, from ``seed``), rescaled so that its
+    maximum is ``amplitude``; the same law as tokens see it
+    (:func:`tpde.validation.circle_metastability.quantile_tokens`)."""
     if not (math.isfinite(amplitude) and 0 <= amplitude < 1):
         raise ValueError(f"initial.amplitude: expected a number in [0, 1), got {amplitude!r}")
-    copies = circle_copies(grid)
     ks = np.arange(copies, int(k_max) + 1, copies)
     rng = np.random.default_rng(seed)
     coefficients = rng.normal(size=(ks.size, 2))
@@ -186,10 +188,18 @@ def smooth_noise(
         np.outer(ks, fine)
     )
     scale = amplitude / max(np.abs(values.sum(axis=0)).max(), 1e-300)
-    modes = [
+    return [
         (int(k), float(math.hypot(a, b) * scale), float(math.atan2(b, a) / k))
         for k, (a, b) in zip(ks, coefficients, strict=True)
     ]
+
+
+def smooth_noise(
+    grid: Grid, amplitude: float, k_max: int, seed: int = 0, mass: float = 1.0
+) -> np.ndarray:
+    """The uniform density times ``1 + amplitude * noise``: ``noise`` the random
+    trigonometric polynomial of :func:`noise_modes`, as exact cell averages."""
+    modes = noise_modes(amplitude, k_max, seed, circle_copies(grid))
     return _uniform_modes_unchecked(grid, modes, mass)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from exact import kill_after
 
-from tpde.validation.circle_atoms import atoms_against_tokens, plateau_gaps
+from tpde.validation.circle_atoms import atoms_against_tokens, plateau_gaps, plateau_windows
 
 BETA = 9.0
 MODES = [(3, 0.1, 0.0), (4, 0.1, 1.0), (5, 0.1, 2.0)]
@@ -94,6 +94,60 @@ def test_metastability_with_atoms_against_tokens():
     assert merges["256"][0] == pytest.approx(merges["mid"][0], rel=0.10)
     for c in cells:
         assert all(gap < 1e-4 for _, _, gap in gaps[c])
+
+
+def test_plateau_windows_cut_the_merges_out():
+    """Counts 0 (forming), 3, 2, 2, 1 on t = 0..9: the plateaus of 3, 2 and 1 clusters, each
+    cut by the margin; a plateau no longer than the margin is none."""
+    times = np.arange(10.0)
+    counts = [0, 3, 3, 3, 3, 2, 2, 2, 2, 1]
+    assert plateau_windows(times, counts, 0.5) == [(1.5, 3.5), (5.5, 7.5)]
+    assert plateau_windows(times, counts, 0.5, start=6.0) == [(6.5, 7.5)]
+    assert plateau_windows(times, counts, 2.0) == []
+
+
+@pytest.mark.slow
+def test_clusters_from_noise_to_t500_against_tokens():
+    """examples/sphere/clusters.toml (beta = 32, noise of amplitude 1e-4 up to k = 48, seed 0)
+    at 512 cells with atoms to t = 500 against 10^4 mid-quantile tokens of the same initial
+    density (RK4, dt = 0.05), snapshots every 0.5: the cluster count equal at every
+    snapshot, every merge within 5 % of the tokens', every plateau of the energy within 1e-4
+    of the tokens' (units of a point mass's), mass to 1e-13."""
+    from tpde.grid.circle import noise_modes
+
+    modes = noise_modes(1e-4, 48, 0)
+    study = atoms_against_tokens(32.0, 500.0, (512,), 10_000, modes=modes, spacing=0.5, dt=0.05)
+    times = study["times"]
+    changes = [0] + [
+        i for i in range(1, times.size) if study["clusters mid"][i] != study["clusters mid"][i - 1]
+    ]
+    print("\n" + table({**study, "times": times}, (512,), 50))
+    print("count changes (tokens):", [(float(times[i]), study["clusters mid"][i]) for i in changes])
+    windows = plateau_windows(times, study["clusters mid"], margin=2.0)
+    gaps = plateau_gaps(times, study["E 512"], study["E mid"], windows)
+    print("| plateau | clusters | largest energy gap |\n|---|---|---|")
+    for t0, t1, gap in gaps:
+        count = study["clusters mid"][int(np.searchsorted(times, t0))]
+        print(f"| [{t0:g}, {t1:g}] | {count} | {gap:.2e} |")
+    result = study["results"][512]
+    births = sum(e.kind == "atom_birth" for e in result.events)
+    mass = check_mass(study, (512,))
+    print(
+        f"merges: tokens {study['merges mid']}, cells + atoms {study['merges 512']}; "
+        f"{births} atom births, {result.steps} steps; mass change {mass:.1e}; wall: tokens "
+        f"{study['wall mid']:.0f} s, cells + atoms {study['wall 512']:.0f} s"
+    )
+    differ = [
+        float(t)
+        for t, a, b in zip(times, study["clusters mid"], study["clusters 512"], strict=True)
+        if a != b
+    ]
+    assert differ == []
+    assert len(study["merges 512"]) == len(study["merges mid"])
+    for ours, theirs in zip(study["merges 512"], study["merges mid"], strict=True):
+        assert ours == pytest.approx(theirs, rel=0.05)
+    assert windows and all(gap < 1e-4 for *_, gap in gaps)
+    assert mass < 1e-13
 
 
 ATOMS_CONFIG = {

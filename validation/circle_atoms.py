@@ -13,6 +13,7 @@ both. The energy of cells plus atoms is :func:`tpde.variants.circle_atoms.energy
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "measure_histogram",
     "mixture_quantile_tokens",
     "plateau_gaps",
+    "plateau_windows",
 ]
 
 
@@ -137,8 +139,10 @@ def atoms_against_tokens(
     else:
         assert components is not None
         theta = mixture_quantile_tokens(n, components)
+    start = time.perf_counter()
     tokens = CircleTokens(theta, circle_head(beta)).integrate(times, dt)
     out: dict[str, Any] = {"times": times, "tokens": tokens, "results": {}, "grids": {}}
+    out["wall mid"] = time.perf_counter() - start
     out["clusters mid"] = [int(token_clusters(a, counting)[0].size) for a in tokens]
     out["E mid"] = [token_energy(a, beta) / scale for a in tokens]
     for c in cells:
@@ -149,7 +153,9 @@ def atoms_against_tokens(
             assert components is not None
             initial = von_mises_mixture(grid, components)
             initial = initial / (grid.integrate(initial))
+        start = time.perf_counter()
         result = atom_run(beta, initial, grid, times, options)
+        out[f"wall {c}"] = time.perf_counter() - start
         out["results"][c] = result
         out["grids"][c] = grid
         snaps = result.snapshots
@@ -174,3 +180,22 @@ def plateau_gaps(
         inside = (t >= t0 - 1e-9) & (t <= t1 + 1e-9)
         rows.append((float(t0), float(t1), float(np.abs(e[inside] - r[inside]).max())))
     return rows
+
+
+def plateau_windows(
+    times: np.ndarray, counts: Sequence[int], margin: float, start: float = 0.0
+) -> list[tuple[float, float]]:
+    """The plateaus of a cluster count: the maximal intervals from ``start`` on over which
+    ``counts`` (at ``times``) stays constant and positive, each cut by ``margin`` at both
+    ends (the merges and the formation between them are not plateaus); the windows left
+    longer than ``margin``, as ``(t0, t1)`` for :func:`plateau_gaps`."""
+    t, c = np.asarray(times, float), np.asarray(counts, int)
+    keep = t >= start
+    t, c = t[keep], c[keep]
+    windows = []
+    edges = np.flatnonzero(np.diff(c)) + 1
+    for lo, hi in zip(np.r_[0, edges], np.r_[edges, c.size], strict=True):
+        t0, t1 = t[lo] + margin, t[hi - 1] - margin
+        if c[lo] > 0 and t1 - t0 > margin:
+            windows.append((float(t0), float(t1)))
+    return windows
