@@ -58,21 +58,41 @@ class AtomRun:
         options = problem.atoms
         options.validate()
         field, grid = problem.velocity, problem.grid
-        if not field.has_atoms():
-            raise ValueError(
-                f"atoms: {type(field).__name__} has no atoms yet (attention on the circle has); "
-                "set atoms off"
-            )
-        if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
-            raise ValueError("atoms: on a periodic 1-D grid (the circle) only; set atoms off")
-        if problem.frame is not None:
-            raise ValueError('atoms: not in the co-moving frame yet; set scheme.frame = "fixed"')
+        #: the co-moving frame's atoms (flat grid, frame coordinates) or the circle's
+        self.in_frame = problem.frame is not None
+        if self.in_frame:
+            if not field.has_frame_atoms():
+                raise ValueError(
+                    f"atoms: {type(field).__name__} has no atoms in the co-moving frame yet "
+                    "(softmax and multi-head softmax have); set atoms off"
+                )
+            if "periodic" in grid.boundary or problem.positions is not None:
+                raise ValueError(
+                    "atoms: the frame's atoms need an unmasked grid without periodic axes; "
+                    "set atoms off"
+                )
+            self.cells = None
+        else:
+            if not field.has_atoms():
+                raise ValueError(
+                    f"atoms: {type(field).__name__} has no atoms in a fixed box yet (attention "
+                    'on the circle has; softmax in scheme.frame = "affine"); set atoms off'
+                )
+            if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
+                raise ValueError(
+                    "atoms: in a fixed box on a periodic 1-D grid (the circle) only, else in "
+                    'scheme.frame = "affine"; set atoms off'
+                )
+            self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
         self.options = options
         self.field = field
         self.grid = grid
-        self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
         start = problem.initial_atoms
-        self.atoms = Atoms.empty(1) if start is None else start
+        self.atoms = Atoms.empty(grid.ndim) if start is None else start
+        if self.atoms.dim != grid.ndim:
+            raise ValueError(
+                f"atoms: {self.atoms.dim}-D atoms on a {grid.ndim}-D grid (initial_atoms)"
+            )
         used = int(self.atoms.ids.max()) + 1 if self.atoms.count else 0
         self.next_id = max(int(problem.next_atom_id), used)
         self.transfers: list[AtomTransfer] = []
@@ -101,13 +121,26 @@ class AtomRun:
         """The field sees stage k's atoms (before its evaluation on the cells' faces)."""
         self.field.atoms = self._stage[k]
 
-    def move(self, k: int, alpha: float, dt: float, density: np.ndarray, t: float) -> None:
+    def move(
+        self,
+        k: int,
+        alpha: float,
+        dt: float,
+        density: np.ndarray,
+        t: float,
+        rates: AtomRates | None = None,
+    ) -> None:
         """The term ``alpha (atoms_k + dt rates_k)`` (after the stage's face velocity: a field
-        may reuse that evaluation's sums)."""
+        may reuse that evaluation's sums). ``rates``: the stage's rates where its face
+        velocity formed them (the co-moving frame's fit, ``FrameRates.points``)."""
         stage = self._stage[k]
         assert stage is not None
         self.field.atoms = stage
+        if rates is not None:
+            self._rates[k] = rates
         if k not in self._rates:
+            if stage.count and self.in_frame:
+                raise AssertionError("atoms: the frame's atom rates come from its fit")
             if stage.count:
                 u, du, d2u = self.field.atom_velocity(density, self.grid, t, stage)
                 self._rates[k] = atom_rates(u, du, d2u, stage.cov)
@@ -129,13 +162,28 @@ class AtomRun:
         self.atoms = self._final
         self.field.atoms = self.atoms
 
+    def embedded_error(self) -> float:
+        """The atoms' share of the frame's step control (:func:`.frame.embedded_error`):
+        the largest difference, in frame coordinates, between the step's centres and
+        covariances and those of the embedded Heun step ``2 u^(2) - u^(0)`` (0: no atoms)."""
+        start, second, end = self._stage[0], self._stage[2], self._final
+        if start is None or second is None or end is None or not end.count:
+            return 0.0
+        return max(
+            float(np.abs(end.centre - (2.0 * second.centre - start.centre)).max()),
+            float(np.abs(end.cov - (2.0 * second.cov - start.cov)).max()),
+        )
+
     # ---- after the step ---------------------------------------------------------------------
     def transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
         """Absorb, merge, convert, release (:mod:`.atom_cells`); ``density`` is updated in
         place and returned; one event per birth, merge and release."""
         from .monitor import Event
 
+        if self.in_frame:
+            return self._frame_transfer(density, t, events)
         cells, options = self.cells, self.options
+        assert cells is not None  # (the circle's)
         atoms = self.atoms
         if atoms.count:  # the centres stay on [lower, lower + 2 pi)
             atoms = atoms.moved(cells.wrap(atoms.centre))
@@ -161,6 +209,11 @@ class AtomRun:
         self.field.atoms = atoms
         if rho is not density:
             density[...] = rho
+        return density
+
+    def _frame_transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
+        """The frame's transfers (none yet: the atoms given at the start move, nothing is
+        converted, absorbed or merged)."""
         return density
 
 

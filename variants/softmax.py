@@ -48,10 +48,17 @@ from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, transported
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
-from .engines.direct import DirectSums, component_bounds, grad_log_box_factor, support_box
+from .engines.direct import (
+    DirectSums,
+    component_bounds,
+    grad_log_box_factor,
+    lattice_tilts,
+    support_box,
+)
 from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
+from .flat_atoms import atom_field, log_box_factor, mixture_means
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 from .truncation import MEASURED_HELD, cut_lattices, gaussian_like, held_window, measured_cut
 
@@ -313,8 +320,11 @@ class SoftmaxAttention(TiltedMeanField):
             self.cut, self.held_cut = kept
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
+        atoms = self.atoms if self.atoms is not None and self.atoms.count else None
 
         def evaluate(sub: list, wanted: list) -> list[np.ndarray]:
+            if atoms is not None:  # cells plus atoms, pointwise (flat_atoms)
+                return self._mixture_velocities(weights, grid, sub, wanted, t, frame, box, atoms)
             total: list[np.ndarray] | None = None
             for head, matrix in zip(heads, matrices, strict=True):
                 velocity = self.head_velocities(
@@ -339,6 +349,61 @@ class SoftmaxAttention(TiltedMeanField):
             return total
 
         return self.on_windows(grid, lattices, components, moving, evaluate)
+
+    def has_frame_atoms(self) -> bool:
+        return self.has_frame()
+
+    def _frame_heads(self, t: float, grid: Grid, frame) -> tuple[list, list, list, list]:
+        """The heads in the frame: tilt matrices ``L^T A L``, gains ``L^-1 C L`` and
+        constants ``L^-1 C m`` (:meth:`frame_components`)."""
+        L, inverse = frame.matrix, frame.inverse
+        heads = self.heads_at(t, grid)
+        return (
+            heads,
+            [L.T @ head.A @ L for head in heads],
+            [inverse @ head.C @ L for head in heads],
+            [inverse @ head.C @ frame.mean for head in heads],
+        )
+
+    def _mixture_velocities(
+        self, weights, grid: Grid, sub: list, wanted: list, t: float, frame, box, atoms
+    ) -> list[np.ndarray]:
+        """The frame's velocity of cells plus atoms on the sub-lattices ``sub``, pointwise:
+        the cells' ``log Z`` and clipped tilted mean from the engine's sums at each point,
+        mixed with the atoms' closed forms (:func:`.flat_atoms.mixture_means`); the tables
+        of the velocity cannot hold the atoms' share (it is not the cells')."""
+        heads, matrices, gains, constants = self._frame_heads(t, grid, frame)
+        shift = frame.inverse @ frame.mean
+        shifted = [[x + s for x, s in zip(coords, shift, strict=True)] for coords in sub]
+        volume = float(np.prod(grid.spacing))
+        out: list[np.ndarray] = []
+        for _, matrix, gain, constant in zip(heads, matrices, gains, constants, strict=True):
+            sums = self.sums(weights, grid, shifted, matrix, fields="both")
+            for i, (coords, comp) in enumerate(zip(shifted, wanted, strict=True)):
+                c = lattice_tilts(coords, matrix)
+                cells_log = sums.log_partition(c) + np.log(volume) - log_box_factor(c, grid.spacing)
+                cells_mean = sums.means(c) - grad_log_box_factor(c, grid.spacing)
+                np.clip(cells_mean, *box, out=cells_mean)
+                _, mean = mixture_means(cells_log, cells_mean, atoms, c)
+                velocity = mean @ gain.T + constant
+                part = velocity if comp is None else velocity[:, comp]
+                if len(out) <= i:
+                    out.append(part)
+                else:
+                    out[i] = out[i] + part
+        return out
+
+    def frame_atom_velocity(
+        self, density, grid: Grid, t: float, atoms, frame
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At the atoms' centres (frame coordinates): ``u``, ``Du``, ``D^2 u`` of the frame's
+        field ``u(xi) = L^-1 Gamma(m + L xi)`` of cells plus atoms, (K, d), (K, d, d),
+        (K, d, d, d), by the mixture's cumulants (:func:`.flat_atoms.atom_field`)."""
+        heads, matrices, gains, constants = self._frame_heads(t, grid, frame)
+        weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
+        cells = weights if np.any(weights > 0) else None
+        shift = frame.inverse @ frame.mean
+        return atom_field(cells, grid, heads, atoms, shift, matrices, gains, constants)
 
     def _cut(
         self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True

@@ -1,0 +1,338 @@
+"""Atoms on the flat grid in the co-moving frame (docs/theory.md, 'Atoms in the co-moving
+frame'): the atoms' share of the softmax field at points, mixed with the cells', and its
+derivatives at the atoms. References: the Gaussian mixture's closed form, a narrow Gaussian by
+dense quadrature on a fine grid, central differences, and the Gaussian moment ODEs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+from tpde.grid import Grid, gaussian, gaussian_mixture, moments
+from tpde.schemes.atoms import AtomOptions, Atoms, atom_rates
+from tpde.schemes.frame import AffineFrame
+from tpde.schemes.solver import Problem, Scheme, Solver
+from tpde.validation import solve
+from tpde.validation.particles import TokenSystem, gauss_hermite_tokens, simulate, token_moments
+from tpde.variants import ATTENTION, Head
+from tpde.variants.flat_atoms import atom_field, cell_cumulants, mixture_means
+
+A = np.array([[1.2, 0.3], [-0.2, 0.9]])
+V = np.array([[0.8, -0.4], [0.3, 1.1]])
+ATOM_COV = np.array([[4e-4, 1e-4], [1e-4, 9e-4]])
+
+
+def gaussian_mixture_mean(c, weights, means, covs):
+    """Tilted mean of sum_j w_j N(m_j, S_j) at tilts c (P, d): the closed form."""
+    logs = np.stack(
+        [
+            np.log(w) + c @ m + 0.5 * np.einsum("pi,ij,pj->p", c, s, c)
+            for w, m, s in zip(weights, means, covs, strict=True)
+        ]
+    )
+    p = np.exp(logs - logs.max(axis=0))
+    p /= p.sum(axis=0)
+    tilted = np.stack([m + c @ s.T for m, s in zip(means, covs, strict=True)])
+    return np.einsum("jp,jpi->pi", p, tilted)
+
+
+def show(title, header, rows):
+    print(f"\n{title}")
+    print(" ".join(f"{h:>14}" for h in header))
+    for row in rows:
+        print(" ".join(f"{v:14.4e}" if isinstance(v, float) else f"{v!s:>14}" for v in row))
+
+
+def test_cells_plus_an_atom_give_the_mixtures_field_at_the_faces():
+    """A resolved Gaussian on the cells plus a narrow atom (below a cell): the frame's face
+    velocity against the mixture's closed form, and the atom's share against dense
+    quadrature of the narrow Gaussian on a fine grid."""
+    grid = Grid([-10.0, -10.0], [10.0, 10.0], [40, 40])
+    density = gaussian(grid, np.zeros(2), 0.6 * np.eye(2), mass=0.7)
+    centre = np.array([1.0, -0.5])
+    atoms = Atoms.of([0.3], [centre], [ATOM_COV], [0])
+    frame = AffineFrame(np.zeros(2), np.eye(2))
+    offsets = [np.array([0.5, 0.0]), np.array([0.0, 0.5])]
+    rows = []
+    worst = 0.0
+    for with_atom in (False, True):
+        field = ATTENTION["softmax"](Head(A, V), engine="direct")
+        field.atoms = atoms if with_atom else None
+        got = field.frame_components(density, grid, 0.0, offsets, [0, 1], frame)
+        for axis, offset in enumerate(offsets):
+            coords = grid.lattice(offset)
+            mesh = np.meshgrid(*coords, indexing="ij")
+            x = np.stack([m.reshape(-1) for m in mesh], axis=1)
+            weights, means, covs = [0.7], [np.zeros(2)], [0.6 * np.eye(2)]
+            if with_atom:
+                weights, means, covs = [0.7, 0.3], [np.zeros(2), centre], [covs[0], ATOM_COV]
+            exact = gaussian_mixture_mean(x @ A.T, weights, means, covs)
+            u = (exact @ V.T)[:, axis].reshape(mesh[0].shape)
+            moving = got[axis] != 0.0
+            # the bulk: within 5 of the mean (the frame's window edges, 6.5 - 7.5 out, carry
+            # the cells' own clip error of 5e-6 with or without the atom)
+            inner = moving & (np.hypot(*np.meshgrid(*coords, indexing="ij")) < 5.0)
+            err = np.abs(got[axis] - u)
+            rows.append(
+                (
+                    "cells+atom" if with_atom else "cells",
+                    axis,
+                    int(moving.sum()),
+                    float(err[moving].max()),
+                    float(err[inner].max()),
+                )
+            )
+            if with_atom:
+                worst = max(worst, float(err[inner].max()))
+    show(
+        "face velocity against the mixture's closed form",
+        ["measure", "axis", "faces", "max err", "err |x| < 5"],
+        rows,
+    )
+    assert worst < 1e-11
+
+    # the atom's share by dense quadrature of N(centre, ATOM_COV) on a fine local grid
+    h = 0.002
+    ticks = np.arange(-0.2, 0.2 + h / 2, h)
+    y = np.stack(np.meshgrid(ticks + centre[0], ticks + centre[1], indexing="ij"), -1)
+    y = y.reshape(-1, 2)
+    inv = np.linalg.inv(ATOM_COV)
+    dy = y - centre
+    pdf = np.exp(-0.5 * np.einsum("pi,ij,pj->p", dy, inv, dy))
+    pdf *= 0.3 / pdf.sum()
+    c = np.array([[0.5, -1.0], [2.0, 1.0], [-1.5, 0.3]])
+    logits = c @ y.T + np.log(pdf)
+    top = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - top)
+    quad_log = np.log(e.sum(axis=1)) + top[:, 0]
+    quad_mean = (e @ y) / e.sum(axis=1, keepdims=True)
+    log_z, mean = mixture_means(None, None, atoms, c)
+    err_log = float(np.abs(log_z - quad_log).max())
+    err_mean = float(np.abs(mean - quad_mean).max())
+    show("atom share against fine quadrature", ["log Z err", "mean err"], [(err_log, err_mean)])
+    assert err_log < 1e-10 and err_mean < 1e-10
+
+
+def test_derivatives_at_the_atoms_match_central_differences():
+    """Du and D^2u at two atoms among two bumps on the cells, in a sheared frame: the
+    mixture cumulants against central differences of the pointwise field."""
+    grid = Grid([-5.0, -5.0], [5.0, 5.0], [24, 24])
+    density = gaussian_mixture(
+        grid,
+        [0.6, 0.4],
+        [np.array([-1.0, 0.5]), np.array([1.2, -0.4])],
+        [0.5 * np.eye(2), np.array([[0.4, 0.1], [0.1, 0.3]])],
+        mass=0.8,
+    )
+    atoms = Atoms.of([0.12, 0.08], [[0.3, 0.9], [-0.7, -1.1]], [ATOM_COV, 2 * ATOM_COV], [0, 1])
+    frame = AffineFrame(np.array([0.2, -0.1]), np.array([[1.1, 0.2], [-0.1, 0.9]]))
+    heads = [Head(A, V), Head(0.5 * A.T, np.eye(2))]
+    L, inverse = frame.matrix, frame.inverse
+    shift = inverse @ frame.mean
+    matrices = [L.T @ h.A @ L for h in heads]
+    gains = [inverse @ h.C @ L for h in heads]
+    constants = [inverse @ h.C @ frame.mean for h in heads]
+
+    def field_at(points):
+        u = np.zeros_like(points)
+        for B, G, b in zip(matrices, gains, constants, strict=True):
+            c = (points + shift) @ B.T
+            log_z, mean, _, _ = cell_cumulants(density, grid, c)
+            _, mixed = mixture_means(log_z, mean, atoms, c)
+            u += mixed @ G.T + b
+        return u
+
+    u, du, d2u = atom_field(density, grid, heads, atoms, shift, matrices, gains, constants)
+    step = 1e-4
+    fd = np.empty_like(du)
+    fd2 = np.empty_like(d2u)
+    for j in range(2):
+        e = np.zeros(2)
+        e[j] = step
+        fd[:, :, j] = (field_at(atoms.centre + e) - field_at(atoms.centre - e)) / (2 * step)
+        args = (density, grid, heads, atoms, shift, matrices, gains, constants)
+        up = atom_field(*args, points=atoms.centre + e)[1]
+        down = atom_field(*args, points=atoms.centre - e)[1]
+        fd2[:, :, :, j] = (up - down) / (2 * step)
+    err_u = float(np.abs(u - field_at(atoms.centre)).max())
+    err_du = float(np.abs(du - fd).max() / np.abs(du).max())
+    err_d2u = float(np.abs(d2u - fd2).max() / np.abs(d2u).max())
+    show(
+        "derivatives at the atoms against central differences (h = 1e-4)",
+        ["u err", "Du rel err", "D2u rel err"],
+        [(err_u, err_du, err_d2u)],
+    )
+    assert err_u < 1e-13 and err_du < 1e-7 and err_d2u < 1e-6
+
+
+def test_a_lone_atom_follows_the_gaussian_odes():
+    """One atom and no cells: the softmax field of a Gaussian is affine, so the atom's
+    (a, S) follows the Gaussian moment ODEs exactly (integrated here in a fixed sheared
+    frame, compared in physical coordinates)."""
+    head = Head(0.5 * A, V)  # (A itself blows this covariance up at t = 0.92)
+    mean0, cov0 = np.array([0.4, -0.2]), np.array([[0.5, 0.1], [0.1, 0.3]])
+    frame = AffineFrame(np.array([0.3, 0.1]), np.array([[0.9, 0.1], [-0.2, 1.1]]))
+    L, inverse = frame.matrix, frame.inverse
+    shift = inverse @ frame.mean
+    B, G, b = L.T @ head.A @ L, inverse @ head.C @ L, inverse @ head.C @ frame.mean
+    grid = Grid([-1.0, -1.0], [1.0, 1.0], [4, 4])  # (only its dimension is read)
+
+    def rhs(_t, y):
+        xi, S = y[:2], y[2:].reshape(2, 2)
+        atoms = Atoms(
+            np.ones(1), xi[None], S[None], np.zeros(1, int), np.full(1, np.nan), np.full((1, 2), -1)
+        )
+        u, du, d2u = atom_field(None, grid, [head], atoms, shift, [B], [G], [b])
+        assert np.abs(d2u).max() < 1e-12  # (the field is affine)
+        rates = atom_rates(u, du, d2u, S[None])
+        return np.concatenate([rates.centre[0], rates.cov[0].reshape(-1)])
+
+    y0 = np.concatenate([inverse @ (mean0 - frame.mean), (inverse @ cov0 @ inverse.T).ravel()])
+    times = [0.25, 0.5, 1.0]
+    ours = solve_ivp(rhs, (0, 1.0), y0, method="DOP853", rtol=1e-13, atol=1e-15, t_eval=times)
+    assert ours.success, ours.message
+    exact = solve("softmax", mean0, cov0, head, 1.0, times=times)
+    rows = []
+    worst = 0.0
+    for i, t in enumerate(times):
+        xi, S = ours.y[:2, i], ours.y[2:, i].reshape(2, 2)
+        a, cov = frame.mean + L @ xi, L @ S @ L.T
+        em, ec = exact.at(t)
+        err = max(float(np.abs(a - em).max()), float(np.abs(cov - ec).max()))
+        worst = max(worst, err)
+        rows.append((t, err))
+    show("a lone atom against the Gaussian ODEs", ["t", "max err"], rows)
+    assert worst < 1e-10
+
+
+def frame_problem(grid, density, field, t_end, times, frame, atoms, tolerance=1e-10):
+    return Problem(
+        grid,
+        density,
+        field,
+        t_end,
+        scheme=Scheme(frame="affine", frame_tolerance=tolerance),
+        snapshots=list(times),
+        frame=frame,
+        atoms=AtomOptions(),
+        initial_atoms=atoms,
+    )
+
+
+@pytest.mark.parametrize(
+    "cells, t_end, tolerance, bound",
+    [
+        (20, 0.2, 1e-8, 5e-9),
+        pytest.param(32, 0.5, 1e-10, 1e-10, marks=pytest.mark.slow),
+    ],
+)
+def test_an_atom_inside_a_gaussian_rides_with_the_frame(cells, t_end, tolerance, bound):
+    """Cells N(0, I) in the frame (mass 0.9) plus an atom N(0, I) (mass 0.1): the measure is
+    Gaussian, so the field is affine, the frame follows the Gaussian ODEs, the cells stay
+    put and the atom stays at (0, I) in frame coordinates; mass is conserved."""
+    head = Head(0.5 * A, V)
+    mean0, cov0 = np.array([0.4, -0.2]), np.array([[0.5, 0.1], [0.1, 0.3]])
+    grid = Grid([-10.0, -10.0], [10.0, 10.0], [cells, cells])
+    density = gaussian(grid, np.zeros(2), np.eye(2), mass=0.9)
+    atoms = Atoms.of([0.1], [np.zeros(2)], [np.eye(2)], [0])
+    times = [0.5 * t_end, t_end]
+    problem = frame_problem(
+        grid,
+        density,
+        ATTENTION["softmax"](head),
+        t_end,
+        times,
+        AffineFrame.following(mean0, cov0),
+        atoms,
+        tolerance,
+    )
+    result = Solver(problem).run()
+    exact = solve("softmax", mean0, cov0, head, t_end, times=times)
+    rows = []
+    for snap in result.snapshots:
+        if snap.time == 0.0:
+            continue
+        frame, atom = snap.frame, snap.atoms
+        a = frame.mean + frame.matrix @ atom.centre[0]
+        S = frame.matrix @ atom.cov[0] @ frame.matrix.T
+        em, ec = exact.at(snap.time)
+        err = max(float(np.abs(a - em).max()), float(np.abs(S - ec).max()))
+        held = max(float(np.abs(atom.centre).max()), float(np.abs(atom.cov[0] - np.eye(2)).max()))
+        mass = grid.integrate(snap.density) + atom.total_mass
+        rows.append((snap.time, err, held, abs(mass - 1.0)))
+    show(
+        f"an atom inside a Gaussian, in the frame ({cells}^2, tolerance {tolerance:g})",
+        ["t", "atom vs ODE", "xi, S - I", "mass err"],
+        rows,
+    )
+    assert result.status == "completed" and len(rows) == 2
+    assert max(r[1] for r in rows) < bound and max(r[2] for r in rows) < bound
+    assert max(r[3] for r in rows) < 1e-13
+
+
+def two_atoms_against_tokens(cells: int, t_end: float = 0.2):
+    """Cells N(mean0, cov0) (mass 0.8) plus two narrow atoms (mass 0.1 each, S = 1e-8 I) in
+    the frame, against 20^2 Gauss-Hermite tokens of the cells plus two weighted tokens
+    (RK4, dt = 2e-3): the largest errors of the atoms' centres and of the cells' mean and
+    covariance at t_end, the mass error, and the run."""
+    head = Head(0.5 * A, V)
+    mean0, cov0 = np.array([0.4, -0.2]), np.array([[0.5, 0.1], [0.1, 0.3]])
+    places = np.array([[0.9, 0.2], [-0.3, -0.7]])
+    grid = Grid([-10.0, -10.0], [10.0, 10.0], [cells, cells])
+    frame = AffineFrame.following(mean0, cov0)
+    inverse = frame.inverse
+    narrow = inverse @ (1e-8 * np.eye(2)) @ inverse.T
+    atoms = Atoms.of([0.1, 0.1], (places - frame.mean) @ inverse.T, [narrow, narrow], [0, 1])
+    density = gaussian(grid, np.zeros(2), np.eye(2), mass=0.8)
+    problem = frame_problem(
+        grid, density, ATTENTION["softmax"](head), t_end, [t_end], frame, atoms, 1e-8
+    )
+    result = Solver(problem).run()
+    snap = result.snapshots[-1]
+    centres = snap.frame.physical(snap.atoms.centre)
+    nodes, weights = gauss_hermite_tokens(mean0, cov0, 20)
+    tokens = np.vstack([nodes, places])
+    system = TokenSystem("softmax", head)
+    end = simulate(
+        system, tokens, t_end, 2e-3, weights=np.concatenate([0.8 * weights, [0.1, 0.1]])
+    ).tokens[-1]
+    token_mean, token_cov = token_moments(end[:-2], weights)
+    _, xi_mean, xi_cov = moments(snap.density, grid)
+    mean, cov = snap.frame.moments(xi_mean, xi_cov)
+    mass = grid.integrate(snap.density) + snap.atoms.total_mass
+    return (
+        float(np.abs(centres - end[-2:]).max()),
+        float(np.abs(mean - token_mean).max()),
+        float(np.abs(cov - token_cov).max()),
+        abs(mass - 1.0),
+        float(np.abs(end[-2:] - places).max()),
+        result,
+    )
+
+
+def test_two_atoms_follow_two_weighted_tokens():
+    """Two narrow atoms among cells against the token system with two weighted tokens."""
+    atoms, mean, cov, mass, moved, result = two_atoms_against_tokens(20)
+    show(
+        "two atoms + cells against tokens at t = 0.2 (20^2)",
+        ["atom centres", "cells mean", "cells cov", "mass err", "moved"],
+        [(atoms, mean, cov, mass, moved)],
+    )
+    assert result.status == "completed"
+    assert atoms < 2e-5 and mean < 3e-5 and cov < 3e-4  # (measured 7.8e-6, 1.5e-5, 1.4e-4)
+    assert mass < 1e-13 and moved > 0.1
+
+
+@pytest.mark.slow
+def test_two_atoms_converge_to_the_tokens():
+    """The same against the cell count: the errors fall at least at second order."""
+    rows = []
+    for cells in (20, 32, 48):
+        atoms, mean, cov, mass, _, result = two_atoms_against_tokens(cells)
+        assert result.status == "completed" and mass < 1e-13
+        rows.append((cells, atoms, mean, cov))
+    show("two atoms + cells against tokens at t = 0.2", ["cells", "atoms", "mean", "cov"], rows)
+    for (n1, a1, m1, _), (n2, a2, m2, _) in zip(rows, rows[1:], strict=False):
+        ratio = np.log(n2 / n1)
+        assert np.log(a1 / a2) / ratio > 2.0 and np.log(m1 / m2) / ratio > 2.0
