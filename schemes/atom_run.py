@@ -175,13 +175,15 @@ class AtomRun:
         )
 
     # ---- after the step ---------------------------------------------------------------------
-    def transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
-        """Absorb, merge, convert, release (:mod:`.atom_cells`); ``density`` is updated in
-        place and returned; one event per birth, merge and release."""
+    def transfer(self, density: np.ndarray, t: float, events: list, frame=None) -> np.ndarray:
+        """Absorb, merge, convert, release (:mod:`.atom_cells`; in the co-moving frame
+        :mod:`.box_atoms`, ``frame`` the step's, for the events' physical places);
+        ``density`` is updated in place and returned; one event per birth, merge and
+        release."""
         from .monitor import Event
 
         if self.in_frame:
-            return self._frame_transfer(density, t, events)
+            return self._frame_transfer(density, t, events, frame)
         cells, options = self.cells, self.options
         assert cells is not None  # (the circle's)
         atoms = self.atoms
@@ -211,9 +213,28 @@ class AtomRun:
             density[...] = rho
         return density
 
-    def _frame_transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
-        """The frame's transfers (none yet: the atoms given at the start move, nothing is
-        converted, absorbed or merged)."""
+    def _frame_transfer(self, density: np.ndarray, t: float, events: list, frame) -> np.ndarray:
+        """The frame's transfers on the box (:func:`.box_atoms.transfer_all`), in frame
+        coordinates; the events name the physical places ``m + L xi``."""
+        from .box_atoms import transfer_all
+        from .monitor import Event
+
+        atoms = self.atoms
+        if atoms.count:  # (round-off: keep every covariance symmetric)
+            cov = 0.5 * (atoms.cov + np.swapaxes(atoms.cov, 1, 2))
+            atoms = Atoms(atoms.mass, atoms.centre, cov, atoms.ids, atoms.born, atoms.parents)
+        rho, atoms, found, self.next_id = transfer_all(
+            density, self.grid, atoms, self.options, t, self.next_id
+        )
+        for event in found:
+            where = event.centre if frame is None else frame.physical(event.centre)
+            place = "(" + ", ".join(f"{float(x):.6f}" for x in where) + ")"
+            self.transfers.append(event)
+            events.append(Event(event.kind, t, describe(event, place)))
+        self.atoms = atoms
+        self.field.atoms = atoms
+        if rho is not density:
+            density[...] = rho
         return density
 
 

@@ -805,7 +805,9 @@ class Solver:
                 self.t = t_target
             self.monitor.add_reconstruction_error(rate * dt)
             if self.atom_run is not None:  # cells <-> atoms, conserving mass and moments
-                self.density = self.atom_run.transfer(self.density, self.t, self.monitor.events)
+                self.density = self.atom_run.transfer(
+                    self.density, self.t, self.monitor.events, self.frame
+                )
             elif self.pin_watch is not None:
                 self.pin_watch.check(self.density, self.t, self.monitor.events)
             if self.outflow > self.problem.max_outflow * self.mass0:

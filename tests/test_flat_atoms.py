@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
+from tpde.config import ConfigError, build
 from tpde.grid import Grid, gaussian, gaussian_mixture, moments
 from tpde.schemes.atoms import AtomOptions, Atoms, atom_rates
+from tpde.schemes.box_atoms import absorb, convert, merge
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.solver import Problem, Scheme, Solver
 from tpde.validation import solve
@@ -206,7 +208,14 @@ def test_a_lone_atom_follows_the_gaussian_odes():
     assert worst < 1e-10
 
 
-def frame_problem(grid, density, field, t_end, times, frame, atoms, tolerance=1e-10):
+#: options under which no cell ever joins an atom and no atom merges or spreads (the tests of
+#: the atoms' motion: the measure stays the one the references follow)
+NO_TRANSFERS = AtomOptions(width=1e-9, absorb=1e-9, merge=1e-9, release=1e9)
+
+
+def frame_problem(
+    grid, density, field, t_end, times, frame, atoms, tolerance=1e-10, options=NO_TRANSFERS
+):
     return Problem(
         grid,
         density,
@@ -215,7 +224,7 @@ def frame_problem(grid, density, field, t_end, times, frame, atoms, tolerance=1e
         scheme=Scheme(frame="affine", frame_tolerance=tolerance),
         snapshots=list(times),
         frame=frame,
-        atoms=AtomOptions(),
+        atoms=options,
         initial_atoms=atoms,
     )
 
@@ -336,3 +345,151 @@ def test_two_atoms_converge_to_the_tokens():
     for (n1, a1, m1, _), (n2, a2, m2, _) in zip(rows, rows[1:], strict=False):
         ratio = np.log(n2 / n1)
         assert np.log(a1 / a2) / ratio > 2.0 and np.log(m1 / m2) / ratio > 2.0
+
+
+def box_moments(rho, grid, atoms):
+    """Mass, mean, covariance of piecewise-constant cells plus atoms, summed directly."""
+    h = np.asarray(grid.spacing)
+    volume = float(np.prod(h))
+    x = np.stack([m.reshape(-1) for m in grid.mesh(sparse=False)], axis=1)
+    m = rho.reshape(-1) * volume
+    total = m.sum() + atoms.mass.sum()
+    mean = (m @ x + atoms.mass @ atoms.centre) / total
+    dx, da = x - mean, atoms.centre - mean
+    second = (
+        np.einsum("s,si,sj->ij", m, dx, dx)
+        + m.sum() * np.diag(h * h / 12)
+        + np.einsum("k,kij->ij", atoms.mass, atoms.cov)
+        + np.einsum("k,ki,kj->ij", atoms.mass, da, da)
+    )
+    return total, mean, second / total
+
+
+def test_gaussian_data_never_create_an_atom():
+    """A single Gaussian narrower than two cells is one cluster, the whole law: it stays on
+    the cells (the frame follows it)."""
+    for cells, sd in ((16, 1.0), (24, 1.0), (16, 0.7)):
+        grid = Grid([-8.0, -8.0], [8.0, 8.0], [cells, cells])
+        rho = gaussian(grid, np.zeros(2), sd**2 * np.eye(2))
+        out, atoms, events, _ = convert(rho, grid, Atoms.empty(2), AtomOptions(), 0.0, 0)
+        assert atoms.count == 0 and not events and out is rho
+
+
+def test_narrow_clusters_become_atoms_with_their_exact_moments():
+    """Four narrow bumps (0.4 cells) on a wide background: four atoms, each with its
+    cells' mass, mean and covariance; the total moments are conserved; absorption of mass
+    flowing in and a merge conserve them too."""
+    grid = Grid([-4.0, -4.0], [4.0, 4.0], [32, 32])
+    h = grid.spacing[0]
+    corners = [np.array([sx, sy]) for sx in (-1.5, 1.5) for sy in (-1.5, 1.5)]
+    narrow = (0.4 * h) ** 2 * np.eye(2)
+    rho = gaussian_mixture(grid, [0.25] * 4, corners, [narrow] * 4, mass=0.8)
+    rho = rho + gaussian(grid, np.zeros(2), 4.0 * np.eye(2), mass=0.2)
+    options = AtomOptions()
+    before = box_moments(rho, grid, Atoms.empty(2))
+    out, atoms, events, next_id = convert(rho, grid, Atoms.empty(2), options, 1.0, 0)
+    after = box_moments(out, grid, atoms)
+    rows = [(k, float(atoms.mass[k]), *atoms.centre[k]) for k in range(atoms.count)]
+    show("atoms born from four bumps", ["id", "mass", "x", "y"], rows)
+    assert atoms.count == 4 and [e.kind for e in events] == ["atom_birth"] * 4
+    assert next_id == 4
+    for centre in corners:
+        k = int(np.argmin(np.abs(atoms.centre - centre).sum(axis=1)))
+        assert np.abs(atoms.centre[k] - centre).max() < 0.05 * h
+        assert abs(atoms.mass[k] - 0.2) < 0.005
+    errs = [abs(after[0] - before[0]), np.abs(after[1] - before[1]).max()]
+    errs.append(np.abs(after[2] - before[2]).max())
+    show("moments conserved by conversion", ["mass", "mean", "cov"], [tuple(errs)])
+    assert max(errs) < 1e-14
+
+    # mass flowing into an atom's cells joins it
+    inflow = out + gaussian(grid, corners[0], narrow, mass=0.01)
+    before = box_moments(inflow, grid, atoms)
+    absorbed, grown = absorb(inflow, grid, atoms, options)
+    after = box_moments(absorbed, grid, grown)
+    k = int(np.argmin(np.abs(atoms.centre - corners[0]).sum(axis=1)))
+    assert grown.mass[k] > atoms.mass[k] + 0.0099
+    assert max(abs(after[0] - before[0]), np.abs(after[2] - before[2]).max()) < 1e-14
+
+    # two atoms within their widths merge into one with the moments of both
+    pair = Atoms.of([0.3, 0.2], [[0.0, 0.0], [0.3 * h, 0.1 * h]], [narrow, 2 * narrow], [7, 9])
+    merged, found, _ = merge(pair, grid, options, 2.0, 10)
+    total, mean, cov = box_moments(np.zeros(grid.shape), grid, pair)
+    assert merged.count == 1 and found[0].parents == (7, 9) and merged.ids[0] == 10
+    assert abs(merged.mass[0] - total) < 1e-15 and np.abs(merged.centre[0] - mean).max() < 1e-15
+    assert np.abs(merged.cov[0] - cov).max() < 1e-15
+
+
+def test_a_frame_run_turns_four_narrow_bumps_into_atoms():
+    """Four narrow bumps (0.4 cells) in the frame become four atoms at the first step and
+    move on as atoms: against Gauss-Hermite tokens (10^2, RK4) of each bump's cells' law as
+    a Gaussian, with mass conserved and the births reported."""
+    head = Head(np.eye(2), np.eye(2))
+    grid = Grid([-2.5, -2.5], [2.5, 2.5], [32, 32])
+    h = grid.spacing[0]
+    corners = [np.array([sx, sy]) for sx in (-1.0, 1.0) for sy in (-1.0, 1.0)]
+    narrow = (0.4 * h) ** 2 * np.eye(2)
+    weights = [0.3, 0.2, 0.25, 0.25]
+    density = gaussian_mixture(grid, weights, corners, [narrow] * 4)
+    frame = AffineFrame(np.zeros(2), 0.5 * np.eye(2))
+    t_end = 0.3
+    problem = frame_problem(
+        grid,
+        density,
+        ATTENTION["softmax"](head),
+        t_end,
+        [t_end],
+        frame,
+        None,
+        1e-8,
+        AtomOptions(),
+    )
+    result = Solver(problem).run()
+    snap = result.snapshots[-1]
+    births = [e for e in result.events if e.kind == "atom_birth"]
+    assert result.status == "completed" and len(births) == 4 and snap.atoms.count == 4
+    places = snap.frame.physical(snap.atoms.centre)
+    # each bump's cells hold its exact moments (their piecewise-constant law, wider than
+    # the bump by about h^2 / 12): the atoms carry those, so the tokens start from them
+    tokens, token_weights = [], []
+    mesh = grid.mesh(sparse=False)
+    for c in corners:
+        quadrant = (np.sign(mesh[0]) == np.sign(c[0])) & (np.sign(mesh[1]) == np.sign(c[1]))
+        m, a, S = box_moments(np.where(quadrant, density, 0.0), grid, Atoms.empty(2))
+        x, wx = gauss_hermite_tokens(frame.physical(a), frame.matrix @ S @ frame.matrix.T, 10)
+        tokens.append(x)
+        token_weights.append(m * wx)
+    end = simulate(
+        TokenSystem("softmax", head),
+        np.vstack(tokens),
+        t_end,
+        2e-3,
+        weights=np.concatenate(token_weights),
+    ).tokens[-1]
+    rows = []
+    worst = 0.0
+    for k in range(4):
+        part = end[100 * k : 100 * (k + 1)]
+        mean = token_weights[k] @ part / token_weights[k].sum()
+        j = int(np.argmin(np.abs(places - mean).sum(axis=1)))
+        err = float(np.abs(places[j] - mean).max())
+        worst = max(worst, err)
+        rows.append((k, float(snap.atoms.mass[j]), err))
+    mass = grid.integrate(snap.density) + snap.atoms.total_mass
+    show("four atoms against their bumps' tokens at t = 0.3", ["bump", "mass", "centre err"], rows)
+    print(f"mass error {abs(mass - 1.0):.2e}; {births[0].message}")
+    assert abs(mass - 1.0) < 1e-13
+    assert worst < 1e-5  # (measured 3.3e-6: the closure's O(S^2), S ~ 1e-3, and the residual)
+
+
+def test_a_flat_config_with_atoms_is_refused_in_one_line():
+    """[atoms] on the flat grid is not in the file or the resume yet: one line, exit 2."""
+    raw = {
+        "grid": {"lower": [-3.0, -3.0], "upper": [3.0, 3.0], "cells": [16, 16]},
+        "attention": {"variant": "softmax", "A": [[1.0, 0.0], [0.0, 1.0]]},
+        "scheme": {"frame": "affine"},
+        "run": {"t_end": 0.1},
+        "atoms": {},
+    }
+    with pytest.raises(ConfigError, match=r"^atoms: not in a flat config yet .* remove \[atoms\]$"):
+        build(raw)

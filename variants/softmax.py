@@ -303,6 +303,14 @@ class SoftmaxAttention(TiltedMeanField):
         heads = self.heads_at(t, grid)
         matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
+        if not np.any(density > 0):  # (every cell's mass in atoms: nothing to transport)
+            self.cut = None
+            d = grid.ndim
+            shapes = [tuple(len(x) for x in coords) for coords in lattices]
+            return [
+                np.zeros(shape if comp is not None else (d, *shape))
+                for shape, comp in zip(shapes, components, strict=True)
+            ]
         # evaluated only on the window of each lattice where some point is held and above
         # the transport floor, from the density the scheme trusts (on_windows): everything
         # else keeps the frame's affine fit (schemes.frame), so neither the cut nor the
