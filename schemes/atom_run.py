@@ -96,6 +96,8 @@ class AtomRun:
         used = int(self.atoms.ids.max()) + 1 if self.atoms.count else 0
         self.next_id = max(int(problem.next_atom_id), used)
         self.transfers: list[AtomTransfer] = []
+        #: whether the frame's atoms have said that their closure no longer holds
+        self.closure_warned = False
         field.atoms = self.atoms
         self._stage: list[Atoms | None] = []
         self._rates: dict[int, AtomRates] = {}
@@ -235,7 +237,37 @@ class AtomRun:
         self.field.atoms = atoms
         if rho is not density:
             density[...] = rho
+        if atoms.count and frame is not None and not self.closure_warned:
+            self._check_closure(density, t, events, frame)
         return density
+
+    def _check_closure(self, density: np.ndarray, t: float, events: list, frame) -> None:
+        """One ``atom_closure`` event when an atom's width times the largest tilt passes
+        :data:`CLOSURE_TILT` (the field's ``frame_atom_closure``): from then on the atoms'
+        Gaussian tails, not the clusters' shapes, decide the sums."""
+        from .monitor import Event
+
+        found = self.field.frame_atom_closure(density, self.grid, t, self.atoms, frame)
+        if found is None or not np.any(found > CLOSURE_TILT):
+            return
+        k = int(np.argmax(found))
+        self.closure_warned = True
+        events.append(
+            Event(
+                "atom_closure",
+                t,
+                f"atom {int(self.atoms.ids[k])}'s Gaussian closure no longer holds at t = "
+                f"{t:.6g}: its width times the largest tilt is {float(found[k]):.3g} > "
+                f"{CLOSURE_TILT:g}, so the sums feel its Gaussian tails rather than the "
+                "cluster's shape; results from here on are not held (refine the grid: "
+                "narrower atoms)",
+            )
+        )
+
+
+#: an atom's Gaussian closure holds while sqrt(c^T S c) over the measure's tilts stays below
+#: this (the cumulant expansion of log Z past second order is then small)
+CLOSURE_TILT = 1.0
 
 
 #: the pinning watch looks at the clusters every this many steps (a cheap check)

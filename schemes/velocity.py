@@ -135,6 +135,11 @@ class VelocityField:
         measure cells plus ``atoms`` (docs/theory.md, 'Atoms in the co-moving frame')."""
         raise ValueError(f"atoms: {type(self).__name__} has no atoms in the frame; set atoms off")
 
+    def frame_atom_closure(self, density: np.ndarray, grid: Grid, t: float, atoms, frame):
+        """Per atom (K,), how far its Gaussian closure is from its limit (1: the sums begin
+        to feel its tails); None where the field does not say."""
+        return None
+
     def has_frame_atoms(self) -> bool:
         """Whether this field adds atoms to its sums in the co-moving frame
         (:meth:`frame_atom_velocity`)."""

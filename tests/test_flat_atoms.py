@@ -478,6 +478,7 @@ def test_a_frame_run_turns_four_narrow_bumps_into_atoms():
     mass = grid.integrate(snap.density) + snap.atoms.total_mass
     show("four atoms against their bumps' tokens at t = 0.3", ["bump", "mass", "centre err"], rows)
     print(f"mass error {abs(mass - 1.0):.2e}; {births[0].message}")
+    assert not [e for e in result.events if e.kind == "atom_closure"]
     assert abs(mass - 1.0) < 1e-13
     assert worst < 1e-5  # (measured 3.3e-6: the closure's O(S^2), S ~ 1e-3, and the residual)
 
@@ -493,3 +494,24 @@ def test_a_flat_config_with_atoms_is_refused_in_one_line():
     }
     with pytest.raises(ConfigError, match=r"^atoms: not in a flat config yet .* remove \[atoms\]$"):
         build(raw)
+
+
+def test_an_atom_whose_tails_rule_the_sums_is_reported():
+    """sqrt(c^T S c) at the measure's extreme tilts (hand-computed here) above 1: the frame
+    run says in one ``atom_closure`` event that the Gaussian closure no longer holds."""
+    head = Head(3.0 * np.eye(2), np.eye(2))
+    grid = Grid([-4.0, -4.0], [4.0, 4.0], [16, 16])
+    density = gaussian(grid, np.zeros(2), np.eye(2), mass=0.9)
+    atoms = Atoms.of([0.1], [[1.0, 0.0]], [0.3 * np.eye(2)], [0])
+    frame = AffineFrame(np.zeros(2), np.eye(2))
+    field = ATTENTION["softmax"](head)
+    found = field.frame_atom_closure(density, grid, 0.0, atoms, frame)
+    corner = np.array([4.0, 4.0])  # (the support box: every cell holds mass)
+    expected = np.sqrt(0.3) * np.linalg.norm(3.0 * corner)
+    print(f"\nclosure {found[0]:.6f}, by hand {expected:.6f}")
+    assert abs(found[0] - expected) < 1e-12
+    problem = frame_problem(grid, density, field, 0.01, [0.01], frame, atoms, 1e-8)
+    result = Solver(problem).run()
+    closure = [e for e in result.events if e.kind == "atom_closure"]
+    assert len(closure) == 1 and "\n" not in closure[0].message
+    print(closure[0].message)

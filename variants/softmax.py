@@ -413,6 +413,28 @@ class SoftmaxAttention(TiltedMeanField):
         shift = frame.inverse @ frame.mean
         return atom_field(cells, grid, heads, atoms, shift, matrices, gains, constants)
 
+    def frame_atom_closure(self, density, grid: Grid, t: float, atoms, frame) -> np.ndarray:
+        """How far each atom's Gaussian closure is from its limit: ``max_c sqrt(c^T S_k c)``
+        (K,) over the tilts ``c = L^T A L (x + L^-1 m)`` of every head at the corners of the
+        cells' support box and at the atoms' centres (the measure's extreme points). Below
+        1 the tilted sums see the atom's first two moments only; above, they feel its tails
+        (a Gaussian's tilted mean ``a + S c`` runs on, a compact cluster's stops at its
+        edge), docs/theory.md, 'Atoms in the co-moving frame'."""
+        heads, matrices, _, _ = self._frame_heads(t, grid, frame)
+        shift = frame.inverse @ frame.mean
+        targets = [atoms.centre]
+        if np.any(density > 0):
+            low, high = support_box(density, grid)
+            mesh = np.meshgrid(*zip(low, high, strict=True), indexing="ij")
+            targets.append(np.stack([m.reshape(-1) for m in mesh], axis=1))
+        x = np.vstack(targets) + shift
+        worst = np.zeros(atoms.count)
+        for matrix in matrices:
+            c = x @ matrix.T  # (P, d)
+            spread = np.einsum("pi,kij,pj->kp", c, atoms.cov, c)
+            worst = np.maximum(worst, np.sqrt(np.maximum(spread.max(axis=1), 0.0)))
+        return worst
+
     def _cut(
         self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True
     ) -> None:
