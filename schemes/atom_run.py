@@ -58,24 +58,51 @@ class AtomRun:
         options = problem.atoms
         options.validate()
         field, grid = problem.velocity, problem.grid
-        if not field.has_atoms():
-            raise ValueError(
-                f"atoms: {type(field).__name__} has no atoms yet (attention on the circle has); "
-                "set atoms off"
-            )
-        if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
-            raise ValueError("atoms: on a periodic 1-D grid (the circle) only; set atoms off")
-        if problem.frame is not None:
-            raise ValueError('atoms: not in the co-moving frame yet; set scheme.frame = "fixed"')
+        #: the co-moving frame's atoms (flat grid, frame coordinates) or the circle's
+        self.in_frame = problem.frame is not None
+        if self.in_frame:
+            if not field.has_frame_atoms():
+                raise ValueError(
+                    f"atoms: {type(field).__name__} has no atoms in the co-moving frame yet "
+                    "(softmax and multi-head softmax have); set atoms off"
+                )
+            if "periodic" in grid.boundary or problem.positions is not None:
+                raise ValueError(
+                    "atoms: the frame's atoms need an unmasked grid without periodic axes; "
+                    "set atoms off"
+                )
+            if problem.noise > 0:  # (in frame coordinates the heat kernel is L^-1 L^-T, not I)
+                raise ValueError(
+                    "atoms: not with run.noise in the co-moving frame yet; set atoms off or "
+                    "the noise to 0"
+                )
+            self.cells = None
+        else:
+            if not field.has_atoms():
+                raise ValueError(
+                    f"atoms: {type(field).__name__} has no atoms in a fixed box yet (attention "
+                    'on the circle has; softmax in scheme.frame = "affine"); set atoms off'
+                )
+            if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
+                raise ValueError(
+                    "atoms: in a fixed box on a periodic 1-D grid (the circle) only, else in "
+                    'scheme.frame = "affine"; set atoms off'
+                )
+            self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
         self.options = options
         self.field = field
         self.grid = grid
-        self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
         start = problem.initial_atoms
-        self.atoms = Atoms.empty(1) if start is None else start
+        self.atoms = Atoms.empty(grid.ndim) if start is None else start
+        if self.atoms.dim != grid.ndim:
+            raise ValueError(
+                f"atoms: {self.atoms.dim}-D atoms on a {grid.ndim}-D grid (initial_atoms)"
+            )
         used = int(self.atoms.ids.max()) + 1 if self.atoms.count else 0
         self.next_id = max(int(problem.next_atom_id), used)
         self.transfers: list[AtomTransfer] = []
+        #: whether the frame's atoms have said that their closure no longer holds
+        self.closure_warned = False
         field.atoms = self.atoms
         self._stage: list[Atoms | None] = []
         self._rates: dict[int, AtomRates] = {}
@@ -101,13 +128,26 @@ class AtomRun:
         """The field sees stage k's atoms (before its evaluation on the cells' faces)."""
         self.field.atoms = self._stage[k]
 
-    def move(self, k: int, alpha: float, dt: float, density: np.ndarray, t: float) -> None:
+    def move(
+        self,
+        k: int,
+        alpha: float,
+        dt: float,
+        density: np.ndarray,
+        t: float,
+        rates: AtomRates | None = None,
+    ) -> None:
         """The term ``alpha (atoms_k + dt rates_k)`` (after the stage's face velocity: a field
-        may reuse that evaluation's sums)."""
+        may reuse that evaluation's sums). ``rates``: the stage's rates where its face
+        velocity formed them (the co-moving frame's fit, ``FrameRates.points``)."""
         stage = self._stage[k]
         assert stage is not None
         self.field.atoms = stage
+        if rates is not None:
+            self._rates[k] = rates
         if k not in self._rates:
+            if stage.count and self.in_frame:
+                raise AssertionError("atoms: the frame's atom rates come from its fit")
             if stage.count:
                 u, du, d2u = self.field.atom_velocity(density, self.grid, t, stage)
                 self._rates[k] = atom_rates(u, du, d2u, stage.cov)
@@ -155,13 +195,30 @@ class AtomRun:
         self.atoms = atoms
         self.field.atoms = atoms
 
+    def embedded_error(self) -> float:
+        """The atoms' share of the frame's step control (:func:`.frame.embedded_error`):
+        the largest difference, in frame coordinates, between the step's centres and
+        covariances and those of the embedded Heun step ``2 u^(2) - u^(0)`` (0: no atoms)."""
+        start, second, end = self._stage[0], self._stage[2], self._final
+        if start is None or second is None or end is None or not end.count:
+            return 0.0
+        return max(
+            float(np.abs(end.centre - (2.0 * second.centre - start.centre)).max()),
+            float(np.abs(end.cov - (2.0 * second.cov - start.cov)).max()),
+        )
+
     # ---- after the step ---------------------------------------------------------------------
-    def transfer(self, density: np.ndarray, t: float, events: list) -> np.ndarray:
-        """Absorb, merge, convert, release (:mod:`.atom_cells`); ``density`` is updated in
-        place and returned; one event per birth, merge and release."""
+    def transfer(self, density: np.ndarray, t: float, events: list, frame=None) -> np.ndarray:
+        """Absorb, merge, convert, release (:mod:`.atom_cells`; in the co-moving frame
+        :mod:`.box_atoms`, ``frame`` the step's, for the events' physical places);
+        ``density`` is updated in place and returned; one event per birth, merge and
+        release."""
         from .monitor import Event
 
+        if self.in_frame:
+            return self._frame_transfer(density, t, events, frame)
         cells, options = self.cells, self.options
+        assert cells is not None  # (the circle's)
         atoms = self.atoms
         if atoms.count:  # the centres stay on [lower, lower + 2 pi)
             atoms = atoms.moved(cells.wrap(atoms.centre))
@@ -188,6 +245,60 @@ class AtomRun:
         if rho is not density:
             density[...] = rho
         return density
+
+    def _frame_transfer(self, density: np.ndarray, t: float, events: list, frame) -> np.ndarray:
+        """The frame's transfers on the box (:func:`.box_atoms.transfer_all`), in frame
+        coordinates; the events name the physical places ``m + L xi``."""
+        from .box_atoms import transfer_all
+        from .monitor import Event
+
+        atoms = self.atoms
+        if atoms.count:  # (round-off: keep every covariance symmetric)
+            cov = 0.5 * (atoms.cov + np.swapaxes(atoms.cov, 1, 2))
+            atoms = Atoms(atoms.mass, atoms.centre, cov, atoms.ids, atoms.born, atoms.parents)
+        rho, atoms, found, self.next_id = transfer_all(
+            density, self.grid, atoms, self.options, t, self.next_id
+        )
+        for event in found:
+            where = event.centre if frame is None else frame.physical(event.centre)
+            place = "(" + ", ".join(f"{float(x):.6f}" for x in where) + ")"
+            self.transfers.append(event)
+            events.append(Event(event.kind, t, describe(event, place)))
+        self.atoms = atoms
+        self.field.atoms = atoms
+        if rho is not density:
+            density[...] = rho
+        if atoms.count and frame is not None and not self.closure_warned:
+            self._check_closure(density, t, events, frame)
+        return density
+
+    def _check_closure(self, density: np.ndarray, t: float, events: list, frame) -> None:
+        """One ``atom_closure`` event when an atom's width times the largest tilt passes
+        :data:`CLOSURE_TILT` (the field's ``frame_atom_closure``): from then on the atoms'
+        Gaussian tails, not the clusters' shapes, decide the sums."""
+        from .monitor import Event
+
+        found = self.field.frame_atom_closure(density, self.grid, t, self.atoms, frame)
+        if found is None or not np.any(found > CLOSURE_TILT):
+            return
+        k = int(np.argmax(found))
+        self.closure_warned = True
+        events.append(
+            Event(
+                "atom_closure",
+                t,
+                f"atom {int(self.atoms.ids[k])}'s Gaussian closure no longer holds at t = "
+                f"{t:.6g}: its width times the largest tilt is {float(found[k]):.3g} > "
+                f"{CLOSURE_TILT:g}, so the sums feel its Gaussian tails rather than the "
+                "cluster's shape; results from here on are not held (refine the grid: "
+                "narrower atoms)",
+            )
+        )
+
+
+#: an atom's Gaussian closure holds while sqrt(c^T S c) over the measure's tilts stays below
+#: this (the cumulant expansion of log Z past second order is then small)
+CLOSURE_TILT = 1.0
 
 
 #: the pinning watch looks at the clusters every this many steps (a cheap check)

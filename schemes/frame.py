@@ -34,6 +34,8 @@ from numpy.typing import ArrayLike
 
 from tpde.grid import Grid
 
+from .atoms import AtomRates, atom_rates
+
 FRAMES = ("fixed", "affine")
 #: in the frame, a face whose velocity the box cuts by more than this (the Gaussian
 #: surrogate's cut, VelocityField.cut) keeps the frame's affine fit (residual 0) and takes no
@@ -136,11 +138,48 @@ def mixture_frame(
 
 @dataclass(frozen=True)
 class FrameRates:
-    """d/dt of the frame: mean (d,), matrix (d, d); ``gain`` is G = L^-1 L' (d, d)."""
+    """d/dt of the frame: mean (d,), matrix (d, d); ``gain`` is G = L^-1 L' (d, d);
+    ``points``: the atoms' rates in the frame (:class:`~.atoms.AtomRates`) where the fit
+    had atoms (:class:`FitPoints`), else None."""
 
     mean: np.ndarray
     matrix: np.ndarray
     gain: np.ndarray
+    points: AtomRates | None = None
+
+
+@dataclass(frozen=True)
+class FitPoints:
+    """The atoms as weighted Gaussian points of the frame's fit (docs/theory.md, 'Atoms in
+    the co-moving frame'), in frame coordinates: ``weight`` (K,) in the units of the face
+    densities (mass / cell volume), ``centre`` (K, d), ``cov`` (K, d, d), and the field at
+    the centres, ``u`` (K, d), ``jacobian`` (K, d, d) ``[k, i, j] = d_j u_i``, ``hessian``
+    (K, d, d, d). An atom enters the moments of the fit as the Gaussian it is: ``E u = u +
+    1/2 S : D^2 u`` at its centre and ``Cov(u, xi) = Du S`` (exact for quadratic ``u``)."""
+
+    weight: np.ndarray
+    centre: np.ndarray
+    cov: np.ndarray
+    u: np.ndarray
+    jacobian: np.ndarray
+    hessian: np.ndarray
+
+    @property
+    def mean_u(self) -> np.ndarray:
+        """``E u = u + 1/2 S : D^2 u`` over each atom (K, d)."""
+        return self.u + 0.5 * np.einsum("kjl,kijl->ki", self.cov, self.hessian)
+
+    @property
+    def spread(self) -> np.ndarray:
+        """``Cov(u, xi) = Du S`` of each atom (K, d, d): ``[k, a, b]`` for row a."""
+        return np.einsum("kij,kjl->kil", self.jacobian, self.cov)
+
+    def rates(self, drift: np.ndarray, gain: np.ndarray) -> AtomRates:
+        """The atoms' motion in the frame: the fit's residual at the atom, ``xi' = E u -
+        drift - G xi`` and ``S' = (Du - G) S + S (Du - G)^T`` (:func:`~.atoms.atom_rates`
+        of the residual field ``u - drift - G xi``)."""
+        residual = self.u - drift - self.centre @ gain.T
+        return atom_rates(residual, self.jacobian - gain, self.hessian, self.cov)
 
 
 def face_density(density: np.ndarray, axis: int) -> np.ndarray:
@@ -164,12 +203,21 @@ def _marginal(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 
 def weighted_fit(
-    weight: np.ndarray, coords: Sequence[np.ndarray], u: np.ndarray
+    weight: np.ndarray,
+    coords: Sequence[np.ndarray],
+    u: np.ndarray,
+    points: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[float, np.ndarray]:
     """The weighted least-squares fit ``u ~ drift + row . x`` over a tensor lattice:
     weight, u (*lattice shape), weight >= 0 with a positive sum; coords one 1-D array per
     axis. Returns (drift, row (d,)). The moments are centred sums, formed from marginals of
-    the weight and of ``weight (u - u_bar)`` (one pass over the lattice per marginal)."""
+    the weight and of ``weight (u - u_bar)`` (one pass over the lattice per marginal).
+
+    ``points``: Gaussian points that join the sums (the atoms, :class:`FitPoints`), as
+    ``(weight (K,), centre (K, d), cov (K, d, d), E u (K,), Cov(u, x) (K, d))``: their
+    moments are added to the lattice's exactly (:func:`_with_points`)."""
+    if points is not None:
+        return _with_points(weight, coords, u, points)
     d = weight.ndim
     total = float(weight.sum())
     centre = np.array([float(_marginal(weight, (b,)) @ coords[b]) / total for b in range(d)])
@@ -186,6 +234,46 @@ def weighted_fit(
             cov[b, c] = cov[c, b] = pair
     row = np.linalg.solve(cov, cross)
     return u_bar - float(row @ centre), row
+
+
+def _with_points(
+    weight: np.ndarray, coords: Sequence[np.ndarray], u: np.ndarray, points: tuple
+) -> tuple[float, np.ndarray]:
+    """:func:`weighted_fit` of the lattice plus Gaussian points: the two parts' totals,
+    means, covariances and cross covariances combined by the parallel-axis rule (as
+    :func:`~.atoms.merge_moments`), then ``row = Cov(x)^-1 Cov(u, x)``."""
+    w_k, centre_k, cov_k, u_k, cross_k = points
+    d = weight.ndim
+    lattice = float(weight.sum())
+    if lattice > 0:
+        drift, row = weighted_fit(weight, coords, u)
+        centre = np.array([float(_marginal(weight, (b,)) @ coords[b]) / lattice for b in range(d)])
+        u_bar = drift + float(row @ centre)
+        centred = [np.asarray(coords[b], float) - centre[b] for b in range(d)]
+        cov = np.empty((d, d))
+        for b in range(d):
+            cov[b, b] = float(_marginal(weight, (b,)) @ centred[b] ** 2) / lattice
+            for c in range(b + 1, d):
+                pair = float(centred[b] @ _marginal(weight, (b, c)) @ centred[c]) / lattice
+                cov[b, c] = cov[c, b] = pair
+        cross = cov @ row
+        parts_w = np.concatenate([[lattice], w_k])
+        parts_x = np.vstack([centre[None, :], centre_k])
+        parts_cov = np.concatenate([cov[None], cov_k])
+        parts_u = np.concatenate([[u_bar], u_k])
+        parts_cross = np.vstack([cross[None, :], cross_k])
+    else:
+        parts_w, parts_x, parts_cov, parts_u, parts_cross = w_k, centre_k, cov_k, u_k, cross_k
+    total = float(parts_w.sum())
+    x_bar = parts_w @ parts_x / total
+    u_all = float(parts_w @ parts_u) / total
+    dx = parts_x - x_bar
+    cov_all = (
+        np.einsum("k,kij->ij", parts_w, parts_cov) + np.einsum("k,ki,kj->ij", parts_w, dx, dx)
+    ) / total
+    cross_all = (parts_w @ parts_cross + (parts_w * (parts_u - u_all)) @ dx) / total
+    row_all = np.linalg.solve(cov_all, cross_all)
+    return u_all - float(row_all @ x_bar), row_all
 
 
 def lattice_density(density: np.ndarray, offset) -> np.ndarray:
@@ -232,6 +320,7 @@ def affine_fit(
     frame: AffineFrame,
     held: list[np.ndarray] | None = None,
     faces: list[np.ndarray] | None = None,
+    points: FitPoints | None = None,
 ) -> tuple[list[np.ndarray], FrameRates]:
     """Fit ``u_a ~ a_a + G_a . (xi - xi_bar^a)`` on the faces normal to each axis and return
     the residuals ``w_a`` (same shapes as ``normal``) and the frame's rates.
@@ -242,8 +331,12 @@ def affine_fit(
     normal[a]): faces whose velocity the box holds; the others take no part in the fit and
     keep the fit's value (residual 0), so a tilted law cut by the box never moves the frame.
     faces: the :func:`face_density` of every axis, where the caller has them already.
+    points: the atoms (:class:`FitPoints`), weighted points of every row's fit; the rates
+    then carry their motion in the frame (``FrameRates.points``).
     """
     d = grid.ndim
+    if points is not None:
+        mean_u, spread = points.mean_u, points.spread
     drift = np.empty(d)
     gain = np.empty((d, d))
     residuals = []
@@ -266,9 +359,14 @@ def affine_fit(
             else:
                 mask = None
         total = weight.sum()
+        if points is not None:
+            total += points.weight.sum()
+            row_points = (points.weight, points.centre, points.cov, mean_u[:, a], spread[:, a])
         if not total > 0:
             raise FloatingPointError("frame: no mass left to fit the frame to")
-        drift[a], gain[a] = weighted_fit(weight, coords, normal[a])
+        drift[a], gain[a] = weighted_fit(
+            weight, coords, normal[a], None if points is None else row_points
+        )
         mesh = np.meshgrid(*coords, indexing="ij", sparse=True)
         residual = normal[a] - drift[a]
         for b in range(d):
@@ -278,7 +376,8 @@ def affine_fit(
         residual[~moving] = 0.0
         residuals.append(residual)
     L = frame.matrix
-    return residuals, FrameRates(L @ drift, L @ gain, gain)
+    moved = None if points is None else points.rates(drift, gain)
+    return residuals, FrameRates(L @ drift, L @ gain, gain, moved)
 
 
 def embedded_error(start: AffineFrame, second: AffineFrame, end: AffineFrame) -> float:

@@ -30,11 +30,12 @@ from tpde.grid.threads import ensure_policy
 
 from . import kernels
 from .atom_run import AtomRun, PinningWatch
-from .atoms import AtomOptions, Atoms
+from .atoms import AtomOptions, Atoms, merge_moments
 from .diffusion import Diffusion, check_noise, frame_step_bound, quantised_step
 from .frame import (
     FRAMES,
     AffineFrame,
+    FitPoints,
     affine_fit,
     embedded_error,
     face_density,
@@ -513,7 +514,8 @@ class Solver:
                     found = max(found, unheld_share(faces, held))
                 self.truncation = max(self.truncation, found)
             if frame is not None:
-                normal, rates = affine_fit(density, self.grid, normal, frame, held, faces)
+                points = self._fit_points(density, t, frame)
+                normal, rates = affine_fit(density, self.grid, normal, frame, held, faces, points)
                 if not (np.all(np.isfinite(rates.mean)) and np.all(np.isfinite(rates.matrix))):
                     raise SimulationError(f"frame: non-finite rates at t = {t:.6g}")
             values = list(normal)  # the operator interpolates them along the faces
@@ -536,6 +538,16 @@ class Solver:
         elif self.problem.velocity.steady:
             self._steady_velocity = velocity
         return velocity
+
+    def _fit_points(self, density: np.ndarray, t: float, frame: AffineFrame) -> FitPoints | None:
+        """The frame's atoms (the field's, set by the atom run for this stage) as weighted
+        points of its fit, with the field at their centres (None: no atoms)."""
+        atoms = None if self.atom_run is None else self.problem.velocity.atoms
+        if atoms is None or not atoms.count:
+            return None
+        u, du, d2u = self.problem.velocity.frame_atom_velocity(density, self.grid, t, atoms, frame)
+        volume = float(np.prod(self.grid.spacing))
+        return FitPoints(atoms.mass / volume, atoms.centre, atoms.cov, u, du, d2u)
 
     def reconstruction_error_rate(self, velocity: FaceVelocity) -> float:
         """The resolution monitor's rate at the step's start (:mod:`.monitor`), from the
@@ -610,7 +622,12 @@ class Solver:
                         )
                     if atoms is not None:  # ... and they move with it
                         atoms.move(
-                            k, alpha, beta / alpha * dt, stages[k], self._stage_time(c[k], dt)
+                            k,
+                            alpha,
+                            beta / alpha * dt,
+                            stages[k],
+                            self._stage_time(c[k], dt),
+                            None if vel.frame_rates is None else vel.frame_rates.points,
                         )
                     frame_term = frames[k]
                     if frame_term is not None:
@@ -643,6 +660,8 @@ class Solver:
             start, heun = frames[0], frames[2]
             assert start is not None and heun is not None  # (every stage has a frame then)
             error = embedded_error(start, heun, frame_out)
+            if atoms is not None:  # (the atoms' centres and widths, in frame coordinates)
+                error = max(error, atoms.embedded_error())
             tolerance = self.problem.scheme.frame_tolerance
             factor = 0.9 * (tolerance / error) ** (1.0 / 3.0) if error > 0 else 4.0
             self._frame_dt = dt * min(4.0, max(0.2, factor))
@@ -818,7 +837,9 @@ class Solver:
                 self.t = t_target
             self.monitor.add_reconstruction_error(rate * dt)
             if self.atom_run is not None:  # cells <-> atoms, conserving mass and moments
-                self.density = self.atom_run.transfer(self.density, self.t, self.monitor.events)
+                self.density = self.atom_run.transfer(
+                    self.density, self.t, self.monitor.events, self.frame
+                )
             elif self.pin_watch is not None:
                 self.pin_watch.check(self.density, self.t, self.monitor.events)
             if self.outflow > self.problem.max_outflow * self.mass0:
@@ -838,7 +859,14 @@ class Solver:
         whose density has position slices)."""
         if self.problem.positions is not None:
             return None
-        _, mean, cov = moments(self.density, self.grid)
+        mass, mean, cov = moments(self.density, self.grid)
+        atoms = None if self.atom_run is None or self.frame is None else self.atom_run.atoms
+        if atoms is not None and atoms.count:  # the frame's measure is cells plus atoms
+            _, mean, cov = merge_moments(
+                np.concatenate([[mass], atoms.mass]),
+                np.vstack([mean[None], atoms.centre]),
+                np.concatenate([cov[None], atoms.cov]),
+            )
         return (mean, cov) if self.frame is None else self.frame.moments(mean, cov)
 
     def _watch(self) -> str | None:

@@ -127,6 +127,24 @@ class VelocityField:
         """Whether this field adds atoms to its sums (:meth:`atom_velocity`)."""
         return type(self).atom_velocity is not VelocityField.atom_velocity
 
+    def frame_atom_velocity(
+        self, density: np.ndarray, grid: Grid, t: float, atoms, frame
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """In the co-moving frame, at the atoms' centres (frame coordinates): ``u`` (K, d),
+        ``Du`` (K, d, d), ``D^2 u`` (K, d, d, d) of ``u(xi) = L^-1 Gamma(m + L xi)`` of the
+        measure cells plus ``atoms`` (docs/theory.md, 'Atoms in the co-moving frame')."""
+        raise ValueError(f"atoms: {type(self).__name__} has no atoms in the frame; set atoms off")
+
+    def frame_atom_closure(self, density: np.ndarray, grid: Grid, t: float, atoms, frame):
+        """Per atom (K,), how far its Gaussian closure is from its limit (1: the sums begin
+        to feel its tails); None where the field does not say."""
+        return None
+
+    def has_frame_atoms(self) -> bool:
+        """Whether this field adds atoms to its sums in the co-moving frame
+        (:meth:`frame_atom_velocity`)."""
+        return type(self).frame_atom_velocity is not VelocityField.frame_atom_velocity
+
     def has_frame(self) -> bool:
         """Whether :meth:`frame_components` evaluates this field in a co-moving frame."""
         return type(self).frame_components is not VelocityField.frame_components

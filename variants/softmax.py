@@ -48,10 +48,17 @@ from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, transported
 from tpde.schemes.velocity import VelocityField
 
 from .engines.cache import Recent
-from .engines.direct import DirectSums, component_bounds, grad_log_box_factor, support_box
+from .engines.direct import (
+    DirectSums,
+    component_bounds,
+    grad_log_box_factor,
+    lattice_tilts,
+    support_box,
+)
 from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
 from .engines.separable import SeparableSums
+from .flat_atoms import atom_field, log_box_factor, mixture_means
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 from .truncation import MEASURED_HELD, cut_lattices, gaussian_like, held_window, measured_cut
 
@@ -296,6 +303,14 @@ class SoftmaxAttention(TiltedMeanField):
         heads = self.heads_at(t, grid)
         matrices = [L.T @ head.A @ L for head in heads]
         lattices = [grid.lattice(offset) for offset in offsets]
+        if not np.any(density > 0):  # (every cell's mass in atoms: nothing to transport)
+            self.cut = None
+            d = grid.ndim
+            shapes = [tuple(len(x) for x in coords) for coords in lattices]
+            return [
+                np.zeros(shape if comp is not None else (d, *shape))
+                for shape, comp in zip(shapes, components, strict=True)
+            ]
         # evaluated only on the window of each lattice where some point is held and above
         # the transport floor, from the density the scheme trusts (on_windows): everything
         # else keeps the frame's affine fit (schemes.frame), so neither the cut nor the
@@ -313,8 +328,11 @@ class SoftmaxAttention(TiltedMeanField):
             self.cut, self.held_cut = kept
         weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
         box = support_box(weights, grid)
+        atoms = self.atoms if self.atoms is not None and self.atoms.count else None
 
         def evaluate(sub: list, wanted: list) -> list[np.ndarray]:
+            if atoms is not None:  # cells plus atoms, pointwise (flat_atoms)
+                return self._mixture_velocities(weights, grid, sub, wanted, t, frame, box, atoms)
             total: list[np.ndarray] | None = None
             for head, matrix in zip(heads, matrices, strict=True):
                 velocity = self.head_velocities(
@@ -339,6 +357,83 @@ class SoftmaxAttention(TiltedMeanField):
             return total
 
         return self.on_windows(grid, lattices, components, moving, evaluate)
+
+    def has_frame_atoms(self) -> bool:
+        return self.has_frame()
+
+    def _frame_heads(self, t: float, grid: Grid, frame) -> tuple[list, list, list, list]:
+        """The heads in the frame: tilt matrices ``L^T A L``, gains ``L^-1 C L`` and
+        constants ``L^-1 C m`` (:meth:`frame_components`)."""
+        L, inverse = frame.matrix, frame.inverse
+        heads = self.heads_at(t, grid)
+        return (
+            heads,
+            [L.T @ head.A @ L for head in heads],
+            [inverse @ head.C @ L for head in heads],
+            [inverse @ head.C @ frame.mean for head in heads],
+        )
+
+    def _mixture_velocities(
+        self, weights, grid: Grid, sub: list, wanted: list, t: float, frame, box, atoms
+    ) -> list[np.ndarray]:
+        """The frame's velocity of cells plus atoms on the sub-lattices ``sub``, pointwise:
+        the cells' ``log Z`` and clipped tilted mean from the engine's sums at each point,
+        mixed with the atoms' closed forms (:func:`.flat_atoms.mixture_means`); the tables
+        of the velocity cannot hold the atoms' share (it is not the cells')."""
+        heads, matrices, gains, constants = self._frame_heads(t, grid, frame)
+        shift = frame.inverse @ frame.mean
+        shifted = [[x + s for x, s in zip(coords, shift, strict=True)] for coords in sub]
+        volume = float(np.prod(grid.spacing))
+        out: list[np.ndarray] = []
+        for _, matrix, gain, constant in zip(heads, matrices, gains, constants, strict=True):
+            sums = self.sums(weights, grid, shifted, matrix, fields="both")
+            for i, (coords, comp) in enumerate(zip(shifted, wanted, strict=True)):
+                c = lattice_tilts(coords, matrix)
+                cells_log = sums.log_partition(c) + np.log(volume) - log_box_factor(c, grid.spacing)
+                cells_mean = sums.means(c) - grad_log_box_factor(c, grid.spacing)
+                np.clip(cells_mean, *box, out=cells_mean)
+                _, mean = mixture_means(cells_log, cells_mean, atoms, c)
+                velocity = mean @ gain.T + constant
+                part = velocity if comp is None else velocity[:, comp]
+                if len(out) <= i:
+                    out.append(part)
+                else:
+                    out[i] = out[i] + part
+        return out
+
+    def frame_atom_velocity(
+        self, density, grid: Grid, t: float, atoms, frame
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At the atoms' centres (frame coordinates): ``u``, ``Du``, ``D^2 u`` of the frame's
+        field ``u(xi) = L^-1 Gamma(m + L xi)`` of cells plus atoms, (K, d), (K, d, d),
+        (K, d, d, d), by the mixture's cumulants (:func:`.flat_atoms.atom_field`)."""
+        heads, matrices, gains, constants = self._frame_heads(t, grid, frame)
+        weights = np.where(density >= ACTIVE_FLOOR * density.max(), density, 0.0)
+        cells = weights if np.any(weights > 0) else None
+        shift = frame.inverse @ frame.mean
+        return atom_field(cells, grid, heads, atoms, shift, matrices, gains, constants)
+
+    def frame_atom_closure(self, density, grid: Grid, t: float, atoms, frame) -> np.ndarray:
+        """How far each atom's Gaussian closure is from its limit: ``max_c sqrt(c^T S_k c)``
+        (K,) over the tilts ``c = L^T A L (x + L^-1 m)`` of every head at the corners of the
+        cells' support box and at the atoms' centres (the measure's extreme points). Below
+        1 the tilted sums see the atom's first two moments only; above, they feel its tails
+        (a Gaussian's tilted mean ``a + S c`` runs on, a compact cluster's stops at its
+        edge), docs/theory.md, 'Atoms in the co-moving frame'."""
+        heads, matrices, _, _ = self._frame_heads(t, grid, frame)
+        shift = frame.inverse @ frame.mean
+        targets = [atoms.centre]
+        if np.any(density > 0):
+            low, high = support_box(density, grid)
+            mesh = np.meshgrid(*zip(low, high, strict=True), indexing="ij")
+            targets.append(np.stack([m.reshape(-1) for m in mesh], axis=1))
+        x = np.vstack(targets) + shift
+        worst = np.zeros(atoms.count)
+        for matrix in matrices:
+            c = x @ matrix.T  # (P, d)
+            spread = np.einsum("pi,kij,pj->kp", c, atoms.cov, c)
+            worst = np.maximum(worst, np.sqrt(np.maximum(spread.max(axis=1), 0.0)))
+        return worst
 
     def _cut(
         self, weights, grid: Grid, lattices, matrix, shift=None, where=None, gaussian=True
