@@ -192,6 +192,9 @@ from .config_core import (
     resolved as resolved,
 )
 from .config_core import (
+    same_config as core_same_config,
+)
+from .config_core import (
     section_errors as section_errors,
 )
 from .config_core import (
@@ -907,3 +910,11 @@ def resolve_paths(raw: dict, folder: str | Path | None) -> dict:
         if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
             table[key] = os.path.abspath(base / value)
     return raw
+
+
+def same_config(stored: str, other: str | Mapping | Config) -> bool:
+    """Whether a file's stored config text has the values of ``other`` (a config's text, a
+    raw mapping or a built :class:`Config`) on any geometry, defaults filled in on both
+    sides (:func:`tpde.config_core.same_config` with :func:`build`): what ``--resume`` and
+    the sweep's reruns ask."""
+    return core_same_config(stored, other, build)

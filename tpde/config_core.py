@@ -483,11 +483,14 @@ def resolved(raw: Mapping) -> dict:
     return out
 
 
-def canonical(source: str | Mapping) -> dict:
+def canonical(source: str | Mapping, defaults: bool = True) -> dict:
     """A config's values in one form, to compare two configs (resume, sweep reruns): TOML
-    text or a mapping; numbers as float, the defaults of the keys that have one filled in,
-    ``run.output`` dropped (where a run writes is not what it computes)."""
-    raw = resolved(parse_toml(source, "config") if isinstance(source, str) else load(source))
+    text or a mapping; numbers as float, the defaults of the keys that have one filled in
+    (the flat grid's; ``defaults=False``: the values as written), ``run.output`` dropped
+    (where a run writes is not what it computes)."""
+    raw = parse_toml(source, "config") if isinstance(source, str) else load(source)
+    if defaults:
+        raw = resolved(raw)
 
     def norm(value: Any) -> Any:
         if isinstance(value, bool) or isinstance(value, str):
@@ -501,13 +504,47 @@ def canonical(source: str | Mapping) -> dict:
         return value
 
     out = norm(raw)
-    for section, defaults in DEFAULTS.items():
+    for section, table in DEFAULTS.items() if defaults else ():
         if section in out and isinstance(out[section], dict):
-            for key, default in defaults.items():
+            for key, default in table.items():
                 out[section].setdefault(key, norm(default))
     if isinstance(out.get("run"), dict):
         out["run"].pop("output", None)
     return out
+
+
+def same_config(
+    stored: str, other: str | Mapping | Any, build: Callable[[str | Mapping], Any]
+) -> bool:
+    """Whether a file's stored config text has the values of ``other`` (a config's text, a
+    raw mapping, or a built config with a ``text``), with every default of the geometry filled
+    in on both sides: each side is built by ``build`` (tpde.config.build dispatches on
+    ``grid.geometry``; the sphere passes its own builder) and compared as
+    :func:`canonical` of the built text, the one text every geometry writes with its own
+    defaults (the circle's ``copies``, ``normalised``; the sphere's ``nodes``, ``engine``,
+    its scheme's ``cfl``). Key order, ``1`` vs ``1.0``, omitted defaults and ``run.output``
+    do not count. Two texts with the same values as written are the same without a build
+    (a resume of a file this version wrote: its text is ``config.text``); a stored text that
+    no longer builds (an initial-density file since moved) is compared as written; one that
+    does not parse is never the same."""
+
+    def text(source: str | Mapping | Any) -> str | Mapping:
+        return source if isinstance(source, str | Mapping) else source.text
+
+    def filled(source: str | Mapping | Any) -> dict:
+        if not isinstance(source, str | Mapping):  # already built: its text has the defaults
+            return canonical(source.text)
+        try:
+            return canonical(build(source).text)
+        except (ConfigError, ValueError):
+            return canonical(source)
+
+    try:
+        if canonical(stored, defaults=False) == canonical(text(other), defaults=False):
+            return True
+        return filled(stored) == filled(other)
+    except ConfigError:
+        return False
 
 
 #: the defaults of the keys that have a plain one (canonical() fills them in)

@@ -22,7 +22,8 @@ from tpde.schemes.solver import Snapshot, Solver
 from tpde.variants.energies import run_energies
 
 from . import io
-from .config import Config, ConfigError, build, canonical
+from .config import Config, ConfigError, build
+from .config import same_config as same_values
 from .lifecycle import Interrupted, error_line, error_reason, refuse_result
 from .lifecycle import RunSignals as _Signals
 from .lifecycle import open_writer as _writer
@@ -271,14 +272,10 @@ def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
 
 
 def same_config(stored: str, config: Config) -> bool:
-    """Whether the config text stored in a file has the same values as ``config`` (after
-    parsing: key order, ``1`` vs ``1.0``, omitted defaults and ``run.output`` do not
-    count). Both sides are the text a run stores (``config.text``: every geometry fills
-    its own defaults in there), so a default is never written out on one side only."""
-    try:
-        return canonical(stored) == canonical(config.text)
-    except ConfigError:
-        return False
+    """Whether the config text stored in a file has the same values as ``config`` on any
+    geometry, defaults filled in on both sides (:func:`tpde.config.same_config`: key order,
+    ``1`` vs ``1.0``, omitted defaults and ``run.output`` do not count)."""
+    return same_values(stored, config)
 
 
 def _resume_state(path: Path) -> dict:

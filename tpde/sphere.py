@@ -61,11 +61,12 @@ from .config_core import (
     ConfigError,
     _matrix,
     _number,
-    canonical,
     check_keys,
     dumps,
+    load,
     numbers,
     parse_toml,
+    same_config,
     section_errors,
 )
 
@@ -860,13 +861,11 @@ class SphereWriter(io.OutputWriter):
 
 
 def same_sphere_config(stored: str, config: SphereConfig) -> bool:
-    """Whether the config text stored in a sphere file has the values of ``config`` (both
-    resolved by :func:`build_sphere`; ``run.output`` does not count)."""
-    try:
-        other = build_sphere(parse_toml(stored, "config"))
-    except (ConfigError, ValueError):
-        return False
-    return canonical(other.text) == canonical(config.text)
+    """Whether the config text stored in a sphere file has the values of ``config``, the
+    sphere's defaults filled in on both sides (:func:`tpde.config_core.same_config` with
+    :func:`build_sphere`, the function every geometry's resume uses; ``run.output`` does
+    not count)."""
+    return same_config(stored, config, lambda source: build_sphere(load(source)))
 
 
 def run_sphere(

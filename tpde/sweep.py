@@ -59,7 +59,6 @@ from .config import (
     GEOMETRY_BUILDERS,
     SECTIONS,
     ConfigError,
-    canonical,
     check_keys,
     dumps,
     known_keys,
@@ -67,6 +66,7 @@ from .config import (
     parse_toml,
     read_text,
     resolve_paths,
+    same_config,
 )
 from .run import StatusLine
 
@@ -624,11 +624,10 @@ def _reusable(path: Path, run: Run, tolerance: float) -> dict | None:
 
 
 def _same(stored: str, raw: Mapping) -> bool:
-    """Whether a file's stored config has the values of ``raw`` (tpde.config.canonical)."""
-    try:
-        return canonical(stored) == canonical(raw)
-    except ConfigError:
-        return False
+    """Whether a file's stored config has the values of ``raw``, the geometry's defaults
+    filled in on both sides (tpde.config.same_config: a circle or sphere point is skipped
+    too, though its stored text writes out defaults that ``raw`` omits)."""
+    return same_config(stored, raw)
 
 
 # ---- progress -------------------------------------------------------------------------------
