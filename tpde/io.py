@@ -97,7 +97,8 @@ import xarray as xr
 
 import tpde
 from tpde.grid import Grid, Positions, moments, profile
-from tpde.grid.circle import CircleGrid
+
+from . import geometries
 
 try:
     import fcntl
@@ -948,9 +949,11 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
 
 
 # ---- reading helpers ------------------------------------------------------------------------
-#: the Grid class of a file's ``geometry`` attribute (a geometry's ``file_attributes``);
-#: files without one are flat boxes
-GRID_KINDS: dict[str, type[Grid]] = {"circle": CircleGrid}
+def _grid_kind(attrs: dict) -> type[Grid]:
+    """The Grid class of a file's ``geometry`` attribute (a geometry's ``file_attributes``;
+    its ``grid`` in tpde.geometries); files without one are flat boxes."""
+    hook = geometries.of_dataset(attrs).grid
+    return Grid if hook is None else geometries.load(hook)
 
 
 def _grid_from_attributes(
@@ -982,7 +985,7 @@ def _grid_from_attributes(
                 f"grid_cells {cells.tolist()} do not match the density's shape "
                 f"{list(density_shape)}"
             )
-        kind = GRID_KINDS.get(str(attrs.get("geometry", "")), Grid)
+        kind = _grid_kind(attrs)
         return kind(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
     except (TypeError, ValueError, OverflowError) as exc:
         raise OutputError(
