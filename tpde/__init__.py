@@ -51,6 +51,7 @@ SUBMODULES = frozenset(
         "sphere",
         "circle_plots",
         "sphere_plots",
+        "geometries",
         "references",
     )
 )

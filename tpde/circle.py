@@ -41,6 +41,7 @@ from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
 from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
 
+from . import geometries
 from .config_core import (
     SECTIONS,
     Config,
@@ -59,7 +60,8 @@ from .config_core import (
 
 __all__ = ["GEOMETRIES", "build_circle", "circle_energies", "clusters_from_noise"]
 
-GEOMETRIES = ("flat", "circle", "sphere")
+#: the geometries a config may name (tpde.geometries)
+GEOMETRIES = tuple(geometries.GEOMETRIES)
 KEYS = {
     "grid": {"geometry", "cells", "copies", "positions", "sink_mass"},
     "initial": {"kind", "modes", "amplitude", "k_max", "seed", "mean", "kappa"}
@@ -166,11 +168,9 @@ def _attention(table: Mapping) -> CircleAttention:
 
 def build_circle(raw: dict) -> Config:
     """The :class:`Config` of a circle configuration (raw TOML tables, paths resolved)."""
-    geometry = raw.get("grid", {}).get("geometry")
-    if geometry != "circle":
-        raise ConfigError(
-            f"grid.geometry: unknown {geometry!r}; choose one of {', '.join(GEOMETRIES)}"
-        )
+    name = geometries.of_config(raw)
+    if name != "circle":  # (tpde.geometries' entry "circle" calls it on its own configs)
+        raise ConfigError(f"grid.geometry: unknown {name!r}; choose one of {', '.join(GEOMETRIES)}")
     check_keys(raw, CONFIG_SECTIONS, "circle", required=("grid", "attention", "run"))
     grid = _grid(raw["grid"])
     field = _attention(raw["attention"])

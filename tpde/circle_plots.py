@@ -15,7 +15,7 @@ reading helpers take a Dataset or a path of a tpde output.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,16 @@ from matplotlib.figure import Figure
 
 from tpde.grid.circle import TWO_PI, circle_grid, clusters, fourier_modes
 
+from . import geometries
+
 __all__ = [
     "circle_figures",
     "circle_series",
     "compare_figure",
-    "is_circle_file",
+    "compare_runs",
     "modes_figure",
     "order_figure",
+    "plot_figures",
     "ring_figure",
     "snapshots_figure",
     "space_time_figure",
@@ -68,15 +71,11 @@ def _dataset(ds: xr.Dataset | str | os.PathLike[str]) -> xr.Dataset:
     return ds
 
 
-def is_circle_file(ds: xr.Dataset) -> bool:
-    return str(ds.attrs.get("geometry", "")) == "circle"
-
-
 def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, Any]:
     """The arrays of a circle run: ``time``, ``theta`` (cell centres), ``density``
     (time, cells), ``copies`` and the grid."""
     ds = _dataset(ds)
-    if not is_circle_file(ds):
+    if not geometries.is_a(ds, "circle"):
         raise ValueError("plot: not a run on the circle (no geometry = 'circle' attribute)")
     copies = int(ds.attrs.get("circle_copies", 1))
     density = np.asarray(ds["density"].values, float)
@@ -314,6 +313,35 @@ def _order(density: np.ndarray, grid, copies: int) -> np.ndarray:
     ``|<e^{i theta}>|``), shape (time,)."""
     modes = fourier_modes(density, grid, copies)
     return np.abs(modes[..., -1]) / np.maximum(np.abs(modes[..., 0]), 1e-300)
+
+
+def plot_figures(
+    ds: xr.Dataset, times: Sequence[float] | None = None
+) -> dict[str, Callable[[], Figure]]:
+    """The circle's figures in ``tpde plot`` (tpde.geometries' ``figures`` hook): its own
+    ``density.png`` and ``moments.png`` (an angle's mean and variance mean little), then
+    ``space_time.png``, ``ring.png`` and ``modes.png``."""
+    return {
+        "density.png": lambda: snapshots_figure(ds, times),
+        "moments.png": lambda: order_figure(ds),
+        "space_time.png": lambda: space_time_figure(ds),
+        "ring.png": lambda: ring_figure(ds),
+        "modes.png": lambda: modes_figure(ds),
+    }
+
+
+def compare_runs(
+    run: xr.Dataset,
+    tokens: Sequence[xr.Dataset],
+    gaussian: xr.Dataset | None,
+    time: float | None,
+    title: str | None,
+) -> Figure:
+    """``tpde compare`` on the circle (tpde.geometries' ``compare`` hook): the circle has no
+    Gaussian closure; :func:`compare_figure` of the token runs."""
+    if gaussian is not None:
+        raise ValueError("compare: the circle has no Gaussian closure; give token files")
+    return compare_figure(run, tokens, time, title)
 
 
 def compare_figure(

@@ -433,20 +433,22 @@ def _summary_file(path: Path) -> bool:
     return {"sweep", "parameters"} <= names
 
 
-def _sphere_file(path: Path) -> bool:
-    """Whether ``path`` is a sphere run or reference (tpde.sphere)."""
-    from tpde.sphere import is_sphere_file
+def _geometry(path: Path):
+    """The registration of ``path``'s geometry (tpde.geometries; flat for anything that is
+    not a file with a ``geometry`` attribute)."""
+    from tpde import geometries
 
-    return is_sphere_file(path)
+    return geometries.of_file(path) if path.is_file() else geometries.FLAT
 
 
 def _open(path: Path):
-    from tpde.io import read
+    """The Dataset of a tpde output, read by its geometry's reader (tpde.geometries)."""
+    from tpde import geometries
 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return read(path)
+        return geometries.load(_geometry(path).read)(path)
     except (OSError, ValueError, RuntimeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{path}: not a readable tpde NetCDF output ({reason})") from None
@@ -466,10 +468,11 @@ def cmd_info(args) -> int:
         if lines is not None:
             print("\n".join(lines))
             return 0
-    if args.file.is_file() and _sphere_file(args.file):
-        from tpde.sphere import sphere_info
+    geometry = _geometry(args.file)
+    if geometry.info is not None:  # the geometry's own summary (tpde.geometries)
+        from tpde import geometries
 
-        print("\n".join(sphere_info(args.file)))
+        print("\n".join(geometries.load(geometry.info)(args.file)))
         return 0
     try:
         ds = _open(args.file)
@@ -624,11 +627,13 @@ def cmd_plot(args) -> int:
         outdir.mkdir(parents=True, exist_ok=True)
         print(plot_phase(read_summary(args.file), outdir / "phase.png"))
         return 0
-    if args.file.is_file() and _sphere_file(args.file):
-        from tpde.sphere_plots import plot_sphere
+    geometry = _geometry(args.file)
+    if geometry.plot is not None:  # the geometry's own figure set (tpde.geometries)
+        from tpde import geometries
 
         try:
-            paths = plot_sphere(args.file, outdir, times=args.times, title=args.title)
+            plot = geometries.load(geometry.plot)
+            paths = plot(args.file, outdir, times=args.times, title=args.title)
         except ValueError as exc:
             return _fail(str(exc).splitlines()[0])
         for path in paths:
@@ -660,17 +665,25 @@ def cmd_plot(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from tpde.geometries import FLAT
     from tpde.plots import compare_figure
 
-    if args.run.is_file() and _sphere_file(args.run):  # (its files: tpde.sphere's reader)
-        return _compare_sphere(args)
+    geometry = _geometry(args.run)
+    own_files = geometry.read != FLAT.read  # (references: files of the run's own reader)
+    for path in args.references if own_files else ():
+        if _geometry(path) is not geometry:
+            return _fail(
+                f"compare: {path} is not a {geometry.name} file; give token runs of the run's "
+                f"config (tpde particles CONFIG --seed S), the {geometry.name} has no Gaussian "
+                "closure"
+            )
     try:
         run = _open(args.run)
         found: dict = {}  # kind -> Dataset
         tokens: list = []  # tpde particles files (several seeds: a band on the circle)
         for path in args.references:
             ds = _open(path)
-            kind = _kind(ds)
+            kind = "particles" if own_files else _kind(ds)  # (the geometry checks its own)
             if kind == "particles":
                 tokens.append(ds)
                 continue
@@ -691,32 +704,8 @@ def cmd_compare(args) -> int:
             vmax=args.vmax,
             title=args.title,
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, KeyError) as exc:
         return _fail(str(exc).splitlines()[0])
-    fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
-    print(target)
-    return 0
-
-
-def _compare_sphere(args) -> int:
-    """``tpde compare`` of a sphere run: its token runs (several seeds: a band) in moments,
-    degree amplitudes and W_2 on the sphere (tpde.sphere_plots.compare_figure)."""
-    from tpde.sphere import read_sphere
-    from tpde.sphere_plots import compare_figure
-
-    for path in args.references:
-        if not path.is_file() or not _sphere_file(path):
-            return _fail(
-                f"compare: {path} is not a sphere file; give token runs of the run's config "
-                "(tpde particles CONFIG --seed S), the sphere has no Gaussian closure"
-            )
-    try:
-        fig = compare_figure(
-            read_sphere(args.run), [read_sphere(p) for p in args.references], args.title
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        return _fail(str(exc).splitlines()[0])
-    target = args.output or args.run.with_name(args.run.stem + "_compare.png")
     fig.savefig(target, dpi=110, bbox_inches="tight", pad_inches=0.05)
     print(target)
     return 0

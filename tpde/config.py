@@ -53,7 +53,6 @@ noise = 0.0               # eps of the noisy PDE d/dt mu + div(mu Gamma) = eps D
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -86,6 +85,7 @@ from tpde.variants import (
 )
 from tpde.variants.parameters import ParameterError
 
+from . import geometries
 from .config_core import (  # shared with tpde.circle and tpde.sphere; re-exported
     ATTENTION_OPTIONS as ATTENTION_OPTIONS,
 )
@@ -828,12 +828,13 @@ def _all_heads(attention: dict) -> list:
     return [h for h in heads if h is not None]
 
 
-#: the geometries with a config module of their own: name -> (module, builder), one line
-#: each (the builder returns a Config, or tpde.sphere's SphereConfig, which carries its own
-#: run, reader and references); "flat" is built here
+#: the geometries with a config module of their own: name -> (module, builder), read from
+#: their registration (tpde.geometries; the builder returns a Config, or tpde.sphere's
+#: SphereConfig, which carries its own run, reader and references); "flat" is built here
 GEOMETRY_BUILDERS: dict[str, tuple[str, str]] = {
-    "circle": ("tpde.circle", "build_circle"),  # docs/theory.md, 'The circle on the grid'
-    "sphere": ("tpde.sphere", "build_sphere"),  # the cubed sphere: its own run and file
+    name: tuple(g.build.split(":"))  # type: ignore[misc]
+    for name, g in geometries.GEOMETRIES.items()
+    if g.build is not None
 }
 
 
@@ -844,14 +845,13 @@ def build(source: str | Path | Mapping) -> Config:
     variant), types, finiteness and magnitudes, then :func:`check_resources` (memory,
     snapshot count, steps); each failure is a one-line ConfigError naming the key."""
     raw = resolve_paths(load(source), _folder(source))
-    grid_table = raw.get("grid")
-    geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, dict) else "flat"
-    if isinstance(geometry, str) and geometry in GEOMETRY_BUILDERS:  # its own module builds it
-        module, name = GEOMETRY_BUILDERS[geometry]
-        return vars(importlib.import_module(module))[name](raw)
-    if geometry != "flat":
-        choices = ", ".join(("flat", *GEOMETRY_BUILDERS))
-        raise ConfigError(f"grid.geometry: unknown {geometry!r}; choose one of {choices}")
+    name = geometries.of_config(raw)
+    geometry = geometries.GEOMETRIES.get(name) if isinstance(name, str) else None
+    if geometry is None:
+        choices = ", ".join(geometries.GEOMETRIES)
+        raise ConfigError(f"grid.geometry: unknown {name!r}; choose one of {choices}")
+    if geometry.build is not None:  # its own module builds it (tpde.geometries)
+        return geometries.load(geometry.build)(raw)
     if "atoms" in raw:  # (built and tested in Python, not yet in the file and the resume)
         raise ConfigError(
             "atoms: not in a flat config yet (the co-moving frame's atoms run from Python, "

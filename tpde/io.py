@@ -97,7 +97,8 @@ import xarray as xr
 
 import tpde
 from tpde.grid import Grid, Positions, moments, profile
-from tpde.grid.circle import CircleGrid
+
+from . import geometries
 
 try:
     import fcntl
@@ -120,6 +121,7 @@ __all__ = [
     "OutputBusy",
     "OutputError",
     "OutputWriter",
+    "Record",
     "Reopened",
     "SnapshotLike",
     "SnapshotWriter",
@@ -246,6 +248,42 @@ class SnapshotLike(Protocol):
     outflow: float
     max_speed: float
     dt: float
+
+
+@dataclass(frozen=True)
+class Record:
+    """A snapshot as :class:`SnapshotWriter` stores it, read once at its entry
+    (:meth:`of`): the fields of :class:`SnapshotLike` and the optional ones of
+    ``tpde.schemes.solver.Snapshot``: ``frame`` (a co-moving frame: the moments are
+    mapped back through it), ``atoms`` and ``next_atom_id`` (tpde.atoms_io), ``step`` (the
+    solver's step count, recorded for a resume). A SnapshotLike without them (one built in
+    Python, a ``SimpleNamespace``) has no frame, no atoms and no step."""
+
+    time: float
+    density: np.ndarray
+    outflow: float
+    max_speed: float
+    dt: float
+    frame: Any = None
+    atoms: Any = None
+    next_atom_id: int = 0
+    step: int | None = None
+
+    @classmethod
+    def of(cls, snapshot: SnapshotLike) -> Record:
+        """The Record of ``snapshot`` (the one place its optional members are looked up)."""
+        step = getattr(snapshot, "step", None)
+        return cls(
+            snapshot.time,
+            snapshot.density,
+            snapshot.outflow,
+            snapshot.max_speed,
+            snapshot.dt,
+            frame=getattr(snapshot, "frame", None),
+            atoms=getattr(snapshot, "atoms", None),
+            next_atom_id=int(getattr(snapshot, "next_atom_id", 0) or 0),
+            step=int(step) if isinstance(step, int | np.integer) else None,
+        )
 
 
 # ---- how a run ends ----------------------------------------------------------------------------
@@ -948,9 +986,11 @@ def _create(path: str, grid: Grid, attributes: dict, positions: Positions | None
 
 
 # ---- reading helpers ------------------------------------------------------------------------
-#: the Grid class of a file's ``geometry`` attribute (a geometry's ``file_attributes``);
-#: files without one are flat boxes
-GRID_KINDS: dict[str, type[Grid]] = {"circle": CircleGrid}
+def _grid_kind(attrs: dict) -> type[Grid]:
+    """The Grid class of a file's ``geometry`` attribute (a geometry's ``file_attributes``;
+    its ``grid`` in tpde.geometries); files without one are flat boxes."""
+    hook = geometries.of_dataset(attrs).grid
+    return Grid if hook is None else geometries.load(hook)
 
 
 def _grid_from_attributes(
@@ -982,7 +1022,7 @@ def _grid_from_attributes(
                 f"grid_cells {cells.tolist()} do not match the density's shape "
                 f"{list(density_shape)}"
             )
-        kind = GRID_KINDS.get(str(attrs.get("geometry", "")), Grid)
+        kind = _grid_kind(attrs)
         return kind(lower.tolist(), upper.tolist(), cells.tolist(), boundary)
     except (TypeError, ValueError, OverflowError) as exc:
         raise OutputError(
@@ -1549,7 +1589,7 @@ class SnapshotWriter(OutputWriter):
         """Shape of a density: ``grid.shape``, or ``(positions.count, *grid.shape)``."""
         return self.grid.shape if self.positions is None else self.positions.shape(self.grid)
 
-    def _check_snapshot(self, snapshot: SnapshotLike) -> tuple[float, np.ndarray]:
+    def _check_snapshot(self, snapshot: Record) -> tuple[float, np.ndarray]:
         t = self._check_time(snapshot.time)
         density = np.asarray(snapshot.density, dtype=np.float64)
         if density.shape != self.shape:
@@ -1573,21 +1613,21 @@ class SnapshotWriter(OutputWriter):
         Raises :class:`DiskFull` when the room the record may need cannot be reserved: the
         file is not opened then, so it keeps every earlier snapshot intact.
         """
-        t, density = self._check_snapshot(snapshot)
+        record = Record.of(snapshot)
+        t, density = self._check_snapshot(record)
         if self._last_time is not None and t == self._last_time:
             return False
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
-        frame = getattr(snapshot, "frame", None)
-        if frame is not None:  # mean and covariance stay physical
-            mean, cov = frame.moments(mean, cov)
+        if record.frame is not None:  # mean and covariance stay physical
+            mean, cov = record.frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
         self._append(
-            t, lambda i: self._write_record(i, t, snapshot, density, mass, mean, cov, energies)
+            t, lambda i: self._write_record(i, t, record, density, mass, mean, cov, energies)
         )
         return True
 
-    def _write_record(self, i, t, snapshot, density, mass, mean, cov, energies) -> None:
+    def _write_record(self, i, t, snapshot: Record, density, mass, mean, cov, energies) -> None:
         sliced = self.positions is not None
         with _opened(self.file, "a", self.lock_timeout) as nc:
             if energies is not None:
@@ -1599,18 +1639,16 @@ class SnapshotWriter(OutputWriter):
             nc["covariance"][i, :, :] = cov
             if sliced:
                 self._write_slices(nc, i, density)
-            frame = getattr(snapshot, "frame", None)
-            if frame is not None:
-                self._write_frame(nc, i, frame)
-            atoms = getattr(snapshot, "atoms", None)
-            if atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
+            if snapshot.frame is not None:
+                self._write_frame(nc, i, snapshot.frame)
+            if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
                 from .atoms_io import write_atoms
 
-                write_atoms(nc, i, atoms, int(getattr(snapshot, "next_atom_id", 0)))
+                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id)
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
-            if isinstance(getattr(snapshot, "step", None), int | np.integer):
+            if snapshot.step is not None:
                 nc.setncattr(UNCLOSED_STEPS, np.int64(snapshot.step))
             # the record on disk before its time: HDF5 flushes cached chunks in its own order
             # at close, so a kill there could leave a time without its data (seen: a NaN
@@ -1898,6 +1936,10 @@ class ResultLike(Protocol):
     status: str
     status_time: float
     status_message: str
+    #: the typed cause of an ``error`` outcome (:data:`ERROR_REASONS`), else ""
+    status_reason: str
+    #: the Problem's Positions (masked runs), else None
+    positions: Positions | None
 
 
 #: the solver's statuses that are not file outcomes (:data:`OUTCOMES`)
@@ -1933,7 +1975,7 @@ def write(
     if not snapshots:
         raise ValueError("io.write: the result has no snapshot to write")
     grid = result.grid
-    positions = positions if positions is not None else getattr(result, "positions", None)
+    positions = positions if positions is not None else result.positions
     leading = np.ndim(snapshots[0].density) - grid.ndim
     if leading != (0 if positions is None else 1):
         raise ValueError(
@@ -1960,7 +2002,7 @@ def write(
         writer.close("error", math.nan, f"{type(exc).__name__}: {exc}")
         raise
     status = _STATUS_OF_RESULT.get(str(result.status), str(result.status))
-    reason = str(getattr(result, "status_reason", "") or "") if status == "error" else ""
+    reason = str(result.status_reason or "") if status == "error" else ""
     if status not in OUTCOMES:
         status, reason = "error", "exception"
     writer.close(

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from . import geometries
+
 if TYPE_CHECKING:
     import xarray as xr
     from matplotlib.axes import Axes
@@ -1098,14 +1100,9 @@ def plot_all(
             ("moments.png", lambda: moments_figure(ds, reference=reference)),
             ("mass.png", lambda: mass_figure(ds)),
         ]
-        circle = ds.attrs.get("geometry") == "circle"
-        if circle:  # an angle's mean and variance mean little: tpde.circle_plots
-            from tpde import circle_plots
-
-            jobs[:2] = [
-                ("density.png", lambda: circle_plots.snapshots_figure(ds, times)),
-                ("moments.png", lambda: circle_plots.order_figure(ds)),
-            ]
+        geometry = geometries.of_dataset(ds)
+        own: dict = {} if geometry.figures is None else geometries.load(geometry.figures)(ds, times)
+        jobs = [(name, own.pop(name, make)) for name, make in jobs]  # (replaced in place)
         if any(str(name).startswith("energy_") for name in ds.data_vars):
             jobs.append(("energies.png", lambda: energies_figure(ds)))
         if len(spatial) == 3:
@@ -1115,12 +1112,7 @@ def plot_all(
                 ("slices.png", lambda: slices_figure(ds)),
                 ("position_marginal.png", lambda: position_marginal_figure(ds)),
             ]
-        if circle:
-            jobs += [
-                ("space_time.png", lambda: circle_plots.space_time_figure(ds)),
-                ("ring.png", lambda: circle_plots.ring_figure(ds)),
-                ("modes.png", lambda: circle_plots.modes_figure(ds)),
-            ]
+        jobs += own.items()  # (the geometry's own figures: tpde.geometries)
         written = []
         for name, make in jobs:
             fig = make()
@@ -1225,7 +1217,6 @@ def compare_figure(
     """
     import xarray
 
-    from tpde import circle_plots
     from tpde.io import grid_from_dataset
 
     run = _as_dataset(run)
@@ -1235,10 +1226,9 @@ def compare_figure(
     elif particles is not None:
         token_runs = list(particles)  # (several token runs: seeds)
 
-    if circle_plots.is_circle_file(run):  # (the geometry's own figure)
-        if gaussian is not None:
-            raise ValueError("compare: the circle has no Gaussian closure; give token files")
-        return circle_plots.compare_figure(run, token_runs, time, title)
+    geometry = geometries.of_dataset(run)
+    if geometry.compare is not None:  # (the geometry's own figure: tpde.geometries)
+        return geometries.load(geometry.compare)(run, token_runs, gaussian, time, title)
     if len(token_runs) > 1:
         raise ValueError(
             "compare: several token files are drawn as a band on the circle and the sphere "

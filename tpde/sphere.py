@@ -56,7 +56,7 @@ from tpde.grid import cubed_sphere as cs
 from tpde.schemes.atoms import AtomOptions
 from tpde.variants.cubed_sphere import SPHERE_ENGINES, CubedSphereAttention
 
-from . import io
+from . import geometries, io
 from .config_core import (
     ConfigError,
     _matrix,
@@ -75,7 +75,6 @@ __all__ = [
     "SphereWriter",
     "build_sphere",
     "grid_of",
-    "is_sphere_file",
     "panels",
     "particle_reference",
     "read_sphere",
@@ -671,17 +670,6 @@ def read_sphere(path: str | Path) -> xr.Dataset:
     return ds
 
 
-def is_sphere_file(path: str | Path) -> bool:
-    """Whether ``path`` is a NetCDF file of a sphere run or reference (its attributes say so)."""
-    import netCDF4
-
-    try:
-        with netCDF4.Dataset(path) as nc:
-            return "geometry" in nc.ncattrs() and nc.getncattr("geometry") == "sphere"
-    except OSError:
-        return False
-
-
 # ---- running ---------------------------------------------------------------------------------
 class SphereWriter(io.OutputWriter):
     """Append the snapshots of a sphere run to its NetCDF file (module docstring), one durable
@@ -761,7 +749,7 @@ class SphereWriter(io.OutputWriter):
         path = os.fspath(path)
 
         def read(nc: netCDF4.Dataset, attrs: dict) -> tuple:
-            if attrs.get("geometry") != "sphere" or "cell" not in nc.dimensions:
+            if not geometries.is_a(attrs, "sphere") or "cell" not in nc.dimensions:
                 raise io.OutputError(
                     f"run.output: {path} is not the file of a sphere run; choose another output"
                 )

@@ -14,6 +14,7 @@ amplitudes and ``W_2`` on the sphere.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -176,6 +177,18 @@ def _band(ax, t, values: list, colour: str, name: str) -> None:
         color=colour,
         label=name if len(values) == 1 else f"{name}: median",
     )
+
+
+def compare_runs(run, tokens: Sequence, gaussian, time: float | None, title: str | None):
+    """``tpde compare`` on the sphere (tpde.geometries' ``compare`` hook): the sphere has no
+    Gaussian closure; :func:`compare_figure` of the token runs (paths or Datasets; the run's
+    snapshots are compared at the times all files hold, ``time`` is not used)."""
+    from .sphere import read_sphere
+
+    if gaussian is not None:
+        raise ValueError("compare: the sphere has no Gaussian closure; give token files")
+    sets = [read_sphere(Path(one)) if isinstance(one, str | os.PathLike) else one for one in tokens]
+    return compare_figure(run, sets, title)
 
 
 def compare_figure(run, tokens: Sequence, title: str | None = None):

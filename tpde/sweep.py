@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
 import itertools
 import json
 import logging
@@ -54,9 +53,8 @@ import numpy as np
 
 from tpde.grid.threads import THREADS_VARIABLE, parse_threads
 
-from . import io
+from . import geometries, io
 from .config import (
-    GEOMETRY_BUILDERS,
     SECTIONS,
     ConfigError,
     check_keys,
@@ -314,14 +312,13 @@ def _check_path(base: dict, key: str, steps: list) -> None:
 
 def geometry_sections(raw: Mapping) -> tuple[Mapping[str, Any], str | None]:
     """The known keys of every section of ``raw``'s geometry and its name: the flat schema
-    (tpde.config.SECTIONS, None), or the ``CONFIG_SECTIONS`` of the geometry's own config
-    module (tpde.config.GEOMETRY_BUILDERS: tpde.circle, tpde.sphere). An unknown geometry
-    reads as flat here; building the run names it."""
-    grid_table = raw.get("grid")
-    geometry = grid_table.get("geometry", "flat") if isinstance(grid_table, Mapping) else "flat"
-    if isinstance(geometry, str) and geometry in GEOMETRY_BUILDERS:
-        module = importlib.import_module(GEOMETRY_BUILDERS[geometry][0])
-        return vars(module)["CONFIG_SECTIONS"], geometry
+    (tpde.config.SECTIONS, None), or the ``sections`` a geometry with its own config
+    registers (tpde.geometries: tpde.circle, tpde.sphere). An unknown geometry reads as flat
+    here; building the run names it."""
+    name = geometries.of_config(raw)
+    geometry = geometries.GEOMETRIES.get(name) if isinstance(name, str) else None
+    if geometry is not None and geometry.sections is not None:
+        return geometries.load(geometry.sections), geometry.name
     return SECTIONS, None
 
 
