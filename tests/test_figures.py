@@ -454,3 +454,146 @@ def test_sweep_phase_diagram():
         attrs={"parameters": __import__("json").dumps(keys), "phase_x": keys[0]},
     )
     assert problems(phase_figure(summary)) == []
+
+
+# ---- atoms over the density, and the staircase of grid plus atoms beside tokens ----------------
+CIRCLE_ATOMS = """
+[grid]
+geometry = "circle"
+cells = 128
+[initial]
+kind = "mixture"
+weights = [0.5, 0.4]
+means = [1.0, 1.7]
+kappas = [200, 200]
+[attention]
+beta = 9.0
+engine = "fft"
+[atoms]
+width = 2.0
+[run]
+t_end = 1.2
+snapshots = 5
+output = "{output}"
+"""
+
+SPHERE_ATOMS = """
+[grid]
+geometry = "sphere"
+cells = 8
+[initial]
+kind = "mixture"
+weights = [0.5, 0.4, 0.1]
+means = [[1.0, 0.2, 0.1], [0.8, 0.7, 0.0], [0.0, 0.0, 1.0]]
+kappas = [60.0, 60.0, 1.0]
+[attention]
+beta = 4.0
+[scheme]
+velocity_at = "centres"
+[run]
+t_end = 0.5
+snapshots = 2
+output = "{output}"
+[atoms]
+"""
+
+
+def test_sphere_map_draws_the_atoms(tmp_path):
+    """A sphere run with atoms (8 cells a panel, two atoms born at t = 0.07): each map panel
+    draws one marker per atom of its record, at the atom's direction (against its stored
+    unit vector), of area proportional to its mass, the wider spreads as circles of angular
+    radius sqrt(1 / kappa), named in a legend."""
+    from tpde import sphere_plots
+    from tpde.cli import main
+    from tpde.sphere import read_sphere
+
+    config = tmp_path / "atoms.toml"
+    config.write_text(SPHERE_ATOMS.format(output=tmp_path / "atoms.nc"))
+    assert main(["run", str(config), "--quiet"]) == 0
+    ds = read_sphere(tmp_path / "atoms.nc")
+    fig = sphere_plots.density_map_figure(ds)
+    assert problems(fig) == []
+    maps = [ax for ax in fig.axes if ax.name == "mollweide"]
+    assert len(maps) == ds.sizes["time"] == 2
+    for k, ax in enumerate(maps):
+        ids = np.nan_to_num(ds["atom_id"].values[k], nan=-1)
+        used = ids >= 0
+        centre = ds["atom_centre"].values[k][used]
+        mass = ds["atom_mass"].values[k][used]
+        spread = ds["atom_spread"].values[k][used]
+        discs = [c for c in ax.collections if "atom" in str(c.get_label())]
+        print(f"\nrecord {k}: {int(used.sum())} atoms, masses {np.round(mass, 4)}, "
+              f"spread radii {np.round(np.degrees(np.sqrt(spread)), 2)} degrees")  # fmt: skip
+        if not used.any():
+            assert discs == [] and ax.get_legend() is None
+            continue
+        (disc,) = discs
+        offsets = np.asarray(disc.get_offsets())
+        assert offsets.shape == (used.sum(), 2)  # one marker per atom
+        lon = np.arctan2(centre[:, 1], centre[:, 0])
+        lat = np.arcsin(np.clip(centre[:, 2], -1.0, 1.0))
+        np.testing.assert_allclose(offsets, np.stack([lon, lat], -1), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(disc.get_sizes(), sphere_plots.ATOM_MARKER_AREA * mass)
+        wide = np.degrees(np.sqrt(spread)) >= sphere_plots.SPREAD_LEGIBLE_DEG
+        rings = [line for line in ax.lines if line.get_linestyle() == "--"]
+        assert len(rings) == int(wide.sum())
+        for ring, c, s in zip(rings, centre[wide], spread[wide], strict=True):
+            x, y = (np.asarray(v, float) for v in (ring.get_xdata(), ring.get_ydata()))
+            keep = np.isfinite(x)
+            points = np.stack([np.cos(y) * np.cos(x), np.cos(y) * np.sin(x), np.sin(y)], -1)
+            angle = np.arccos(np.clip(points[keep] @ c, -1.0, 1.0))
+            np.testing.assert_allclose(angle, np.sqrt(s), rtol=1e-9)  # the angular radius
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend[0] == f"{int(used.sum())} atoms (area ~ mass)"
+    assert "cells plus 2 atoms" in maps[-1].get_title()
+
+
+def test_circle_compare_staircase_with_atoms(tmp_path):
+    """``tpde compare`` of a circle run with atoms (128 cells, two atoms born by t = 0.1)
+    against 500 mid-quantile tokens: the energy staircase is the file's record over a point
+    mass's ``e^beta / (2 beta)`` for the grid plus atoms and the tokens' double sum for the
+    tokens (both against an independent evaluation), the two within 2e-3 of a point mass's;
+    the clusters of cells plus atoms equal the tokens' at every record (the cells alone,
+    counted against their own residual mass, do not)."""
+    from tpde import circle_plots
+    from tpde.cli import main
+    from tpde.grid.circle import clusters
+    from tpde.validation.circle_metastability import token_energy
+
+    run, tokens = tmp_path / "run.nc", tmp_path / "tokens.nc"
+    config = tmp_path / "atoms.toml"
+    config.write_text(CIRCLE_ATOMS.format(output=run))
+    assert main(["run", str(config), "--quiet"]) == 0
+    assert (
+        main(["particles", str(config), "--tokens", "500", "--quantiles", "-o", str(tokens)]) == 0
+    )
+    target = tmp_path / "compare.png"
+    assert main(["compare", str(run), str(tokens), "-o", str(target)]) == 0 and target.is_file()
+    fig = circle_plots.compare_figure(run, [tokens])
+    assert problems(fig) == []
+    (ax_e,) = [ax for ax in fig.axes if ax.get_title().startswith("energy staircase")]
+    (ax_c,) = [ax for ax in fig.axes if ax.get_title().startswith("clusters")]
+    curves = {line.get_label(): np.asarray(line.get_ydata(), float) for line in ax_e.lines}
+    assert set(curves) == {"grid + atoms", "tokens n = 500 (mid-quantiles)"}
+    point = math.exp(9.0) / 18.0
+    with xr.open_dataset(run) as a, xr.open_dataset(tokens) as b:
+        recorded = a["energy_interaction"].values / point
+        cells_only = [clusters(rho, circle_plots.circle_grid(128))[0].size
+                      for rho in a["density"].values]  # fmt: skip
+        theta = b["tokens"].values[..., 0]
+    direct = np.array([token_energy(x, 9.0, method="direct") for x in theta]) / point
+    np.testing.assert_allclose(curves["grid + atoms"], recorded, rtol=1e-14)
+    np.testing.assert_allclose(curves["tokens n = 500 (mid-quantiles)"], direct, rtol=1e-10)
+    gap = np.abs(recorded - direct)
+    print(f"\nE / point mass, grid + atoms: {np.round(recorded, 5)}; tokens: {np.round(direct, 5)}")
+    print(f"largest gap {gap.max():.2e}")
+    assert gap.max() < 2e-3
+    steps = {line.get_label(): np.asarray(line.get_ydata()) for line in ax_c.lines}
+    print(f"clusters: {steps}; the cells alone: {cells_only}")
+    np.testing.assert_array_equal(steps["grid + atoms"], steps["tokens n = 500 (mid-quantiles)"])
+    assert steps["grid + atoms"][-1] == 2 and cells_only[-1] != 2
+    with xr.open_dataset(tokens) as b:
+        other = b.load()
+    other.attrs["config"] = str(other.attrs["config"]).replace("beta = 9.0", "beta = 8.0")
+    with pytest.raises(ValueError, match="beta = 8"):
+        circle_plots.compare_figure(run, [other])

@@ -8,7 +8,8 @@ circle run: overlaid on one axes, the later ones hid the earlier); ``order_figur
 parameter ``|<e^{i theta}>|``, the first mode amplitudes and the cluster count against time
 (``moments.png``: the mean and variance of an angle mean little on the circle).
 ``compare_figure``: a grid run against one or several token runs (``tpde compare`` on the
-circle; several seeds drawn as a band). ``circle_figures`` writes the first three. The
+circle; several seeds drawn as a band; with the energy staircase and the cluster count of
+grid plus atoms beside each token file's). ``circle_figures`` writes the first three. The
 reading helpers take a Dataset or a path of a tpde output.
 """
 
@@ -33,12 +34,15 @@ __all__ = [
     "circle_series",
     "compare_figure",
     "compare_runs",
+    "config_beta",
+    "grid_staircase",
     "modes_figure",
     "order_figure",
     "plot_figures",
     "ring_figure",
     "snapshots_figure",
     "space_time_figure",
+    "token_staircase",
 ]
 
 DPI = 150
@@ -48,6 +52,12 @@ SNAPSHOTS = 5
 FIRST_MODES = 4
 #: a snapshot whose density / uniform varies by less than this is drawn around 1, not from 0
 NEARLY_UNIFORM = 0.5
+#: the clusters of tokens are counted on their histogram at this many cells (coarse enough
+#: that the sampling noise of i.i.d. tokens stays below the threshold; the metastability
+#: study's count, tpde.validation.circle_metastability)
+TOKEN_COUNT_CELLS = 128
+#: more token files than this share one legend line in the staircase panels
+LABELLED_TOKEN_FILES = 4
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -359,22 +369,35 @@ def compare_figure(
     the token histograms on the run's cells. Bottom: the order parameter ``|c_m| / c_0``
     against t (:func:`order_figure`), and ``W_1`` on the circle between each token histogram
     and the run (:func:`tpde.validation.metrics.wasserstein_circle`, exact for the cells).
-    ValueError (one line) for token files not on the run's circle."""
+    Last row: the energy staircase (interaction energy over a point mass's, the grid's with
+    its atoms' share) and the cluster count of the grid run (cells plus atoms) beside each
+    token file's (:func:`staircase_panels`). ValueError (one line) for token files not on
+    the run's circle or of another ``beta``."""
     from tpde.validation.metrics import wasserstein_circle
 
     s = circle_series(run)
     grid, m, t = s["grid"], s["copies"], s["time"]
-    sets = [circle_series(ds) for ds in tokens]
+    token_data = [_dataset(ds) for ds in tokens]
+    sets = [circle_series(ds) for ds in token_data]
     for one in sets:
         if one["density"].shape[-1] != s["density"].shape[-1] or one["copies"] != m:
             raise ValueError(
                 "compare: a token file is not on the run's circle (cells or copies differ); "
                 "write it with the run's config (tpde particles CONFIG)"
             )
+    staircase = grid_staircase(run)
+    beta = staircase["beta"]
+    for ds in token_data:
+        other = config_beta(ds)
+        if beta is not None and other is not None and not np.isclose(other, beta, rtol=1e-12):
+            raise ValueError(
+                f"compare: a token file has beta = {other:g}, the run {beta:g}; write it with "
+                "the run's config (tpde particles CONFIG)"
+            )
     index = int(np.argmin(np.abs(t - time))) if time is not None else t.size - 1
     at = float(t[index])
-    fig = _figure(12.0, 7.5)
-    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.0])  # type: ignore[misc]
+    fig = _figure(12.0, 11.0)
+    top, bottom, last = fig.subfigures(3, 1, height_ratios=[1.0, 1.0, 1.0])  # type: ignore[misc]
     ax = top.subplots()
     uniform = 1.0 / TWO_PI
     theta, rho = _full_circle(s["theta"], s["density"][index], m)
@@ -452,6 +475,133 @@ def compare_figure(
         axis.set_xlabel("t")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small")
+    ax_e, ax_c = last.subplots(1, 2)
+    energy_beta = beta if staircase["energy"] is not None else None
+    staircase_panels(ax_e, ax_c, staircase, [token_staircase(ds, energy_beta) for ds in token_data])
     name = title if title is not None else str(s.get("title", "") or "")
     fig.suptitle(f"{name}: grid run and {seeds}" if name else f"grid run and {seeds}")
     return fig
+
+
+def config_beta(ds: xr.Dataset) -> float | None:
+    """``beta`` of a circle file's attention ``A = beta I`` (its stored config: ``attention.
+    beta``, or ``attention.A`` a positive multiple of the identity); None otherwise (no
+    interaction energy of that form)."""
+    import tomllib
+
+    try:
+        table = tomllib.loads(str(ds.attrs.get("config", ""))).get("attention", {})
+    except tomllib.TOMLDecodeError:
+        return None
+    if "beta" in table:
+        return float(table["beta"])
+    if "A" in table:
+        A = np.asarray(table["A"], float)
+        if A.shape == (2, 2) and np.allclose(A, A[0, 0] * np.eye(2)) and A[0, 0] > 0:
+            return float(A[0, 0])
+    return None
+
+
+def _point_mass_energy(beta: float) -> float:
+    """``e^beta / (2 beta)``: the interaction energy of one unit point mass (the staircase's
+    top step)."""
+    return float(np.exp(beta) / (2.0 * beta))
+
+
+def grid_staircase(
+    ds: xr.Dataset | str | os.PathLike[str], threshold: float = 2.0
+) -> dict[str, Any]:
+    """The staircase of a grid run (with or without atoms), per record: ``energy`` the
+    recorded interaction energy (cells plus the atoms' exact share, :func:`tpde.variants.
+    circle_atoms.energy_with_atoms`) over a point mass's ``e^beta / (2 beta)`` (None without
+    a record or a ``beta``), and ``clusters`` the clusters of cells plus atoms: each atom's
+    mass put into the cell of its centre, then the local maxima above ``threshold`` times the
+    uniform density of the whole measure (:func:`tpde.grid.circle.clusters`, times the
+    copies of an m-fold grid), as ``tpde info`` counts them on the sphere. Also ``time``,
+    ``beta``, ``atoms`` (whether the file has atoms)."""
+    data = _dataset(ds)
+    s = circle_series(data)
+    grid, m = s["grid"], s["copies"]
+    density = s["density"].copy()
+    atoms = "atom_centre" in data.variables
+    if atoms:
+        h = grid.spacing[0]
+        n = density.shape[-1]
+        centre = np.asarray(data["atom_centre"].values, float)
+        mass = np.asarray(data["atom_mass"].values, float)
+        for r in range(density.shape[0]):
+            held = np.isfinite(centre[r]) & np.isfinite(mass[r])
+            cell = np.floor(np.mod(centre[r, held], TWO_PI / m) / h).astype(int) % n
+            # (an m-fold file's atom stands for its m copies: one per period)
+            np.add.at(density[r], cell, mass[r, held] / (m * h))
+    counts = np.array([clusters(rho, grid, threshold)[0].size * m for rho in density])
+    beta = config_beta(data)
+    energy = None
+    if beta is not None and s["energy"] is not None:
+        energy = s["energy"] / _point_mass_energy(beta)
+    return {"time": s["time"], "energy": energy, "clusters": counts, "beta": beta, "atoms": atoms}
+
+
+def token_staircase(
+    ds: xr.Dataset | str | os.PathLike[str], beta: float | None, threshold: float = 2.0
+) -> dict[str, Any]:
+    """The staircase of a token file (``tpde particles`` on the circle), per record:
+    ``energy`` the tokens' exact interaction energy (:func:`tpde.validation.
+    circle_metastability.token_energy`, the pairs ``i = j`` included) over a point mass's
+    (None without ``beta``), ``clusters`` the clusters of their histogram on
+    ``TOKEN_COUNT_CELLS`` cells (:func:`~tpde.validation.circle_metastability.
+    token_clusters`); ``time`` and ``label`` (its sampling: seed or mid-quantiles)."""
+    from tpde.validation.circle_metastability import token_clusters, token_energy
+
+    data = _dataset(ds)
+    if "tokens" not in data:
+        raise ValueError("compare: a reference has no tokens; write it with tpde particles")
+    theta = np.asarray(data["tokens"].values, float)[..., 0]  # (time, token)
+    counting = circle_grid(TOKEN_COUNT_CELLS)
+    energy = None
+    if beta is not None:
+        point = _point_mass_energy(beta)
+        energy = np.array([token_energy(angles, beta) / point for angles in theta])
+    counts = np.array([token_clusters(angles, counting, threshold=threshold)[0].size
+                       for angles in theta])  # fmt: skip
+    sampling = str(data.attrs.get("sampling", ""))
+    seed = int(data.attrs.get("seed", -1))
+    how = "mid-quantiles" if "quantile" in sampling else f"seed {seed}"
+    label = f"tokens n = {theta.shape[1]} ({how})"
+    return {"time": np.asarray(data["time"].values, float), "energy": energy,
+            "clusters": counts, "label": label}  # fmt: skip
+
+
+def staircase_panels(ax_e, ax_c, run: dict[str, Any], references: Sequence[dict]) -> None:
+    """The energy staircase (energy over a point mass's) and the cluster count against t:
+    the grid run solid (``grid + atoms`` when it has atoms), each token file dotted in its
+    own colour beside it (:func:`grid_staircase`, :func:`token_staircase`)."""
+    name = "grid + atoms" if run["atoms"] else "grid run"
+    if run["energy"] is not None:
+        ax_e.plot(run["time"], run["energy"], color="C0", lw=1.6, label=name)
+    ax_c.step(run["time"], run["clusters"], where="post", color="C0", lw=1.6, label=name)
+    many = len(references) > LABELLED_TOKEN_FILES
+    for i, one in enumerate(references):
+        colour = "C1" if many else f"C{i + 1}"
+        label = one["label"] if not many else (f"{len(references)} token files" if i == 0 else None)
+        if one["energy"] is not None:
+            ax_e.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
+        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
+                  label=label)  # fmt: skip
+    if run["energy"] is None:
+        ax_e.set_title("interaction energy: not recorded (attention A is not beta I)",
+                       fontsize="medium")  # fmt: skip
+    else:
+        ax_e.set_title(
+            f"energy staircase (beta = {run['beta']:g}; 1: one point mass)", fontsize="medium"
+        )
+        ax_e.set_ylabel("E / (e^beta / (2 beta))")
+    ax_c.set_ylim(bottom=0)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)
+    ax_c.set_ylabel("clusters")
+    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize="medium")
+    for axis in (ax_e, ax_c):
+        axis.set_xlabel("t")
+        axis.grid(True, alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")

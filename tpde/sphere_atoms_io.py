@@ -28,7 +28,7 @@ from tpde.schemes.sphere_atoms import VMFAtoms
 
 from .atoms_io import ATOM_SLOTS, history_lines
 
-__all__ = ["read_sphere_atoms", "sphere_atom_lines", "write_sphere_atoms"]
+__all__ = ["atoms_of_record", "read_sphere_atoms", "sphere_atom_lines", "write_sphere_atoms"]
 
 _VARIABLES = {
     "atom_id": ("i8", -1, "atom number (its track across records; -1: empty slot)", "1"),
@@ -106,6 +106,29 @@ def read_sphere_atoms(nc: Any, i: int) -> tuple[VMFAtoms, int] | None:
         parents.reshape(-1, 2),
     )  # fmt: skip
     return atoms, int(nc["next_atom_id"][i])
+
+
+def atoms_of_record(ds: Any, i: int) -> VMFAtoms | None:
+    """The atoms of record ``i`` of a sphere file read by xarray (:func:`tpde.sphere.
+    read_sphere`: the integer fill value -1 reads as NaN), or None when it has no atoms
+    (``tpde plot``'s markers)."""
+    if "atom_id" not in ds.variables:
+        return None
+    ids = np.nan_to_num(np.asarray(ds["atom_id"].values[i], float), nan=-1).astype(np.int64)
+    used = ids >= 0
+
+    def row(name: str) -> np.ndarray:
+        return np.asarray(ds[name].values[i], dtype=np.float64)[used]
+
+    parents = np.asarray(ds["atom_parents"].values[i], dtype=np.float64)[used]
+    return VMFAtoms(
+        row("atom_mass"),
+        np.asarray(ds["atom_centre"].values[i], dtype=np.float64)[used].reshape(-1, 3),
+        row("atom_spread"),
+        ids[used],
+        row("atom_born"),
+        np.nan_to_num(parents, nan=-1).astype(np.int64).reshape(-1, 2),
+    )
 
 
 def sphere_atom_lines(ds: Any) -> list[str]:

@@ -4,7 +4,10 @@
 (each pixel of a 0.5-degree latitude-longitude raster shows the cell it falls in; a colour
 scale per snapshot, in units of the uniform density), the
 clusters of the last one marked (local maxima above twice the uniform density,
-:func:`tpde.grid.cubed_sphere.clusters`, with their masses); ``moments.png``: the mean vector,
+:func:`tpde.grid.cubed_sphere.clusters`, with their masses) and, in a run with atoms, each
+snapshot's atoms drawn at their mean directions (the clusters then of cells plus atoms,
+as ``tpde info`` counts them) (area proportional to mass, the wider ones
+with their spread as a dashed circle); ``moments.png``: the mean vector,
 its length and the eigenvalues of the second moment over time, and, when the file records them,
 the interaction energy (its staircase) and the degree amplitudes ``A_l``, ``l >= 1`` (log
 scale: the modes' growth). ``compare_figure``: a grid run against one or several token
@@ -29,6 +32,13 @@ COMPARE_DISTANCES = 8
 #: the largest transport problem (density atoms x tokens) computed for the W_2 panel; a
 #: density's atoms per cell side drop from 3 to 1 above it, and the panel says so beyond
 COMPARE_COST_ENTRIES = 2e7
+#: an atom's marker area (points^2) per unit mass: a unit mass is about 9 points across
+ATOM_MARKER_AREA = 60.0
+#: an atom's spread (angular radius sqrt(1 / kappa)) is drawn as a circle from this many
+#: degrees up; a narrower one lies under its marker
+SPREAD_LEGIBLE_DEG = 4.0
+#: points on an atom's spread circle
+SPREAD_POINTS = 73
 
 
 def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
@@ -42,6 +52,54 @@ def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
     i = np.clip(((a + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
     j = np.clip(((b + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
     return lon, lat, np.asarray(density)[p, i, j]
+
+
+def spread_circle(centre: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(lon, lat)`` in radians of the small circle of angular ``radius`` around the unit
+    vector ``centre`` (``SPREAD_POINTS`` points, closed), NaN where it crosses the map's
+    edge at longitude 180 (so the line does not cross the map)."""
+    c = np.asarray(centre, float) / np.linalg.norm(centre)
+    other = np.eye(3)[int(np.argmin(np.abs(c)))]
+    e1 = np.cross(c, other)
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(c, e1)
+    phi = np.linspace(0.0, 2.0 * np.pi, SPREAD_POINTS)[:, None]
+    ring = np.cos(radius) * c + np.sin(radius) * (np.cos(phi) * e1 + np.sin(phi) * e2)
+    lat, lon = cs.lat_lon(ring)
+    lat, lon = np.radians(lat), np.radians(lon)
+    jumps = np.flatnonzero(np.abs(np.diff(lon)) > np.pi) + 1
+    return np.insert(lon, jumps, np.nan), np.insert(lat, jumps, np.nan)
+
+
+def draw_atoms(ax, atoms) -> tuple[int, int]:
+    """The atoms (:class:`tpde.schemes.sphere_atoms.VMFAtoms`) on a Mollweide axes: a white
+    disc of area ``ATOM_MARKER_AREA`` x mass at each mean direction and, where the spread's
+    angular radius ``sqrt(1 / kappa)`` is at least ``SPREAD_LEGIBLE_DEG``, its circle
+    (dashed), each kind named once in the legend. Returns (markers, circles) drawn."""
+    if atoms is None or atoms.count == 0:
+        return 0, 0
+    lat, lon = cs.lat_lon(atoms.centre)
+    ax.scatter(
+        np.radians(lon),
+        np.radians(lat),
+        s=ATOM_MARKER_AREA * atoms.mass,
+        facecolors="white",
+        edgecolors="black",
+        linewidths=0.8,
+        zorder=3,
+        label=f"{atoms.count} atom{'s' if atoms.count != 1 else ''} (area ~ mass)",
+    )
+    circles = 0
+    for centre, spread in zip(atoms.centre, atoms.spread, strict=True):
+        radius = float(np.sqrt(spread))
+        if np.degrees(radius) < SPREAD_LEGIBLE_DEG:
+            continue
+        x, y = spread_circle(centre, radius)
+        label = "atom spread sqrt(1/kappa)" if circles == 0 else None
+        ax.plot(x, y, "--", color="white", lw=0.8, zorder=3, label=label)
+        circles += 1
+    ax.legend(loc="lower right", fontsize=7, framealpha=0.6)
+    return atoms.count, circles
 
 
 def _figure(width: float, height: float):
@@ -58,7 +116,10 @@ def density_map_figure(ds, times: Sequence[float] | None = None, title: str | No
     """The density at up to four snapshots (or the nearest to each of ``times``) on
     Mollweide maps, each with its colour bar (density / uniform), the clusters of the last
     marked; ``ds`` a sphere file read by :func:`tpde.sphere.read_sphere`."""
+    from tpde.validation.sphere_atoms import measure_clusters
+
     from .sphere import from_file, grid_of
+    from .sphere_atoms_io import atoms_of_record
 
     if ds.sizes.get("time", 0) == 0:
         raise ValueError("plot: the sphere file has no snapshots")
@@ -81,12 +142,20 @@ def density_map_figure(ds, times: Sequence[float] | None = None, title: str | No
         ax.set_xticklabels([])
         ax.grid(alpha=0.3)
         ax.set_title(f"t = {all_times[k]:.4g}", fontsize=10)
+        atoms = atoms_of_record(ds, k)
+        drawn, _ = draw_atoms(ax, atoms)
         if slot == len(picks) - 1:
-            centres, masses = cs.clusters(grid, rho[k])
+            # the clusters of cells plus atoms (an atom's mass in the cell of its centre),
+            # as tpde info counts them
+            centres, masses = measure_clusters(grid, rho[k], atoms)
             la, lo = cs.lat_lon(centres)
             ax.scatter(np.radians(lo), np.radians(la), s=40, facecolors="none", edgecolors="cyan")
+            held = (
+                f", cells plus {drawn} atom{'s' if drawn != 1 else ''}" if atoms is not None else ""
+            )
             ax.set_title(
-                f"t = {all_times[k]:.4g}: {masses.size} clusters (> 2x uniform)", fontsize=10
+                f"t = {all_times[k]:.4g}: {masses.size} clusters (> 2x uniform{held})",
+                fontsize=10,
             )
     text = title or " ".join(str(ds.attrs.get("title", "tpde on the sphere")).split())[:100]
     fig.suptitle(text.replace("$", r"\$"))
