@@ -30,6 +30,7 @@ from tpde.grid.circle import TWO_PI, circle_grid, clusters, fourier_modes
 from . import geometries
 
 __all__ = [
+    "cells_plus_atoms",
     "circle_figures",
     "circle_series",
     "compare_figure",
@@ -102,6 +103,43 @@ def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def cells_plus_atoms(ds: xr.Dataset | str | os.PathLike[str]) -> np.ndarray:
+    """The cell averages ``(time, cells)`` of the whole measure of a circle file: its
+    ``density`` plus, in a run with atoms, each atom's wrapped normal ``m N(a, s)`` averaged
+    over the cells, ``m / h sum_w (Phi((e_{j+1} - a - w L) / sqrt s) - Phi((e_j - a - w L) /
+    sqrt s))`` (``L`` the period, ``w`` the wraps within 8 standard deviations; a point
+    mass, ``s = 0``, into the cell of its centre). The file's density unchanged without
+    atoms."""
+    from scipy.special import ndtr
+
+    data = _dataset(ds)
+    s = circle_series(data)
+    density = s["density"].copy()
+    if "atom_centre" not in data.variables:
+        return density
+    grid, n = s["grid"], density.shape[-1]
+    h = grid.spacing[0]
+    period = n * h
+    edges = np.arange(n + 1) * h
+    centre = np.mod(np.asarray(data["atom_centre"].values, float), period)
+    mass = np.asarray(data["atom_mass"].values, float)
+    variance = np.asarray(data["atom_variance"].values, float)
+    for r in range(density.shape[0]):
+        held = np.flatnonzero(np.isfinite(centre[r]) & np.isfinite(mass[r]))
+        for j in held:
+            a, m, v = centre[r, j], mass[r, j], max(float(variance[r, j]), 0.0)
+            sigma = np.sqrt(v)
+            if sigma < 1e-9 * h:  # (a point: its cell holds it)
+                density[r, min(int(a / h), n - 1)] += m / h
+                continue
+            wraps = np.arange(
+                -int(np.ceil(8 * sigma / period)) - 1, int(np.ceil(8 * sigma / period)) + 2
+            )
+            shifted = (edges[None, :] - a - wraps[:, None] * period) / sigma
+            density[r] += m * np.diff(ndtr(shifted), axis=1).sum(axis=0) / h
+    return density
 
 
 def _full_circle(theta: np.ndarray, density: np.ndarray, copies: int):
@@ -366,9 +404,11 @@ def compare_figure(
 
     Top: the density at ``time`` (default: the run's last snapshot; a token run without that
     time is left out of the panel and counted in its title) in units of the uniform density,
-    the token histograms on the run's cells. Bottom: the order parameter ``|c_m| / c_0``
-    against t (:func:`order_figure`), and ``W_1`` on the circle between each token histogram
-    and the run (:func:`tpde.validation.metrics.wasserstein_circle`, exact for the cells).
+    the token histograms on the run's cells; a run with atoms is drawn, ordered and measured
+    as cells plus its atoms' cell averages (:func:`cells_plus_atoms`). Bottom: the order
+    parameter ``|c_m| / c_0`` against t (:func:`order_figure`), and ``W_1`` on the circle
+    between each token histogram and the run (:func:`tpde.validation.metrics.
+    wasserstein_circle`, exact for the cells).
     Last row: the energy staircase (interaction energy over a point mass's, the grid's with
     its atoms' share) and the cluster count of the grid run (cells plus atoms) beside each
     token file's (:func:`staircase_panels`). ValueError (one line) for token files not on
@@ -387,6 +427,8 @@ def compare_figure(
             )
     staircase = grid_staircase(run)
     beta = staircase["beta"]
+    whole = cells_plus_atoms(run)  # (with atoms: their cell averages join the cells')
+    run_name = "grid + atoms" if staircase["atoms"] else "grid run"
     for ds in token_data:
         other = config_beta(ds)
         if beta is not None and other is not None and not np.isclose(other, beta, rtol=1e-12):
@@ -400,8 +442,8 @@ def compare_figure(
     top, bottom, last = fig.subfigures(3, 1, height_ratios=[1.0, 1.0, 1.0])  # type: ignore[misc]
     ax = top.subplots()
     uniform = 1.0 / TWO_PI
-    theta, rho = _full_circle(s["theta"], s["density"][index], m)
-    ax.plot(theta, rho / uniform, color="C0", lw=1.5, label="grid run")
+    theta, rho = _full_circle(s["theta"], whole[index], m)
+    ax.plot(theta, rho / uniform, color="C0", lw=1.5, label=run_name)
     drawn = []
     for one in sets:
         j = np.flatnonzero(np.isclose(one["time"], at, rtol=1e-12, atol=1e-12))
@@ -436,7 +478,7 @@ def compare_figure(
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     ax_r, ax_w = bottom.subplots(1, 2)
-    ax_r.plot(t, _order(s["density"], grid, m), color="C0", label="grid run")
+    ax_r.plot(t, _order(whole, grid, m), color="C0", label=run_name)
     common = [float(x) for x in t if all(np.isclose(one["time"], x).any() for one in sets)]
     orders, distances = [], []
     for one in sets:
@@ -445,7 +487,7 @@ def compare_figure(
         run_at = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
         distances.append(
             [
-                wasserstein_circle(one["density"][a], s["density"][b], grid)
+                wasserstein_circle(one["density"][a], whole[b], grid)
                 for a, b in zip(pick, run_at, strict=True)
             ]
         )
@@ -515,25 +557,16 @@ def grid_staircase(
     recorded interaction energy (cells plus the atoms' exact share, :func:`tpde.variants.
     circle_atoms.energy_with_atoms`) over a point mass's ``e^beta / (2 beta)`` (None without
     a record or a ``beta``), and ``clusters`` the clusters of cells plus atoms: each atom's
-    mass put into the cell of its centre, then the local maxima above ``threshold`` times the
+    wrapped normal averaged over the cells (:func:`cells_plus_atoms`), then the local maxima
+    above ``threshold`` times the
     uniform density of the whole measure (:func:`tpde.grid.circle.clusters`, times the
     copies of an m-fold grid), as ``tpde info`` counts them on the sphere. Also ``time``,
     ``beta``, ``atoms`` (whether the file has atoms)."""
     data = _dataset(ds)
     s = circle_series(data)
     grid, m = s["grid"], s["copies"]
-    density = s["density"].copy()
+    density = cells_plus_atoms(data)
     atoms = "atom_centre" in data.variables
-    if atoms:
-        h = grid.spacing[0]
-        n = density.shape[-1]
-        centre = np.asarray(data["atom_centre"].values, float)
-        mass = np.asarray(data["atom_mass"].values, float)
-        for r in range(density.shape[0]):
-            held = np.isfinite(centre[r]) & np.isfinite(mass[r])
-            cell = np.floor(np.mod(centre[r, held], TWO_PI / m) / h).astype(int) % n
-            # (an m-fold file's atom stands for its m copies: one per period)
-            np.add.at(density[r], cell, mass[r, held] / (m * h))
     counts = np.array([clusters(rho, grid, threshold)[0].size * m for rho in density])
     beta = config_beta(data)
     energy = None
