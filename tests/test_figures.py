@@ -498,19 +498,27 @@ output = "{output}"
 """
 
 
-def test_sphere_map_draws_the_atoms(tmp_path):
-    """A sphere run with atoms (8 cells a panel, two atoms born at t = 0.07): each map panel
-    draws one marker per atom of its record, at the atom's direction (against its stored
-    unit vector), of area proportional to its mass, the wider spreads as circles of angular
-    radius sqrt(1 / kappa), named in a legend."""
-    from tpde import sphere_plots
+@pytest.fixture(scope="module")
+def sphere_atoms(tmp_path_factory) -> Path:
+    """A sphere run with atoms: 8 cells a panel, two atoms born at t = 0.07, to t = 0.5."""
     from tpde.cli import main
+
+    folder = tmp_path_factory.mktemp("sphere_atoms")
+    config = folder / "atoms.toml"
+    config.write_text(SPHERE_ATOMS.format(output=folder / "atoms.nc"))
+    assert main(["run", str(config), "--quiet"]) == 0
+    return folder / "atoms.nc"
+
+
+def test_sphere_map_draws_the_atoms(sphere_atoms):
+    """Each map panel of a sphere run with atoms draws one marker per atom of its record,
+    at the atom's direction (against its stored unit vector), of area proportional to its
+    mass, the wider spreads as circles of angular radius sqrt(1 / kappa), named in a
+    legend."""
+    from tpde import sphere_plots
     from tpde.sphere import read_sphere
 
-    config = tmp_path / "atoms.toml"
-    config.write_text(SPHERE_ATOMS.format(output=tmp_path / "atoms.nc"))
-    assert main(["run", str(config), "--quiet"]) == 0
-    ds = read_sphere(tmp_path / "atoms.nc")
+    ds = read_sphere(sphere_atoms)
     fig = sphere_plots.density_map_figure(ds)
     assert problems(fig) == []
     maps = [ax for ax in fig.axes if ax.name == "mollweide"]
@@ -546,6 +554,57 @@ def test_sphere_map_draws_the_atoms(tmp_path):
         legend = [t.get_text() for t in ax.get_legend().get_texts()]
         assert legend[0] == f"{int(used.sum())} atoms (area ~ mass)"
     assert "cells plus 2 atoms" in maps[-1].get_title()
+
+
+def test_sphere_moments_and_compare_with_atoms(sphere_atoms, tmp_path):
+    """The file's second moment of cells plus atoms: the cells' plus each atom's vMF
+    moment, against a Gauss-Legendre quadrature of ``int t^2 e^{kappa t} dt`` (``t = x.a``),
+    trace 1; ``tpde compare`` against two token seeds draws the staircase (the recorded
+    energies over a point mass's) and the clusters of grid plus atoms beside each seed's."""
+    from tpde import sphere_plots
+    from tpde.cli import main
+    from tpde.grid import cubed_sphere as cs
+    from tpde.sphere import from_file, grid_of, read_sphere
+
+    ds = read_sphere(sphere_atoms)
+    grid = grid_of(ds)
+    nodes, weights = np.polynomial.legendre.leggauss(200)
+    for k in range(ds.sizes["time"]):
+        cells = cs.second_moment(grid, from_file(ds["density"].values[k]))
+        expected = cells.copy()
+        used = np.nan_to_num(ds["atom_id"].values[k], nan=-1) >= 0
+        for m, a, s in zip(ds["atom_mass"].values[k][used], ds["atom_centre"].values[k][used],
+                           ds["atom_spread"].values[k][used], strict=True):  # fmt: skip
+            density = np.exp((nodes - 1.0) / s)
+            along = float(weights @ (nodes**2 * density) / (weights @ density))
+            a = a / np.linalg.norm(a)
+            expected += m * (
+                along * np.outer(a, a) + 0.5 * (1.0 - along) * (np.eye(3) - np.outer(a, a))
+            )
+        recorded = ds["second_moment"].values[k]
+        print(f"\nrecord {k}: trace {np.trace(recorded):.8f}, mass {float(ds['mass'][k]):.8f}")
+        np.testing.assert_allclose(recorded, expected, rtol=0, atol=1e-13)
+        assert abs(np.trace(recorded) - float(ds["mass"][k])) < 1e-4  # (the cells' quadrature)
+    seeds = []
+    config = tmp_path / "atoms.toml"
+    config.write_text(SPHERE_ATOMS.format(output=tmp_path / "unused.nc"))
+    for seed in (0, 1):
+        seeds.append(tmp_path / f"tokens{seed}.nc")
+        args = ["particles", str(config), "--tokens", "50", "--seed", str(seed)]
+        assert main([*args, "-o", str(seeds[-1])]) == 0
+    fig = sphere_plots.compare_figure(ds, [read_sphere(p) for p in seeds])
+    assert problems(fig) == []
+    (ax_s,) = [ax for ax in fig.axes if ax.get_title().startswith("energy staircase")]
+    (ax_c,) = [ax for ax in fig.axes if ax.get_title().startswith("clusters")]
+    assert [line.get_label() for line in ax_s.lines] == [
+        "grid + atoms", "tokens n = 50 (seed 0)", "tokens n = 50 (seed 1)"
+    ]  # fmt: skip
+    point = math.exp(4.0) / 8.0
+    np.testing.assert_allclose(ax_s.lines[0].get_ydata(), ds["energy_interaction"].values / point,
+                               rtol=1e-14)  # fmt: skip
+    counts = np.asarray(ax_c.lines[0].get_ydata())
+    print(f"clusters of grid plus atoms: {counts}; energies {ax_s.lines[0].get_ydata()}")
+    assert counts[-1] >= 1
 
 
 def test_circle_compare_staircase_with_atoms(tmp_path):

@@ -820,6 +820,12 @@ class SphereWriter(io.OutputWriter):
             mass += atoms.total_mass
             first = (1.0 - deficit(atoms.kappa)) * atoms.mass
             mean = mean + first @ atoms.directions
+            # a vMF's int x x^T = (A / kappa) I + (1 - 3 A / kappa) a a^T, A = 1 - q(kappa)
+            # (trace 1; A / kappa = A spread has no division, -> 1/3 as kappa -> 0)
+            ratio = (1.0 - deficit(atoms.kappa)) * atoms.spread
+            u = atoms.directions
+            second = second + np.sum(atoms.mass * ratio) * np.eye(3)
+            second = second + np.einsum("k,ki,kj->ij", atoms.mass * (1.0 - 3.0 * ratio), u, u)
             if energy is not None and self.beta is not None:
                 energy = energy_with_atoms(rho, grid, self.beta, atoms)
 

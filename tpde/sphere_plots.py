@@ -25,7 +25,15 @@ import numpy as np
 
 from tpde.grid import cubed_sphere as cs
 
-__all__ = ["compare_figure", "density_map_figure", "moments_figure", "plot_sphere", "raster"]
+__all__ = [
+    "compare_figure",
+    "density_map_figure",
+    "draw_atoms",
+    "moments_figure",
+    "plot_sphere",
+    "raster",
+    "sphere_staircase",
+]
 
 #: W_2 is computed at up to this many snapshot times (an exact transport LP each)
 COMPARE_DISTANCES = 8
@@ -260,6 +268,48 @@ def compare_runs(run, tokens: Sequence, gaussian, time: float | None, title: str
     return compare_figure(run, sets, title)
 
 
+def whole_measure(ds, i: int):
+    """The cell averages ``(6, n, n)`` of record ``i`` of a sphere file: the cells plus, in a
+    run with atoms, each atom's mass in the cell of its centre (as ``tpde info`` counts
+    clusters), and the record's atoms (None without)."""
+    from tpde.validation.sphere_atoms import cell_masses
+
+    from .sphere import from_file, grid_of
+    from .sphere_atoms_io import atoms_of_record
+
+    rho = from_file(ds["density"].values[i])
+    atoms = atoms_of_record(ds, i)
+    if atoms is not None and atoms.count:
+        rho = rho + cell_masses(grid_of(ds), atoms.directions, atoms.mass)
+    return rho, atoms
+
+
+def sphere_staircase(ds) -> dict:
+    """The staircase of a sphere file (a grid run, with or without atoms, or a token run),
+    per record: ``energy`` its recorded interaction energy (cells plus the atoms' share, or
+    the tokens') over a point mass's ``e^beta / (2 beta)`` (None without the record), and
+    ``clusters`` the local maxima above twice the uniform density of cells plus atoms (each
+    atom's mass in the cell of its centre) or of the tokens' histogram on the cells
+    (:func:`tpde.grid.cubed_sphere.clusters`, as ``tpde info`` counts them); ``time``,
+    ``beta``, ``atoms`` (whether the file has atoms)."""
+    from .sphere import grid_of
+
+    grid = grid_of(ds)
+    records = ds.sizes.get("time", 0)
+    counts = np.array([cs.clusters(grid, whole_measure(ds, i)[0])[1].size for i in range(records)])
+    energy, beta = None, None
+    if "energy_interaction" in ds and "beta" in ds["energy_interaction"].attrs:
+        beta = float(ds["energy_interaction"].attrs["beta"])
+        energy = np.asarray(ds["energy_interaction"].values, float) * (2.0 * beta) / np.exp(beta)
+    return {
+        "time": np.asarray(ds["time"].values, float),
+        "energy": energy,
+        "clusters": counts,
+        "beta": beta,
+        "atoms": "atom_id" in ds.variables,
+    }
+
+
 def compare_figure(run, tokens: Sequence, title: str | None = None):
     """A grid run on the sphere against token runs of the same config (``tpde compare``;
     ``tpde particles`` with several ``--seed`` values: their spread drawn as a band, min to
@@ -270,12 +320,15 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     ``|int x dmu|`` (the order parameter), the largest and smallest eigenvalue of the
     second moment ``int x x^T dmu``, the degree amplitudes ``A_1, A_2, A_3`` (log), and
     ``W_2`` on the sphere (geodesic cost; :func:`tpde.validation.sphere_transport.
-    grid_token_w2`: the run's cells as atoms, exact LP) of each token run to the run, with
-    the seeds' own distance to one another (their sampling noise) at up to
-    ``COMPARE_DISTANCES`` times. ValueError (one line) for token files of another sphere."""
+    grid_token_w2`: the run's cells as atoms, exact LP; with atoms, each atom's mass in the
+    cell of its centre) of each token run to the run, with the seeds' own distance to one
+    another (their sampling noise) at up to ``COMPARE_DISTANCES`` times; last row, the energy
+    staircase (over a point mass's) and the cluster count of grid plus atoms beside each
+    token run's (:func:`sphere_staircase`). ValueError (one line) for token files of another
+    sphere or ``beta``."""
     from tpde.validation.sphere_transport import grid_token_w2
 
-    from .sphere import from_file, grid_of
+    from .sphere import grid_of
 
     grid = grid_of(run)
     cells = 6 * grid.n * grid.n
@@ -293,8 +346,17 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
         [int(np.flatnonzero(np.isclose(one["time"].values, x))[0]) for x in common]
         for one in tokens
     ]
-    fig = _figure(12.0, 7.5)
-    (ax_m, ax_e), (ax_a, ax_w) = fig.subplots(2, 2)
+    staircase = sphere_staircase(run)
+    references = [sphere_staircase(one) for one in tokens]
+    for one in references:
+        if staircase["beta"] is not None and one["beta"] is not None:
+            if not np.isclose(one["beta"], staircase["beta"], rtol=1e-12):
+                raise ValueError(
+                    f"compare: a token run has beta = {one['beta']:g}, the run "
+                    f"{staircase['beta']:g}; write it with the run's config (tpde particles)"
+                )
+    fig = _figure(12.0, 11.0)
+    (ax_m, ax_e), (ax_a, ax_w), (ax_s, ax_c) = fig.subplots(3, 2)
     ax_m.plot(t, np.linalg.norm(run["mean_vector"].values, axis=1), color="C0", label="grid run")
     eig = np.linalg.eigvalsh(run["second_moment"].values)
     ax_e.plot(t, eig[:, -1], color="C0", label="grid run: largest")
@@ -338,7 +400,7 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     per_side = 3 if 9 * cells * max(sizes, default=0) <= COMPARE_COST_ENTRIES else 1
     note = ""
     if chosen.size and cells * max(sizes) <= COMPARE_COST_ENTRIES:
-        densities = [from_file(run["density"].values[at_run[i]]) for i in chosen]
+        densities = [whole_measure(run, at_run[i])[0] for i in chosen]
         sets = [
             np.asarray(one["tokens"].values)[[k[i] for i in chosen]]
             for one, k in zip(tokens, picks, strict=True)
@@ -368,7 +430,36 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     ax_e.set_title("eigenvalues of int x x^T dmu", fontsize=10)
     ax_a.set_title("degree amplitudes A_l", fontsize=10)
     ax_w.set_title(f"W_2 on the sphere to the grid run{note}", fontsize=10)
-    for ax in (ax_m, ax_e, ax_a, ax_w):
+    name = "grid + atoms" if staircase["atoms"] else "grid run"
+    if staircase["energy"] is not None:
+        ax_s.plot(t, staircase["energy"], color="C0", lw=1.6, label=name)
+    ax_c.step(t, staircase["clusters"], where="post", color="C0", lw=1.6, label=name)
+    many = len(references) > 4  # (then one legend line for all)
+    for i, one in enumerate(references):
+        colour = "C1" if many else f"C{i + 1}"
+        label = (
+            (f"{len(references)} token runs" if i == 0 else None)
+            if many
+            else (
+                f"tokens n = {tokens[i].sizes['token']}"
+                + (f" (seed {int(tokens[i].attrs['seed'])})" if "seed" in tokens[i].attrs else "")
+            )
+        )
+        if one["energy"] is not None:
+            ax_s.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
+        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
+                  label=label)  # fmt: skip
+    if staircase["energy"] is None:
+        ax_s.set_title("interaction energy: not recorded", fontsize=10)
+    else:
+        ax_s.set_title(
+            f"energy staircase (beta = {staircase['beta']:g}; 1: one point mass)", fontsize=10
+        )
+        ax_s.set_ylabel("E / (e^beta / (2 beta))")
+    ax_c.set_ylim(bottom=0)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)
+    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=10)
+    for ax in (ax_m, ax_e, ax_a, ax_w, ax_s, ax_c):
         ax.set_xlabel("t")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
