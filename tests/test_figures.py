@@ -673,3 +673,5 @@ def test_circle_compare_staircase_with_atoms(tmp_path):
     other.attrs["config"] = str(other.attrs["config"]).replace("beta = 9.0", "beta = 8.0")
     with pytest.raises(ValueError, match="beta = 8"):
         circle_plots.compare_figure(run, [other])
+    alone = circle_plots.compare_figure(run, [])  # (no token file: the run's curves alone)
+    assert problems(alone) == []

@@ -516,7 +516,8 @@ def compare_figure(
     for axis in (ax_r, ax_w):
         axis.set_xlabel("t")
         axis.grid(True, alpha=0.3)
-        axis.legend(fontsize="small")
+        if axis.get_legend_handles_labels()[0]:  # (no token file: W_1 has no curve)
+            axis.legend(fontsize="small")
     ax_e, ax_c = last.subplots(1, 2)
     energy_beta = beta if staircase["energy"] is not None else None
     staircase_panels(ax_e, ax_c, staircase, [token_staircase(ds, energy_beta) for ds in token_data])
