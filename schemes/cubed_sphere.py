@@ -540,6 +540,7 @@ def solve(
     events: list | None = None,
     max_steps: int = MAX_STEPS,
     resolution_tolerance: float | None = RESOLUTION_TOLERANCE,
+    reconstruction_error: float = 0.0,
 ) -> SphereResult:
     """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
     limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
@@ -572,7 +573,9 @@ def solve(
     (``SphereResult.reconstruction_error``); the first step that would take it past the
     tolerance records one ``under_resolved`` event at its start, naming the time and the
     remedies (the run goes on). None: no monitor (one flux evaluation a step saved). It only
-    reads: the densities are the same bit for bit either way."""
+    reads: the densities are the same bit for bit either way. ``reconstruction_error``: the
+    estimate to start from (a resumed run passes the one it stopped with; past the
+    tolerance already, no second event)."""
     from .atom_run import PIN_EVERY
     from .monitor import Event
     from .sphere_atoms import SphereAtomRun, describe
@@ -648,8 +651,8 @@ def solve(
         return q
 
     rejected = 0
-    estimate = 0.0  # the resolution monitor's accumulated share of misplaced mass
-    warned = False
+    estimate = float(reconstruction_error)  # the monitor's accumulated misplaced share
+    warned = resolution_tolerance is not None and estimate > resolution_tolerance
     for target in times[1:]:
         while t < target * (1 - 1e-14):
             if steps >= max_steps:

@@ -545,3 +545,25 @@ def test_the_wide_halo_extends_the_scheme_halo():
         errors.append(worst)
     print(f"\nfourth ghost layer: max error {errors}, order {math.log2(errors[0] / errors[1]):.2f}")
     assert math.log2(errors[0] / errors[1]) > 4.0
+
+
+def test_the_resolution_estimate_carries_over_a_resumed_run():
+    # a run stopped at a snapshot and solved on from it with its estimate ends with the
+    # uninterrupted run's estimate and events
+    rot = SolidRotation(AXIS, 1.0)
+    g = cs.cubed_sphere(8)
+    rho = cs.cell_averages(g, vmf(MEAN, 6.0))
+    whole = solve(g, rho, rot, 0.5, snapshots=[0.0, 0.25, 0.5])
+    first = solve(g, rho, rot, 0.25, snapshots=[0.0, 0.25])
+    rest = solve(
+        g,
+        first.final,
+        rot,
+        0.5,
+        snapshots=[0.25, 0.5],
+        reconstruction_error=first.reconstruction_error,
+    )
+    print(f"\nestimate {whole.reconstruction_error:.6e} vs {rest.reconstruction_error:.6e}")
+    assert np.array_equal(rest.final, whole.final)
+    assert rest.reconstruction_error == pytest.approx(whole.reconstruction_error, rel=1e-12)
+    assert first.events + rest.events == whole.events
