@@ -536,10 +536,12 @@ def connectivity(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def halo_matrix(n: int, nodes: int = 5):
-    """The halo as a sparse matrix ``(6 * 4 * 3 * n, 6 n^2)`` acting on flat coordinate
-    averages ``q_bar``: row ``((p * 4 + side) * 3 + depth - 1) * n + k`` is the ghost cell
-    ``depth`` cells beyond ``side`` of panel ``p``, ``k`` along it (module docstring)."""
+def halo_matrix(n: int, nodes: int = 5, ghosts: int = GHOSTS):
+    """The halo as a sparse matrix ``(6 * 4 * ghosts * n, 6 n^2)`` acting on flat coordinate
+    averages ``q_bar``: row ``((p * 4 + side) * ghosts + depth - 1) * n + k`` is the ghost cell
+    ``depth`` cells beyond ``side`` of panel ``p``, ``k`` along it (module docstring).
+    ``ghosts``: the halo's depth (the scheme's ``GHOSTS``; the resolution monitor's
+    seventh-order reference reads one more)."""
     from scipy.sparse import coo_matrix
 
     grid = CubedSphere(n)
@@ -548,8 +550,8 @@ def halo_matrix(n: int, nodes: int = 5):
     k = np.arange(n)
     for p in range(6):
         for side in range(SIDES):
-            for depth in range(1, GHOSTS + 1):
-                row0 = ((p * SIDES + side) * GHOSTS + depth - 1) * n
+            for depth in range(1, ghosts + 1):
+                row0 = ((p * SIDES + side) * ghosts + depth - 1) * n
                 # ghost cell centre: depth - 1/2 cells out; nodes (n, g, g) in (normal, along)
                 dn = (depth - 0.5) + s[:, None] * np.ones(nodes)[None, :]
                 al = (k[:, None, None] + 0.5) + s[None, None, :] * np.ones(nodes)[None, :, None]
@@ -567,7 +569,7 @@ def halo_matrix(n: int, nodes: int = 5):
                         rows.append(np.broadcast_to((row0 + k)[:, None, None], q.shape).ravel())
                         cols.append((q * n * n + (fa + u) * n + (fb + v)).ravel())
                         vals.append((weight * wa[..., u] * wb[..., v]).ravel())
-    shape = (6 * SIDES * GHOSTS * n, 6 * n * n)
+    shape = (6 * SIDES * ghosts * n, 6 * n * n)
     matrix = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape
     )

@@ -50,6 +50,8 @@ from tpde.grid.cubed_sphere import (
     to_sphere,
 )
 
+from .kernels import SEVENTH_ORDER
+from .monitor import RESOLUTION_TOLERANCE, SEVENTH_GHOSTS
 from .operator import PositivityError
 from .reconstruction import get_reconstruction, reconstruct
 from .rk import get_integrator
@@ -263,6 +265,7 @@ class CubedSphereOperator:
         self.face_centres = np.stack([centres_a, centres_b])  # (2, 6, n + 1, n, 3)
         self.centre_to_nodes = lagrange_weights(n, s)  # (3, n, n)
         self._centre_to_nodes = _banded(self.centre_to_nodes)
+        self._wide_halo = None  # the resolution monitor's halo (:meth:`_seventh_order_states`)
 
     # ---- velocity --------------------------------------------------------------------------
     @profile.timed("velocity")
@@ -371,6 +374,76 @@ class CubedSphereOperator:
         )
         return self._unify(high), self._unify(low)
 
+    # ---- resolution monitor ----------------------------------------------------------------
+    def _states(self, padded: np.ndarray) -> np.ndarray:
+        """The scheme's left / right line averages ``(2, 2, 6, n + 1, n)`` (family, side)."""
+        n = self.grid.n
+        states = np.empty((2, 2, 6, n + 1, n))
+        _face_states(padded, self.kind, n, states[0, 0], states[0, 1])
+        _face_states(
+            np.ascontiguousarray(padded.transpose(0, 2, 1)),
+            self.kind,
+            n,
+            states[1, 0],
+            states[1, 1],
+        )
+        return states
+
+    def _seventh_order_states(self, q: np.ndarray) -> np.ndarray:
+        """The seventh-order linear left / right line averages ``(2, 2, 6, n + 1, n)`` along
+        the panel's grid lines (cells ``f - 4 .. f + 2`` from the left of face ``f``, the
+        stencil mirrored from the right) from a halo of ``SEVENTH_GHOSTS`` cells."""
+        n = self.grid.n
+        if self._wide_halo is None:  # built on first use: runs without the monitor skip it
+            self._wide_halo = halo_matrix(n, ghosts=SEVENTH_GHOSTS)
+        g = SEVENTH_GHOSTS
+        ghost = (self._wide_halo @ q.ravel()).reshape(6, SIDES, g, n)
+        padded = np.zeros((6, n + 2 * g, n + 2 * g))
+        inner = slice(g, g + n)
+        padded[:, inner, inner] = q
+        for d in range(g):
+            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
+            padded[:, g + n + d, inner] = ghost[:, 1, d]
+            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
+            padded[:, inner, g + n + d] = ghost[:, 3, d]
+        out = np.zeros((2, 2, 6, n + 1, n))
+        for x, lines in enumerate((padded, padded.transpose(0, 2, 1))):
+            lines = lines[:, :, inner]  # (6, n + 8, n): the panel's own grid lines
+            for k, weight in enumerate(SEVENTH_ORDER):
+                out[x, 0] += weight * lines[:, k : k + n + 1]
+                out[x, 1] += weight * lines[:, 2 * g - 1 - k : 2 * g - k + n]
+        return out
+
+    def reconstruction_error_rate(self, q: np.ndarray, speeds: np.ndarray) -> float:
+        """The share of the mass the reconstruction misplaces per unit time,
+        ``sum_c |div dF|_c / sum_c q_c h^2`` (docs/theory.md, 'The resolution monitor on the
+        sphere'): ``dF`` the flux of the difference ``q_s - q_7`` of the scheme's line
+        averages (WENO, :meth:`fluxes`) and the seventh-order linear ones
+        (:meth:`_seventh_order_states`) at every face, taken to the Gauss nodes and upwinded
+        like the flux itself, ``h sum_g w_g s_g (q_s - q_7)_upwind(g)``, the two panels'
+        values meaned on the panel edges. ``q``: coordinate averages ``(6, n, n)``;
+        ``speeds``: :meth:`node_speeds`. Reads only: the step is not touched."""
+        n, h = self.grid.n, self.grid.h
+        total = float(q.sum()) * h * h
+        if not total > 0:
+            return 0.0
+        difference = self._states(self._padded(q)) - self._seventh_order_states(q)
+        error = np.empty((2, 6, n + 1, n))
+        unused = np.empty((2, 6, n + 1, n))
+        first, band = self._transverse
+        _gauss_fluxes(
+            first,
+            band,
+            self.node_weights,
+            h,
+            difference,
+            np.ascontiguousarray(speeds),
+            self._neighbours(q),
+            error,
+            unused,
+        )
+        return float(np.abs(self._divergence(self._unify(error))).sum()) / total
+
     @staticmethod
     def _divergence(flux: np.ndarray) -> np.ndarray:
         return (flux[0, :, 1:] - flux[0, :, :-1]) + (flux[1, :, 1:] - flux[1, :, :-1]).transpose(
@@ -438,6 +511,9 @@ class SphereResult:
     events: list = field(default_factory=list)
     #: the atoms at the end (a run with atoms), else None
     atoms: object = None
+    #: the resolution monitor's estimate at the end: the share of the mass the reconstruction
+    #: has misplaced, ``int sum_c |div dF| / mass dt`` (:func:`solve`; 0 without the monitor)
+    reconstruction_error: float = 0.0
 
     @property
     def final(self) -> np.ndarray:
@@ -463,6 +539,8 @@ def solve(
     pinning: bool = False,
     events: list | None = None,
     max_steps: int = MAX_STEPS,
+    resolution_tolerance: float | None = RESOLUTION_TOLERANCE,
+    reconstruction_error: float = 0.0,
 ) -> SphereResult:
     """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
     limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
@@ -486,7 +564,18 @@ def solve(
     Like the flat solver's loop (:class:`tpde.schemes.solver.Solver`): a step whose update
     goes negative (:class:`PositivityError`) is halved and redone from its start, at most
     ``STEP_TRIES`` times; a non-finite velocity or density, or more than ``max_steps``
-    steps, raise :class:`tpde.schemes.solver.SimulationError` naming the time."""
+    steps, raise :class:`tpde.schemes.solver.SimulationError` naming the time.
+
+    ``resolution_tolerance``: the resolution monitor (docs/theory.md, 'The resolution monitor
+    on the sphere'): before every step its
+    :meth:`CubedSphereOperator.reconstruction_error_rate` times ``dt`` is added to the
+    estimate of the share of the mass the reconstruction has misplaced
+    (``SphereResult.reconstruction_error``); the first step that would take it past the
+    tolerance records one ``under_resolved`` event at its start, naming the time and the
+    remedies (the run goes on). None: no monitor (one flux evaluation a step saved). It only
+    reads: the densities are the same bit for bit either way. ``reconstruction_error``: the
+    estimate to start from (a resumed run passes the one it stopped with; past the
+    tolerance already, no second event)."""
     from .atom_run import PIN_EVERY
     from .monitor import Event
     from .sphere_atoms import SphereAtomRun, describe
@@ -562,6 +651,8 @@ def solve(
         return q
 
     rejected = 0
+    estimate = float(reconstruction_error)  # the monitor's accumulated misplaced share
+    warned = resolution_tolerance is not None and estimate > resolution_tolerance
     for target in times[1:]:
         while t < target * (1 - 1e-14):
             if steps >= max_steps:
@@ -582,6 +673,19 @@ def solve(
                 dt = min(dt, dt_max)
             if dt < target - t and target - t < 1.5 * dt:
                 dt = 0.5 * (target - t)  # no sliver of a last step
+            if resolution_tolerance is not None:
+                amount = op.reconstruction_error_rate(q, speeds) * dt
+                if not warned and estimate + amount > resolution_tolerance:
+                    warned = True
+                    events.append(
+                        Event(
+                            "under_resolved",
+                            t,
+                            under_resolved_message(
+                                grid.n, t, t + dt, estimate + amount, resolution_tolerance
+                            ),
+                        )
+                    )
             before = None if atoms is None else atoms.atoms  # (a retry starts from them)
             for _attempt in range(STEP_TRIES):
                 try:
@@ -602,6 +706,8 @@ def solve(
                     f"{t + dt:.6g} (step {steps}): the velocity or the density failed there"
                 )
             q = stepped
+            if resolution_tolerance is not None:
+                estimate += amount  # (of the step as taken: a halved retry counts half)
             t += dt
             steps += 1
             if atoms is not None:
@@ -632,4 +738,21 @@ def solve(
     out.clipped = diffusion.clipped
     out.events = events
     out.atoms = None if atoms is None else atoms.atoms
+    out.reconstruction_error = estimate
     return out
+
+
+def under_resolved_message(n: int, t: float, t_next: float, estimate: float, tolerance: float):
+    """The one line of a sphere run's ``under_resolved`` event: the time, the estimate and
+    the remedies (more cells a panel, the estimate falling like ``h^RESOLUTION_ORDER``;
+    atoms for a law narrower than a few cells)."""
+    from .monitor import RESOLUTION_ORDER, SUGGESTED_MARGIN
+
+    cells = math.ceil(n * (SUGGESTED_MARGIN * estimate / tolerance) ** (1.0 / RESOLUTION_ORDER))
+    return (
+        f"the grid no longer resolves the dynamics at t = {t:.6g}: the step to "
+        f"t = {t_next:.6g} would take the estimated reconstruction error to {estimate:.2e} "
+        f"> run.resolution_tolerance = {tolerance:g} (about {cells} cells a panel instead "
+        f"of {n}, the estimate falling like h^{RESOLUTION_ORDER} from here; or atoms, "
+        f"run.atoms, for a law narrower than a few cells)"
+    )

@@ -13,6 +13,7 @@ from scipy.integrate import dblquad
 
 from tpde.grid import cubed_sphere as cs
 from tpde.schemes.cubed_sphere import CubedSphereOperator, solve
+from tpde.schemes.monitor import RESOLUTION_TOLERANCE
 from tpde.variants.cubed_sphere import CubedSphereAttention, SolidRotation, rotate
 
 AXIS = np.array([1.0, 0.4, 0.7]) / np.linalg.norm([1.0, 0.4, 0.7])
@@ -459,3 +460,110 @@ def test_a_step_above_the_positivity_bound_is_halved_and_redone(monkeypatch):
     assert honest.rejected_steps == 0 and retried.rejected_steps > 0
     assert retried.final.min() >= 0.0 and abs(retried.masses[-1] - 1.0) < 1e-13
     assert gap < 0.05  # the same solution (a discontinuous cap: first order at its edge)
+
+
+def monitored_rotation(n, kappa, t_end, **options):
+    """A vMF under the solid rotation with the resolution monitor: the result and its true L1
+    error against the exact rotated law's cell averages."""
+    rot = SolidRotation(AXIS, 1.0)
+    density = vmf(MEAN, kappa)
+    g = cs.cubed_sphere(n)
+    result = solve(g, cs.cell_averages(g, density), rot, t_end, cfl=0.5, **options)
+    exact = cs.cell_averages(g, rot.exact(density, t_end))
+    return result, float(np.sum(np.abs(result.final - exact) * g.areas))
+
+
+def test_resolution_estimate_tracks_the_true_error():
+    # the monitor estimates the misplaced share of the mass; the vMF has mass 1, so the L1
+    # error against the exact rotated solution is that share
+    rows = []
+    for n in (8, 16):
+        result, l1 = monitored_rotation(n, 4.0, 0.5)
+        rows.append((n, result.steps, l1, result.reconstruction_error))
+    print("\nresolution monitor on the sphere: vMF kappa 4, solid rotation, t = 0.5")
+    print("    n steps   true L1  estimate  estimate / L1")
+    for n, steps, l1, estimate in rows:
+        print(f"  {n:3d} {steps:5d} {l1:.3e} {estimate:.3e} {estimate / l1:10.2f}")
+    for _, _, l1, estimate in rows:
+        assert l1 / 3 < estimate < 3 * l1
+    # it falls at the scheme's order, like the error
+    assert math.log2(rows[0][3] / rows[1][3]) > 3.0
+
+
+def test_resolution_monitor_only_reads_and_stays_quiet_when_resolved():
+    result, _ = monitored_rotation(16, 4.0, 0.5)
+    plain, _ = monitored_rotation(16, 4.0, 0.5, resolution_tolerance=None)
+    print(f"\nestimate {result.reconstruction_error:.3e}, events {result.events}")
+    assert result.events == []
+    assert 0 < result.reconstruction_error < RESOLUTION_TOLERANCE
+    assert plain.reconstruction_error == 0.0
+    assert all(np.array_equal(a, b) for a, b in zip(result.densities, plain.densities, strict=True))
+
+
+def test_an_under_resolved_sphere_run_records_one_event_with_its_time():
+    # kappa 6 on 8 cells a panel: the L1 error passes the default tolerance within the run
+    result, l1 = monitored_rotation(8, 6.0, 0.5)
+    print(f"\nkappa 6 on 8 cells a panel: L1 {l1:.3e}, estimate {result.reconstruction_error:.3e}")
+    for e in result.events:
+        print(f"  {e.kind} at t = {e.time:.4g}: {e.message}")
+    assert [e.kind for e in result.events] == ["under_resolved"]
+    event = result.events[0]
+    assert 0.0 < event.time < 0.5
+    assert f"at t = {event.time:.6g}" in event.message
+    assert "cells a panel" in event.message and "atoms" in event.message
+    assert result.reconstruction_error > RESOLUTION_TOLERANCE and l1 > RESOLUTION_TOLERANCE
+    # the same run stopped at the event's time: the estimate still inside the tolerance, and
+    # no event (the event is the first step that would pass it)
+    early, _ = monitored_rotation(8, 6.0, event.time)
+    print(f"  to t = {event.time:.4g}: estimate {early.reconstruction_error:.3e}")
+    assert early.events == [] and 0 < early.reconstruction_error <= RESOLUTION_TOLERANCE
+
+
+def test_the_wide_halo_extends_the_scheme_halo():
+    # the monitor's 4-deep halo repeats the scheme's 3 layers exactly, one layer deeper
+    n = 8
+    narrow = cs.halo_matrix(n).toarray().reshape(6, 4, 3, n, -1)
+    wide = cs.halo_matrix(n, ghosts=4).toarray().reshape(6, 4, 4, n, -1)
+    assert np.array_equal(wide[:, :, :3], narrow)
+    # and its fourth layer is a ghost cell average like the others: fifth order
+    density = vmf([0.6, 0.0, 0.8], 2.0)
+    errors = []
+    for n in (8, 16):
+        g = cs.cubed_sphere(n)
+        ghost = cs.halo_matrix(n, ghosts=4) @ g.to_coordinate(cs.cell_averages(g, density)).ravel()
+        s, w = cs.gauss_nodes(10)
+        k = np.arange(n)
+        normal = 3.5 + s[:, None] * np.ones(10)[None, :]
+        along = (k[:, None, None] + 0.5) + s[None, None, :] * np.ones(10)[None, :, None]
+        worst = 0.0
+        for side in range(4):
+            row = ((0 * 4 + side) * 4 + 3) * n
+            a, b = cs._side_points(g, side, np.broadcast_to(normal, along.shape), along)
+            x = cs.to_sphere(0, a, b)
+            exact = (density(x) * cs.metric(a, b) * (w[:, None] * w[None, :])).sum((1, 2))
+            worst = max(worst, np.abs(ghost[row : row + n] - exact).max())
+        errors.append(worst)
+    print(f"\nfourth ghost layer: max error {errors}, order {math.log2(errors[0] / errors[1]):.2f}")
+    assert math.log2(errors[0] / errors[1]) > 4.0
+
+
+def test_the_resolution_estimate_carries_over_a_resumed_run():
+    # a run stopped at a snapshot and solved on from it with its estimate ends with the
+    # uninterrupted run's estimate and events
+    rot = SolidRotation(AXIS, 1.0)
+    g = cs.cubed_sphere(8)
+    rho = cs.cell_averages(g, vmf(MEAN, 6.0))
+    whole = solve(g, rho, rot, 0.5, snapshots=[0.0, 0.25, 0.5])
+    first = solve(g, rho, rot, 0.25, snapshots=[0.0, 0.25])
+    rest = solve(
+        g,
+        first.final,
+        rot,
+        0.5,
+        snapshots=[0.25, 0.5],
+        reconstruction_error=first.reconstruction_error,
+    )
+    print(f"\nestimate {whole.reconstruction_error:.6e} vs {rest.reconstruction_error:.6e}")
+    assert np.array_equal(rest.final, whole.final)
+    assert rest.reconstruction_error == pytest.approx(whole.reconstruction_error, rel=1e-12)
+    assert first.events + rest.events == whole.events
