@@ -307,17 +307,20 @@ class CubedSphereOperator:
         return float(total.max()) / (h * h)
 
     # ---- fluxes ----------------------------------------------------------------------------
-    def _padded(self, q: np.ndarray) -> np.ndarray:
+    def _padded(self, q: np.ndarray, halo=None, g: int = GHOSTS) -> np.ndarray:
+        """``q (6, n, n)`` with ``g`` halo cells on every side of each panel ``(6, n + 2g,
+        n + 2g)``, the ghosts from ``halo`` (the scheme's by default); corners stay 0."""
         n = self.grid.n
-        ghost = (self.halo @ q.ravel()).reshape(6, SIDES, GHOSTS, n)
-        padded = np.zeros((6, n + 2 * GHOSTS, n + 2 * GHOSTS))
-        inner = slice(GHOSTS, GHOSTS + n)
+        halo = self.halo if halo is None else halo
+        ghost = (halo @ q.ravel()).reshape(6, SIDES, g, n)
+        padded = np.zeros((6, n + 2 * g, n + 2 * g))
+        inner = slice(g, g + n)
         padded[:, inner, inner] = q
-        for d in range(GHOSTS):
-            padded[:, GHOSTS - 1 - d, inner] = ghost[:, 0, d]
-            padded[:, GHOSTS + n + d, inner] = ghost[:, 1, d]
-            padded[:, inner, GHOSTS - 1 - d] = ghost[:, 2, d]
-            padded[:, inner, GHOSTS + n + d] = ghost[:, 3, d]
+        for d in range(g):
+            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
+            padded[:, g + n + d, inner] = ghost[:, 1, d]
+            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
+            padded[:, inner, g + n + d] = ghost[:, 3, d]
         return padded
 
     def _neighbours(self, values: np.ndarray) -> np.ndarray:
@@ -397,15 +400,8 @@ class CubedSphereOperator:
         if self._wide_halo is None:  # built on first use: runs without the monitor skip it
             self._wide_halo = halo_matrix(n, ghosts=SEVENTH_GHOSTS)
         g = SEVENTH_GHOSTS
-        ghost = (self._wide_halo @ q.ravel()).reshape(6, SIDES, g, n)
-        padded = np.zeros((6, n + 2 * g, n + 2 * g))
+        padded = self._padded(q, self._wide_halo, g)
         inner = slice(g, g + n)
-        padded[:, inner, inner] = q
-        for d in range(g):
-            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
-            padded[:, g + n + d, inner] = ghost[:, 1, d]
-            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
-            padded[:, inner, g + n + d] = ghost[:, 3, d]
         out = np.zeros((2, 2, 6, n + 1, n))
         for x, lines in enumerate((padded, padded.transpose(0, 2, 1))):
             lines = lines[:, :, inner]  # (6, n + 8, n): the panel's own grid lines
