@@ -1758,7 +1758,14 @@ class SnapshotWriter(OutputWriter):
 
 # ---- reading --------------------------------------------------------------------------------
 def _load(path: str) -> xr.Dataset:
+    """The file's complete records, loaded: the trailing record without its time (a kill
+    inside a write) is cut before anything is read from it, so a chunk the kill left half
+    written in that record cannot fail the read of the records before it."""
     with xr.open_dataset(path, engine="zarr" if is_zarr(path) else "netcdf4") as ds:
+        if "time" in ds.variables and "time" in ds.dims:
+            n = _complete_records(ds["time"].values)
+            if n < ds.sizes["time"]:
+                ds = ds.isel(time=slice(0, n))
         return ds.load()
 
 
