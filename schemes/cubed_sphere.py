@@ -350,16 +350,7 @@ class CubedSphereOperator:
     def fluxes(self, q: np.ndarray, speeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """High- and first-order fluxes ``(2, 6, n + 1, n)`` in the + direction of each face."""
         n, h = self.grid.n, self.grid.h
-        padded = self._padded(q)
-        states = np.empty((2, 2, 6, n + 1, n))  # (family, left/right, ...)
-        _face_states(padded, self.kind, n, states[0, 0], states[0, 1])
-        _face_states(
-            np.ascontiguousarray(padded.transpose(0, 2, 1)),
-            self.kind,
-            n,
-            states[1, 0],
-            states[1, 1],
-        )
+        states = self._states(self._padded(q))
         cells = self._neighbours(q)
         high = np.empty((2, 6, n + 1, n))
         low = np.empty((2, 6, n + 1, n))

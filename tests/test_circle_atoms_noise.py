@@ -241,19 +241,14 @@ def test_noisy_atoms_in_the_file_resume_bit_for_bit(tmp_path):
     and resumed (``--resume``), equals the uninterrupted run bit for bit: cells, atoms' ids,
     masses, centres and variances in every record."""
     from exact import kill_after
+    from test_circle_atoms import ATOMS_CONFIG  # (two clusters that become atoms and merge)
 
     from tpde.cli import main
     from tpde.config import dumps
     from tpde.io import read
 
     raw = {
-        "grid": {"geometry": "circle", "cells": 128},
-        "initial": {
-            "kind": "mixture",
-            "weights": [0.5, 0.4],
-            "means": [1.0, 1.7],
-            "kappas": [200, 200],
-        },
+        **ATOMS_CONFIG,
         "attention": {"beta": BETA, "engine": "fft"},
         "atoms": {},
         "run": {"t_end": 4.0, "snapshots": 21, "noise": 2e-3},

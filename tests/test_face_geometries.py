@@ -295,16 +295,12 @@ def test_atoms_take_the_noise_and_any_head():
     """``[atoms]`` on the circle with ``run.noise`` and a general 2 x 2 ``A`` (the Bessel
     series): the config builds and a short run ends ``completed`` with its clusters as atoms,
     mass of cells plus atoms to 1e-13."""
+    from test_circle_atoms import ATOMS_CONFIG
+
     import tpde
 
     raw = {
-        "grid": {"geometry": "circle", "cells": 128},
-        "initial": {
-            "kind": "mixture",
-            "weights": [0.5, 0.4],
-            "means": [1.0, 1.7],
-            "kappas": [200, 200],
-        },
+        **ATOMS_CONFIG,
         "attention": {"A": [[6.0, 0.5], [0.0, 4.0]], "engine": "fft"},
         "atoms": {},
         "run": {"t_end": 0.2, "snapshots": 3, "noise": 1e-3},

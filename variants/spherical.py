@@ -139,6 +139,14 @@ def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
     return (float(np.add.reduce(rho.reshape(-1))), float(rho @ _ramp(rho.size)), int(rho.size))
 
 
+def _summed_for(kept: tuple | None, atoms, rho: np.ndarray):
+    """The value a face evaluation kept as ``(atoms, fingerprint, value)`` when it was for
+    these atoms and this density (the same stage), else None."""
+    if kept is not None and kept[0] is atoms and kept[1] == _fingerprint(rho):
+        return kept[2]
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def _ramp(n: int) -> np.ndarray:
     return np.arange(n, dtype=float)
@@ -167,6 +175,10 @@ class CircleAttention(VelocityField):
         self.engine = engine
         self.last_engine: str | None = None
         self._fixed = Recent(16)  # kernel coefficients / tables per (grid, head, offset)
+        #: what this stage's face evaluation summed for its atoms, (atoms, fingerprint of the
+        #: density, value): the atoms' modes (convolution) and the series' c_m (any head)
+        self._atom_modes: tuple | None = None
+        self._series_modes: tuple | None = None
 
     # ---- the protocol ----------------------------------------------------------------------
     def at(self, density: np.ndarray, grid: Grid, t: float, offset: ArrayLike) -> np.ndarray:
@@ -221,18 +233,12 @@ class CircleAttention(VelocityField):
         """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
         head = _head(self.spec, t)
         rho = np.asarray(density, float)
-        kept = getattr(self, "_atom_modes", None)
-        modes = None
-        if kept is not None and kept[0] is atoms and kept[1] == _fingerprint(rho):
-            modes = kept[2]  # (the face evaluation of this stage summed them, and checked)
-        else:
+        modes = _summed_for(self._atom_modes, atoms, rho)
+        if modes is None:
             copies = circle_copies(grid)
             self._check_atoms(grid, head, self.choose(head, copies), copies)
         if not (is_conformal(head.A) and is_conformal(head.C)):  # any head: the series
-            summed = getattr(self, "_series_modes", None)  # (the faces' c_m, if the same)
-            reuse = None
-            if summed is not None and summed[0] is atoms and summed[1] == _fingerprint(rho):
-                reuse = summed[2]
+            reuse = _summed_for(self._series_modes, atoms, rho)  # (the faces' c_m)
             u, du, d2u = series_velocity_at(
                 rho,
                 grid,
