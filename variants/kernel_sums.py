@@ -7,8 +7,9 @@ answer other questions natively: the FFT convolutions and the sheared passes ser
 lattices of a grid, the circle's and the sphere's engines return sums scaled by ``e^{-|c|}``,
 sigmoid sums its own kernel. Each adapter here takes the engine's own inputs (the measure as
 the engine reads it), calls the engine's own code, and answers ``log Z(c)``, ``m(c)`` and the
-engine's estimate in the protocol's units (docs/architecture.md, 'Engine choice'). The
-variants keep calling the engines natively: the adapters change no result.
+engine's estimate in the protocol's units (docs/architecture.md, 'Kernel sums: one
+interface, one vocabulary'). The variants keep calling the engines natively: the adapters
+change no result.
 
 :func:`engines_of` lists, per geometry, the adapter classes (tests/test_kernel_sums.py builds
 each on a small case and checks it against the dense sums to its stated tolerance).
