@@ -31,7 +31,13 @@ from tpde.grid.threads import ensure_policy
 
 from .cubed_sphere import CubedSphereAttention
 from .engines.bessel import SERIES_TOLERANCE, BesselSeries
-from .engines.direct import DIRECT_TOLERANCE, DirectSums, lattice_tilts, support_box
+from .engines.direct import (
+    DIRECT_TOLERANCE,
+    DirectSums,
+    density_sources,
+    lattice_tilts,
+    support_box,
+)
 from .engines.direct import log_partition as dense_log_partition
 from .engines.direct import tilted_means as dense_means
 from .engines.fft import FFTSoftmaxSums, checked_total
@@ -194,8 +200,6 @@ class SigmoidSums:
         engine: str = "direct",
         lattice: tuple[Sequence[np.ndarray], np.ndarray] | None = None,
     ):
-        from .engines.direct import density_sources
-
         ensure_policy()
         self.name = engine
         self.bias = float(bias)
