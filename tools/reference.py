@@ -116,7 +116,37 @@ def render_config() -> str:
                 parts.append(
                     f"| `{variant}` | {shown} | {', '.join(f'`{k}`' for k in sorted(head))} |"
                 )
-    return "\n".join(parts) + "\n"
+    return "\n".join(parts + render_engines()) + "\n"
+
+
+def render_engines() -> list[str]:
+    """The engine vocabulary (``tpde.variants.engines.registry``): every engine, the names
+    ``[attention] engine`` takes per geometry and variant, the aliases."""
+    from tpde.variants.engines.registry import ALIASES, CONFIG_ENGINES, ENGINES
+
+    parts = [
+        "",
+        "## Kernel-sum engines",
+        "",
+        "One vocabulary for `[attention] engine` on every geometry "
+        "(`tpde/variants/engines/registry.py`); a name not valid for the geometry (and, on a "
+        "flat grid, the variant) exits 2 with one line naming the allowed values. Every "
+        "engine implements one interface, `KernelSums` "
+        "(`tpde/variants/engines/protocol.py`).",
+        "",
+        "| engine | geometry | module | what it sums |",
+        "|---|---|---|---|",
+    ]
+    for e in ENGINES.values():
+        parts.append(f"| `{e.name}` | {e.geometry} | `{e.module}` | {_cell(e.summary)} |")
+    parts += ["", "| geometry | variant | `engine` takes |", "|---|---|---|"]
+    for geometry, variants in CONFIG_ENGINES.items():
+        for variant, names in variants.items():
+            shown = ", ".join(f"`{n}`" for n in names)
+            parts.append(f"| {geometry} | `{variant}` | {shown} |")
+    aliases = ", ".join(f"`{a}` = `{n}`" for a, n in ALIASES.items())
+    parts += ["", f"Aliases (read as the name, wherever that name is valid): {aliases}."]
+    return parts
 
 
 def pages() -> dict[Path, str]:

@@ -17,7 +17,7 @@ Keys::
                  "noise" (amplitude, k_max, seed), "von_mises" (mean, kappa),
                  "mixture" (weights, means, kappas)
     [attention]  variant = "softmax"; beta (A = beta I, V = I) or A, V (2 x 2), optional W;
-                 normalised (default true); engine = "auto" | "fft" | "direct";
+                 normalised (default true); engine = "auto" | "fft" | "bessel" | "direct";
                  masked = true: causal attention over position slices (grid.positions,
                  grid.sink_mass as on R^d)
     [scheme], [run]  as on R^d
@@ -37,9 +37,10 @@ from tpde.grid import moments as cell_moments
 from tpde.schemes.atoms import AtomOptions
 from tpde.schemes.solver import Problem
 from tpde.variants.circle_atoms import energy_with_atoms
+from tpde.variants.engines.registry import check_engine
 from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
-from tpde.variants.spherical import CIRCLE_ENGINES, CircleAttention, interaction_energy
+from tpde.variants.spherical import CircleAttention, interaction_energy
 
 from . import geometries
 from .config_core import (
@@ -152,12 +153,10 @@ def _attention(table: Mapping) -> CircleAttention:
     normalised = table.get("normalised", True)
     if not isinstance(normalised, bool):
         raise ConfigError(f"attention.normalised: expected true or false, got {normalised!r}")
-    engine = table.get("engine", "auto")
-    if engine not in CIRCLE_ENGINES:
-        raise ConfigError(
-            f"attention.engine: unknown {engine!r} on the circle; choose one of "
-            f"{', '.join(CIRCLE_ENGINES)}"
-        )
+    try:
+        engine = check_engine(table.get("engine", "auto"), "circle")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if float(np.linalg.norm(A, 2)) > 300.0:
         raise ConfigError("attention.A: |A| > 300 overflows the kernel e^{<A x, y>} on the circle")
     try:

@@ -83,6 +83,7 @@ from tpde.variants import (
     SigmoidHead,
     SinkhornHead,
 )
+from tpde.variants.engines.registry import check_engine
 from tpde.variants.parameters import ParameterError
 
 from . import geometries
@@ -725,10 +726,11 @@ def build_attention(table: dict, d: int, radius: float = 1.0):
     options: dict[str, Any] = {}
     for key in option_keys & set(table):
         value = table[key]
-        if key == "engine":
-            if not isinstance(value, str):
-                raise ConfigError(f"attention.engine: expected a name, got {_short(value)}")
-            options[key] = value
+        if key == "engine":  # one vocabulary: tpde.variants.engines.registry
+            try:
+                options[key] = check_engine(value, "flat", variant)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         else:  # counts are integers >= 1; the variant checks the rest
             count = key != "tol"
             options[key] = _number(f"attention.{key}", value, positive=count, integer=count)

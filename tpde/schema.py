@@ -77,7 +77,7 @@ FLAT: dict[str, dict[str, Entry]] = {
         "engine": (
             '"auto"',
             "kernel sums: `auto`, `direct`, `separable`; `fft` (softmax, symmetric A), "
-            "`lattice` (sigmoid)",
+            "`lattice` (sigmoid); aliases `dense`, `tables`, `convolution`",
         ),
         "nodes": ("automatic", "separable engine: table nodes per axis"),
         "tol": ("1e-11", "sinkhorn: stop when the marginal error is below this"),
@@ -167,7 +167,8 @@ CIRCLE: dict[str, dict[str, Entry]] = {
         "normalised": ("true", "false: the unnormalised variant"),
         "engine": (
             '"auto"',
-            "`auto`, `fft` (any A: convolution or Bessel series), `direct` (dense sums)",
+            "`auto`, `fft` (convolution; the Bessel series where A is not a I + b J), "
+            "`bessel` (the series), `direct` (dense sums); aliases `series`, `dense`",
         ),
         "masked": ("false", "causal attention over `grid.positions` slices"),
     },
@@ -206,7 +207,11 @@ SPHERE: dict[str, dict[str, Entry]] = {
         "V": ("identity", "3 x 3 values (with `A`)"),
         "normalised": ("true", "false: the unnormalised variant"),
         "nodes": ("3", "Gauss nodes a cell axis for the attention sums (2 .. 5)"),
-        "engine": ('"auto"', "`auto` = `harmonic` (spherical harmonics), `direct` (dense sums)"),
+        "engine": (
+            '"auto"',
+            "`auto` = `harmonic` (spherical harmonics), `direct` (dense sums); aliases "
+            "`harmonics`, `dense`",
+        ),
     },
     "scheme": {
         "reconstruction": ('"weno5z"', "`upwind`, `muscl`, `weno5`, `weno5z`"),

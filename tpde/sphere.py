@@ -54,7 +54,8 @@ import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
 from tpde.schemes.atoms import AtomOptions
-from tpde.variants.cubed_sphere import SPHERE_ENGINES, CubedSphereAttention
+from tpde.variants.cubed_sphere import CubedSphereAttention
+from tpde.variants.engines.registry import check_engine
 
 from . import geometries, io
 from .config_core import (
@@ -248,12 +249,10 @@ def _attention(table: Mapping) -> CubedSphereAttention:
     nodes = int(_number("attention.nodes", table.get("nodes", 3), True, True))
     if not 2 <= nodes <= 5:
         raise ConfigError(f"attention.nodes: expected 2 .. 5 Gauss nodes a cell axis, got {nodes}")
-    engine = table.get("engine", "auto")
-    if engine not in SPHERE_ENGINES:
-        raise ConfigError(
-            f"attention.engine: unknown {engine!r} on the sphere; choose one of "
-            f"{', '.join(SPHERE_ENGINES)}"
-        )
+    try:
+        engine = check_engine(table.get("engine", "auto"), "sphere")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if "beta" in table:
         for key in ("A", "V"):
             if key in table:

@@ -35,6 +35,7 @@ from tpde.grid.cubed_sphere import (
 )
 from tpde.schemes.sphere_atoms import VMFAtoms, vmf_cubature, vmf_log_mgf, vmf_sums
 
+from .engines.registry import check_engine, engine_names
 from .engines.sphere_harmonics import HarmonicSums, scaled_energy
 
 __all__ = [
@@ -49,19 +50,16 @@ __all__ = [
     "sphere_engine",
 ]
 
-#: the kernel-sum engines of the sphere ("auto": the harmonic one)
-SPHERE_ENGINES = ("auto", "direct", "harmonic")
+#: the kernel-sum engines of the sphere ("auto": the harmonic one;
+#: :data:`~.engines.registry.CONFIG_ENGINES`)
+SPHERE_ENGINES = engine_names("sphere")
 
 
 def sphere_engine(engine: str) -> str:
     """The engine that serves ``engine`` on the sphere: ``"auto"`` is ``"harmonic"`` (the
     spherical-harmonic sums are exact to their bound at every size, and faster than the dense
     sums from the smallest grids on: ``benchmarks/sphere_step.py``)."""
-    if engine not in SPHERE_ENGINES:
-        raise ValueError(
-            f"attention.engine: unknown {engine!r} on the sphere; choose one of "
-            f"{', '.join(SPHERE_ENGINES)}"
-        )
+    engine = check_engine(engine, "sphere")
     return "harmonic" if engine == "auto" else engine
 
 
@@ -189,7 +187,7 @@ class CubedSphereAttention:
         engine: str = "auto",
     ):
         #: the engine asked for and the one that serves it (:func:`sphere_engine`)
-        self.engine = engine
+        self.engine = check_engine(engine, "sphere")
         self.serving = sphere_engine(engine)
         if (beta is None) == (A is None):
             raise ValueError("attention.beta: give beta (A = beta I) or a 3 x 3 A, not both")

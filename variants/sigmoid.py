@@ -44,10 +44,12 @@ from tpde.grid.threads import ensure_policy
 from tpde.schemes.velocity import VelocityField
 
 from .engines.direct import density_sources
+from .engines.registry import check_engine, engine_names
 from .parameters import ParamSpec, SigmoidHead, as_param_spec, head_at
 
 JIT: dict[str, Any] = {"cache": True, "error_model": "numpy"}
-ENGINES = ("auto", "lattice", "direct")
+#: the engine names sigmoid takes (:data:`~.engines.registry.CONFIG_ENGINES`)
+ENGINES = engine_names("flat", "sigmoid")
 
 
 @nb.njit(parallel=True, **JIT)
@@ -154,13 +156,8 @@ class SigmoidAttention(VelocityField):
     attention = True
 
     def __init__(self, params: ParamSpec, engine: str = "auto"):
-        if engine not in ENGINES:
-            raise ValueError(
-                f"attention.engine: unknown {engine!r} for sigmoid; choose one of "
-                f"{', '.join(ENGINES)}"
-            )
+        self.engine = check_engine(engine, "flat", "sigmoid")
         self.spec = as_param_spec(params)
-        self.engine = engine
 
     def _recurrence(self, c: np.ndarray, sources: np.ndarray, bias: float, coords) -> bool:
         """Whether this lattice's sums go through :func:`sigmoid_lattice_sums`: engine

@@ -213,6 +213,8 @@ class SinkhornAttention(TiltedMeanField):
     ``marginal_error`` the error reached by the last one.
     """
 
+    engine_variant = "sinkhorn"
+
     def __init__(
         self,
         params: ParamSpec,

@@ -57,6 +57,7 @@ from .engines.direct import (
 )
 from .engines.fft import FFTSoftmaxSums, checked_total
 from .engines.policy import Choice, EnginePolicy
+from .engines.registry import check_engine, engine_names
 from .engines.separable import SeparableSums
 from .flat_atoms import atom_field, log_box_factor, mixture_means
 from .parameters import Head, ParamSpec, as_param_spec, params_at
@@ -102,14 +103,17 @@ class TiltedMeanField(VelocityField):
 
     attention = True
 
-    engines: tuple[str, ...] = ("auto", "direct", "separable")
+    #: the variant whose engine names (:data:`~.engines.registry.CONFIG_ENGINES`) it takes:
+    #: the tilted-mean engines without the FFT (l2's, Sinkhorn's)
+    engine_variant = "l2"
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The engine names it takes ("auto" first; aliases are read as these)."""
+        return engine_names("flat", self.engine_variant)
 
     def __init__(self, engine: str = "auto", nodes: int | None = None, block: int = 256):
-        if engine not in self.engines:
-            raise ValueError(
-                f"attention.engine: unknown {engine!r} for {type(self).__name__}; "
-                f"choose one of {', '.join(self.engines)}"
-            )
+        engine = check_engine(engine, "flat", self.engine_variant)
         self.policy = EnginePolicy(engine, nodes, block)
         #: the co-moving frame's cut of a step's first stage, kept for its later stages
         self._step_cut: tuple[list[np.ndarray], float] | None = None
@@ -260,7 +264,7 @@ class SoftmaxAttention(TiltedMeanField):
         "auto").
     """
 
-    engines = TiltedMeanField.engines + ("fft",)
+    engine_variant = "softmax"
 
     def __init__(
         self, params: ParamSpec, engine: str = "auto", nodes: int | None = None, block: int = 256

@@ -31,6 +31,8 @@ Engines (``engine=``):
   ``e^{c.y} = sum_k I_k(|c|) e^{i k (phi - arg c)}``, cut a posteriori where the tail bound
   falls below 1e-14 of the sums' scale (``O(N K)`` per lattice, ``K ~ |A| + 30``; the same
   absolute accuracy).
+* ``"bessel"``: that series for every head, ``a I + b J`` included (atoms and m-fold grids
+  take ``"fft"``).
 * ``"direct"``: any ``A``, ``C``: dense sums over eighth-order point values of the density
   (``tpde.grid.stencils.point_values``, negatives set to zero) with all terms positive:
   relative accuracy in the denominator however small the sums are (a clustered density
@@ -77,6 +79,7 @@ from .circle_atoms import (
 )
 from .engines.bessel import BesselSeries
 from .engines.cache import Recent
+from .engines.registry import check_engine, engine_names
 from .parameters import Head, ParamSpec, as_param_spec, params_at
 
 __all__ = [
@@ -90,7 +93,8 @@ __all__ = [
     "interaction_energy",
 ]
 
-CIRCLE_ENGINES = ("auto", "fft", "direct")
+#: the circle's engine names (:data:`~.engines.registry.CONFIG_ENGINES`)
+CIRCLE_ENGINES = engine_names("circle")
 #: the largest |A| for which "auto" takes the FFT engine
 FFT_AUTO_MAX_NORM = 8.0
 _CONFORMAL_TOLERANCE = 1e-12
@@ -161,18 +165,14 @@ class CircleAttention(VelocityField):
 
     params: a :class:`Head` with 2 x 2 ``A`` and ``C`` (``circle_head(beta)`` for
     ``A = beta I``, ``V = I``), or Layers / a callable of them. normalised: False for the
-    unnormalised variant. engine: ``"auto"`` | ``"fft"`` | ``"direct"`` (module docstring).
+    unnormalised variant. engine: ``"auto"`` | ``"fft"`` | ``"bessel"`` | ``"direct"``
+    (module docstring; :func:`~.engines.registry.check_engine`, aliases read as names).
     """
 
     def __init__(self, params: ParamSpec, normalised: bool = True, engine: str = "auto"):
-        if engine not in CIRCLE_ENGINES:
-            raise ValueError(
-                f"attention.engine: unknown {engine!r} on the circle; "
-                f"choose one of {', '.join(CIRCLE_ENGINES)}"
-            )
+        self.engine = check_engine(engine, "circle")
         self.spec = as_param_spec(params)
         self.normalised = bool(normalised)
-        self.engine = engine
         self.last_engine: str | None = None
         self._fixed = Recent(16)  # kernel coefficients / tables per (grid, head, offset)
         #: what this stage's face evaluation summed for its atoms, (atoms, fingerprint of the
@@ -202,7 +202,7 @@ class CircleAttention(VelocityField):
             self._check_atoms(grid, head, engine, copies)
         if engine == "fft" and is_conformal(head.A):
             values = self._fft(rho, grid, head, copies, shifts)
-        elif engine == "fft":
+        elif engine in ("fft", "bessel"):  # (fft: the series where A is not a I + b J)
             values = self._bessel(rho, grid, head, shifts)
         else:
             values = self._direct(rho, grid, head, shifts)
@@ -304,10 +304,10 @@ class CircleAttention(VelocityField):
                     "grid.copies: an m-fold symmetric circle grid needs A and C of the form "
                     "a I + b J (rotation-invariant attention)"
                 )
-            if self.engine == "direct":
+            if self.engine != "auto" and self.engine != "fft":
                 raise ValueError('grid.copies: an m-fold circle grid needs engine = "fft"')
             return "fft"
-        if self.engine in ("fft", "direct"):
+        if self.engine != "auto":
             return self.engine
         return "fft" if self._norms(head)[0] <= FFT_AUTO_MAX_NORM else "direct"
 
