@@ -6,7 +6,7 @@
 Softmax ``A = V = I`` on the three-bump law of docs/theory.md ('When the frame cannot go
 on'; weights 0.4 / 0.3 / 0.3, covariances 0.2 I), as configured by a user: ``frame =
 "affine"`` on +-16 frame units at 64^2, and the fixed +-6 box at 96^2, each run to
-``t_end = 3`` from its config (tests/test_frame_storm.py's ``three_bumps``) until it ends
+``t_end = 3`` from its config (as tests/test_frame_storm.py's ``three_bumps``) until it ends
 by itself (``blowup`` / ``box_limited``). The two runs alternate for ``--rounds`` rounds
 (a shared machine's load drifts); each wall time is the smallest of its rounds, and
 ``frame_over_fixed`` their ratio. Also reported: each run's steps, status, stop time and
@@ -22,14 +22,37 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from _machine import emit, loadavg  # noqa: E402
-from test_frame_storm import three_bumps  # noqa: E402
 
+from tpde.config import build  # noqa: E402
 from tpde.grid.threads import set_num_threads  # noqa: E402
-from tpde.schemes.solver import Solver  # noqa: E402
+from tpde.schemes.solver import Problem, Solver  # noqa: E402
 
 RUNS = {"frame": (16.0, 64, "affine"), "fixed": (6.0, 96, "fixed")}
+#: the three-bump law (docs/theory.md, 'When the frame cannot go on')
+THREE_BUMPS = {
+    "kind": "mixture",
+    "weights": [0.4, 0.3, 0.3],
+    "means": [[-1.5, 0.0], [1.5, 0.5], [0.0, 1.8]],
+    "covariances": [[[0.2, 0.0], [0.0, 0.2]]] * 3,
+}
+
+
+def three_bumps(radius: float, cells: int, frame: str, t_end: float = 3.0) -> Problem:
+    """The case as a user writes it: softmax A = V = I, the grid +-radius at cells^2."""
+    return build(
+        {
+            "grid": {"lower": [-radius] * 2, "upper": [radius] * 2, "cells": [cells] * 2},
+            "initial": THREE_BUMPS,
+            "attention": {
+                "variant": "softmax",
+                "A": [[1.0, 0.0], [0.0, 1.0]],
+                "V": [[1.0, 0.0], [0.0, 1.0]],
+            },
+            "scheme": {"frame": frame},
+            "run": {"t_end": t_end, "snapshots": [0.0, t_end]},
+        }
+    ).problem
 
 
 def once(name: str) -> tuple[float, object]:

@@ -119,8 +119,8 @@ class AffineFrame:
 #: a mixture entering the frame from a config gets at least this many frame cells per
 #: standard deviation of its narrowest component (:func:`mixture_frame`'s ``grid``): the
 #: frame unit shrinks below the whole law's standard deviation where separated bumps would
-#: otherwise be narrower than the cells (docs/theory.md, 'The three-bump law: the frame's
-#: step and its units')
+#: otherwise be narrower than the cells (docs/theory.md, 'The three-bump law: step and
+#: frame units')
 COMPONENT_CELLS = 2.0
 #: ... but no further than keeps every component's mean +- this many of its standard
 #: deviations (per axis) inside the grid (the config's mass check asks for 1 - 1e-6)
@@ -444,7 +444,7 @@ def embedded_error(start: AffineFrame, second: AffineFrame, end: AffineFrame) ->
 #: same step (the resolution monitor's estimate ``rate * dt``, the density's L1 error the
 #: reconstruction injects; :func:`frame_step_tolerance`): over a run the frame's time error
 #: then adds at most this share to the cells' error. Measured on the three-bump law
-#: (docs/theory.md, 'The three-bump law: the frame's step and its units'): the frame's error
+#: (docs/theory.md, 'The three-bump law: step and frame units'): the frame's error
 #: is smooth (0.39 dt^3 from dt = 5e-4 to 4e-2) against the cells' 0.15 dt, so
 #: frame_tolerance = 1e-10 alone held the step at 5.7e-4 (703 steps to t = 0.34); with 0.05
 #: the steps reach the residual's CFL bound (26 steps to t = 0.34, 1e-3: 132), and the

@@ -208,8 +208,8 @@ def tangent_blowup(times: list[float], covs: list[np.ndarray], t: float) -> floa
     fit of each entry of ``Sigma^-1`` over the run's steps within TANGENT_WINDOW of ``t``
     (the steps before it only, at the run's end), its value and slope at ``t`` extrapolated
     linearly to the first singular time. Unlike a run's printed secant over its last step,
-    it does not depend on where the steps fall (docs/theory.md, 'The three-bump law: frame
-    units from the components')."""
+    it does not depend on where the steps fall (docs/theory.md, 'The three-bump law: step and
+    frame units')."""
     from tpde.schemes.monitor import predicted_blowup
 
     at = np.asarray(times)
