@@ -228,9 +228,10 @@ def test_three_bumps_in_the_frame_end_typed_and_predict_within_one_percent():
     frame's error share of the cells', FRAME_CELL_SHARE; the frame unit from the narrowest
     component, COMPONENT_CELLS). Against a fixed +-8 box at 192^2 run to the frame's stop
     (test_three_bumps_fixed_box_reference_is_converged: +-6 at 96^2 .. 192^2 agree to 4e-4)
-    the tangent t* at BUMPS_STOP is within 1 %. Measured (load 10-14): 40 steps, 11-14 s,
-    blowup at t = 0.556; t* gap -5.1e-3 at BUMPS_STOP and -1.8e-2 at the frame's own stop
-    (the bumps narrow in frame units as the frame follows the whole law: printed, not met)."""
+    the tangent t* at BUMPS_STOP is within 1 %. Measured (load 13): the frame 40 steps,
+    11.5 s, blowup at t = 0.556024; t* gap -5.00e-3 at BUMPS_STOP and -1.83e-2 at the
+    frame's own stop (the bumps narrow in frame units as the frame follows the whole law:
+    printed, not met); the whole test 34 s."""
     import time
 
     from tpde.schemes.frame import COMPONENT_CELLS
