@@ -116,12 +116,35 @@ class AffineFrame:
         return AffineFrame(np.asarray(mean, float), (vectors * np.sqrt(values)) @ vectors.T)
 
 
+#: a mixture entering the frame from a config gets at least this many frame cells per
+#: standard deviation of its narrowest component (:func:`mixture_frame`'s ``grid``): the
+#: frame unit shrinks below the whole law's standard deviation where separated bumps would
+#: otherwise be narrower than the cells (docs/theory.md, 'The three-bump law: step and
+#: frame units')
+COMPONENT_CELLS = 2.0
+#: ... but no further than keeps every component's mean +- this many of its standard
+#: deviations (per axis) inside the grid (the config's mass check asks for 1 - 1e-6)
+HOLD_SD = 6.0
+
+
 def mixture_frame(
-    weights: ArrayLike, means: Sequence[np.ndarray], covariances: Sequence[np.ndarray]
+    weights: ArrayLike,
+    means: Sequence[np.ndarray],
+    covariances: Sequence[np.ndarray],
+    grid: Grid | None = None,
 ) -> tuple[AffineFrame, list[np.ndarray], list[np.ndarray]]:
     """The frame that follows a Gaussian mixture (its exact mean and covariance, with
     :meth:`AffineFrame.following`) and the components' means and covariances in it,
-    ``L^-1 (mu_k - m)`` and ``L^-1 C_k L^-T``: the mixture's push-forward to xi."""
+    ``L^-1 (mu_k - m)`` and ``L^-1 C_k L^-T``: the mixture's push-forward to xi.
+
+    ``grid`` (the frame's grid; None: the whole law's standard deviations are the frame's
+    units): with several components whose narrowest standard deviation ``s`` in those units
+    is below ``COMPONENT_CELLS h`` (``h`` the grid's widest cell), the frame is ``L = c
+    Sigma^(1/2)`` with ``c = s / (COMPONENT_CELLS h)``, so that component has
+    ``COMPONENT_CELLS`` cells per standard deviation, or the smallest ``c`` that keeps every
+    component's mean +- ``HOLD_SD`` standard deviations inside the grid where that is
+    larger (``c < 1`` only, on a grid around 0; the law then has covariance ``I / c^2``,
+    which the frame keeps)."""
     w = np.asarray(weights, float) / float(np.sum(weights))
     mus = [np.asarray(m, float) for m in means]
     covs = [np.asarray(c, float) for c in covariances]
@@ -129,11 +152,34 @@ def mixture_frame(
     second = sum(wk * (ck + np.outer(mk, mk)) for wk, mk, ck in zip(w, mus, covs, strict=True))
     frame = AffineFrame.following(np.asarray(mean), np.asarray(second) - np.outer(mean, mean))
     inverse = frame.inverse
+    if grid is not None and len(covs) > 1:
+        scale = _component_scale(
+            [inverse @ (mk - frame.mean) for mk in mus],
+            [inverse @ ck @ inverse.T for ck in covs],
+            grid,
+        )
+        if scale < 1.0:
+            frame = AffineFrame(frame.mean, scale * frame.matrix)
+            inverse = frame.inverse
     return (
         frame,
         [inverse @ (mk - frame.mean) for mk in mus],
         [inverse @ ck @ inverse.T for ck in covs],
     )
+
+
+def _component_scale(centres: list[np.ndarray], covs: list[np.ndarray], grid: Grid) -> float:
+    """:func:`mixture_frame`'s ``c`` for components pushed to the whole law's units (1: no
+    change, on a grid that does not hold 0 inside on every axis)."""
+    lower, upper = np.asarray(grid.lower, float), np.asarray(grid.upper, float)
+    if not (np.all(lower < 0.0) and np.all(upper > 0.0)):
+        return 1.0
+    narrowest = min(math.sqrt(float(np.linalg.eigvalsh(c).min())) for c in covs)
+    scale = narrowest / (COMPONENT_CELLS * float(np.max(grid.spacing)))
+    for centre, c in zip(centres, covs, strict=True):  # the grid holds HOLD_SD of each
+        reach = HOLD_SD * np.sqrt(np.diag(c))
+        scale = max(scale, *((centre + reach) / upper), *((centre - reach) / lower))
+    return float(scale)
 
 
 @dataclass(frozen=True)
@@ -394,6 +440,29 @@ def embedded_error(start: AffineFrame, second: AffineFrame, end: AffineFrame) ->
     return err / scale if scale > 0 else math.inf
 
 
+#: the frame's local error per step may be this share of the error the cells make in the
+#: same step (the resolution monitor's estimate ``rate * dt``, the density's L1 error the
+#: reconstruction injects; :func:`frame_step_tolerance`): over a run the frame's time error
+#: then adds at most this share to the cells' error. Measured on the three-bump law
+#: (docs/theory.md, 'The three-bump law: step and frame units'): the frame's error
+#: is smooth (0.39 dt^3 from dt = 5e-4 to 4e-2) against the cells' 0.15 dt, so
+#: frame_tolerance = 1e-10 alone held the step at 5.7e-4 (703 steps to t = 0.34); with 0.05
+#: the steps reach the residual's CFL bound (26 steps to t = 0.34, 1e-3: 132), and the
+#: covariance there and t* move by 1.1e-6 and 8e-5 relative against 1e-3
+FRAME_CELL_SHARE = 5e-2
+
+
+def frame_step_tolerance(tolerance: float, cells_rate: float, dt: float) -> float:
+    """The local error the frame's step control allows in a step of length ``dt``: the
+    larger of ``scheme.frame_tolerance`` and ``FRAME_CELL_SHARE * cells_rate * dt``, where
+    ``cells_rate`` is the resolution monitor's rate of the cells' error at the step's start
+    (:func:`.monitor.reconstruction_error_rate`, L1 error per unit time). Gaussian data
+    under a Gaussian-preserving field have a residual of round-off only, whose rate is far
+    below ``tolerance / dt``: their steps keep ``frame_tolerance`` exactly."""
+    share = FRAME_CELL_SHARE * cells_rate * dt
+    return share if share > tolerance else tolerance
+
+
 #: the frame's step control gives up on a step whose retries do not lower its embedded error
 #: estimate at least like this power of the step (SSP-RK3 against Heun: a smooth frame's
 #: estimate falls like dt^3; rates that jump by e from stage to stage give dt e, order 1):
@@ -413,15 +482,17 @@ FRAME_RETRIES = 8
 def rough_rates(tries: Sequence[tuple[float, float]], tolerance: float) -> str | None:
     """Why the frame's step control gives up on a step, or None (a storm of rejected steps).
 
-    tries: the ``(dt, embedded error)`` of the step's rejected attempts so far, in order. A
+    tries: the ``(dt, embedded error)`` of the step's rejected attempts so far, in order;
+    tolerance: the frame's tolerance of the last attempt (:func:`frame_step_tolerance`). A
     retry whose error fell by less than ``(dt_2 / dt_1)^ROUGH_ORDER`` (with ``dt_2 <=
     ROUGH_STEP_RATIO dt_1``) shows an error that does not come from the step; after
     ``FRAME_RETRIES`` rejections the step control has failed whatever the errors."""
     if len(tries) >= FRAME_RETRIES:
         return (
             f"the frame's step control rejected {len(tries)} steps in a row (FRAME_RETRIES), "
-            f"down to dt = {tries[-1][0]:.3e} with error {tries[-1][1]:.2e} > "
-            f"scheme.frame_tolerance = {tolerance:g}"
+            f"down to dt = {tries[-1][0]:.3e} with error {tries[-1][1]:.2e} > the frame's "
+            f"tolerance {tolerance:g} (scheme.frame_tolerance, or FRAME_CELL_SHARE of the "
+            "cells' error)"
         )
     for (dt1, e1), (dt2, e2) in zip(tries, tries[1:], strict=False):
         if not (0.0 < dt2 <= ROUGH_STEP_RATIO * dt1 and e1 > 0.0 and e2 > 0.0):
@@ -432,7 +503,7 @@ def rough_rates(tries: Sequence[tuple[float, float]], tolerance: float) -> str |
                 f"the frame's rates are rough in time: its error estimate fell from {e1:.2e} "
                 f"to {e2:.2e} when the step shrank from {dt1:.3e} to {dt2:.3e} (order "
                 f"{order:.2f} < ROUGH_ORDER = {ROUGH_ORDER:g}; a smooth frame's falls like "
-                f"dt^3), so no step meets scheme.frame_tolerance = {tolerance:g} (refine the "
+                f"dt^3), so no step meets the frame's tolerance {tolerance:g} (refine the "
                 "grid, or raise scheme.frame_tolerance)"
             )
     return None

@@ -39,6 +39,7 @@ from .frame import (
     affine_fit,
     embedded_error,
     face_density,
+    frame_step_tolerance,
     rough_rates,
     truncation_indicator,
     unheld_share,
@@ -450,6 +451,7 @@ class Solver:
         # the co-moving frame (None: fixed box) and the step its accuracy allows
         self.frame = problem.frame
         self._frame_dt = math.inf
+        self._cells_rate = 0.0  # the cells' error rate at the step's start (frame tolerance)
         # the largest fraction of the mass whose velocity the box did not hold, since the
         # last check (variants.truncation; 0 where the field does not measure it)
         self.truncation = 0.0
@@ -662,7 +664,7 @@ class Solver:
             error = embedded_error(start, heun, frame_out)
             if atoms is not None:  # (the atoms' centres and widths, in frame coordinates)
                 error = max(error, atoms.embedded_error())
-            tolerance = self.problem.scheme.frame_tolerance
+            tolerance = self.frame_tolerance(dt)
             factor = 0.9 * (tolerance / error) ** (1.0 / 3.0) if error > 0 else 4.0
             self._frame_dt = dt * min(4.0, max(0.2, factor))
             if error > 2.0 * tolerance:
@@ -703,6 +705,11 @@ class Solver:
         if self.atom_run is not None:
             self.atom_run.diffuse(spread)
         self.outflow += left + right
+
+    def frame_tolerance(self, dt: float) -> float:
+        """The frame's allowed local error in a step of ``dt``: the scheme's tolerance or the
+        cells' share (:func:`.frame.frame_step_tolerance`)."""
+        return frame_step_tolerance(self.problem.scheme.frame_tolerance, self._cells_rate, dt)
 
     def _initial_frame_dt(self, velocity: FaceVelocity) -> float:
         """Before the first frame step: 1e-3 of the frame's time scale 1 / ||G||."""
@@ -801,6 +808,7 @@ class Solver:
             elif not math.isfinite(dt):
                 dt = remaining
             rate = self.reconstruction_error_rate(velocity)  # of this step's start
+            self._cells_rate = rate
             handed = [velocity]  # step() drops it after its last use (memory)
             del velocity
             unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt, self.density)
@@ -821,7 +829,7 @@ class Solver:
                 except FrameStepRejected as exc:
                     self.rejected += 1
                     tries.append((dt, exc.error))
-                    rough = rough_rates(tries, scheme.frame_tolerance)
+                    rough = rough_rates(tries, self.frame_tolerance(dt))
                     if rough is not None:  # a storm of rejections: the run ends here
                         message = f"at t = {self.t:.6g}: {rough}"
                         status, self.status_message = self.monitor.ended(

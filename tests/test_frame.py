@@ -107,6 +107,58 @@ def test_mixture_frame_whitens_the_mixture():
     np.testing.assert_allclose(frame.matrix, frame.matrix.T, atol=1e-15)  # no rotation at start
 
 
+def test_mixture_frame_gives_the_narrowest_component_its_cells():
+    """mixture_frame(..., grid): separated bumps (the three-bump law, +-16 at 64^2) get a
+    frame unit in which the narrowest has COMPONENT_CELLS cells per standard deviation, the
+    law a covariance that is a multiple of I; a smaller box holds HOLD_SD standard
+    deviations of each bump instead; a single Gaussian and wide components keep the frame
+    of the whole law bit for bit."""
+    from tpde.grid import Grid
+    from tpde.schemes.frame import COMPONENT_CELLS, HOLD_SD
+
+    grid = Grid([-16.0] * 2, [16.0] * 2, [64] * 2)
+
+    weights = [0.4, 0.3, 0.3]
+    means = [np.array([-1.5, 0.0]), np.array([1.5, 0.5]), np.array([0.0, 1.8])]
+    covs = [0.2 * np.eye(2)] * 3
+    whole, _, _ = mixture_frame(weights, means, covs)
+    frame, xi_means, xi_covs = mixture_frame(weights, means, covs, grid)
+    narrowest = min(np.sqrt(np.linalg.eigvalsh(c).min()) for c in xi_covs)
+    print(f"\nnarrowest bump: {narrowest:.15f} frame units (cells of 0.5)")
+    assert narrowest == pytest.approx(COMPONENT_CELLS * 0.5, rel=1e-13)
+    xi_second = sum(
+        w * (c + np.outer(m, m)) for w, m, c in zip(weights, xi_means, xi_covs, strict=True)
+    )
+    scale = np.linalg.norm(frame.matrix, 2) / np.linalg.norm(whole.matrix, 2)
+    np.testing.assert_allclose(xi_second, np.eye(2) / scale**2, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(frame.matrix, scale * whole.matrix, rtol=1e-15)
+    one = mixture_frame([1.0], means[:1], covs[:1], grid)
+    alone = mixture_frame([1.0], means[:1], covs[:1])
+    assert np.array_equal(one[0].matrix, alone[0].matrix)
+    wide = [np.eye(2)] * 3  # sd 0.55 or more in the whole law's units: 2 cells of 0.25
+    assert np.array_equal(
+        mixture_frame(weights, means, wide, Grid([-16.0] * 2, [16.0] * 2, [128] * 2))[0].matrix,
+        mixture_frame(weights, means, wide)[0].matrix,
+    )
+    # +-8 at 32^2 would give two cells only with the bumps HOLD_SD standard deviations past it
+    small = Grid([-8.0] * 2, [8.0] * 2, [32] * 2)
+    held, xi_means, xi_covs = mixture_frame(weights, means, covs, small)
+    reach = max(
+        float(np.max(np.abs(m) + HOLD_SD * np.sqrt(np.diag(c))))
+        for m, c in zip(xi_means, xi_covs, strict=True)
+    )
+    print(f"+-8: the bumps reach {reach:.15f} (HOLD_SD = {HOLD_SD:g})")
+    assert reach == pytest.approx(8.0, rel=1e-13)
+
+
+def test_frame_step_tolerance_is_the_cells_share_or_the_scheme_tolerance():
+    from tpde.schemes.frame import FRAME_CELL_SHARE, frame_step_tolerance
+
+    assert frame_step_tolerance(1e-10, 0.0, 0.01) == 1e-10
+    assert frame_step_tolerance(1e-10, 1e-12, 0.01) == 1e-10  # (a Gaussian's round-off)
+    assert frame_step_tolerance(1e-10, 0.15, 0.02) == FRAME_CELL_SHARE * 0.15 * 0.02
+
+
 def test_frame_follows_a_collapse_onto_a_line():
     """Softmax, V = -I, A + A^T of rank one: Sigma^-1(t) = Sigma0^-1 + t (A + A^T), 1e-7 at
     every snapshot on 48^2 to t = 20 (the slow suite goes to t = 1000 on 64^2). The fixed box

@@ -404,7 +404,7 @@ FRAMED_TOKENS = "_framed_tokens"
 FILE_SUBPOINTS = 8
 
 
-def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
+def framed_initial(table: dict, d: int, grid: Grid | None = None) -> tuple[AffineFrame, dict]:
     """For ``scheme.frame = "affine"``: the initial frame and the [initial] table of the law
     pushed forward to the frame, whose cell averages fill the xi grid (grid.lower /
     grid.upper are then in frame units). The frame is :meth:`AffineFrame.following` the
@@ -412,7 +412,10 @@ def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
     tokens; the file's cell averages' for a fixed-box file; a co-moving-frame file's own
     frame at its snapshot). Every kind is accepted:
 
-    * gaussian / mixture: a mixture with components ``L^-1 (mu_k - m)``, ``L^-1 C_k L^-T``;
+    * gaussian / mixture: a mixture with components ``L^-1 (mu_k - m)``, ``L^-1 C_k L^-T``
+      (``grid``, the frame's grid: a mixture whose narrowest component would have fewer
+      than COMPONENT_CELLS cells per standard deviation gets a smaller frame unit,
+      :func:`~tpde.schemes.frame.mixture_frame`);
     * uniform: a box ``[lo, hi]`` has mean ``(lo + hi) / 2`` and covariance
       ``diag((hi - lo)^2 / 12)`` (L diagonal: the pushed box is ``[-sqrt 3, sqrt 3]^d``);
       a ball of radius r has covariance ``r^2 / (d + 2) I`` (pushed: radius ``sqrt(d + 2)``);
@@ -444,7 +447,7 @@ def framed_initial(table: dict, d: int) -> tuple[AffineFrame, dict]:
     covs = [_matrix("initial.covariance", c, (d, d)) for c in raw[2]]
     for c in covs:
         _spd("initial.covariance", c)
-    frame, xi_means, xi_covs = mixture_frame(weights, means, covs)
+    frame, xi_means, xi_covs = mixture_frame(weights, means, covs, grid)
     pushed = {k: v for k, v in table.items() if k not in ("mean", "covariance")}
     pushed.update(
         kind="mixture",
@@ -876,7 +879,7 @@ def build(source: str | Path | Mapping) -> Config:
     initial = raw.get("initial", {})
     frame = None
     if scheme.frame == "affine":
-        frame, initial = framed_initial(initial, grid.ndim)
+        frame, initial = framed_initial(initial, grid.ndim, grid)
     density = build_initial(initial, grid, positions)
     problem = make_problem(grid, density, velocity, scheme, run, positions, frame)
     return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)

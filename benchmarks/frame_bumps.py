@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""The issue's three-bump case to its typed end: co-moving frame against a fixed box.
+
+    .venv/bin/python benchmarks/frame_bumps.py [--rounds 3] [--threads 1]
+
+Softmax ``A = V = I`` on the three-bump law of docs/theory.md ('When the frame cannot go
+on'; weights 0.4 / 0.3 / 0.3, covariances 0.2 I), as configured by a user: ``frame =
+"affine"`` on +-16 frame units at 64^2, and the fixed +-6 box at 96^2, each run to
+``t_end = 3`` from its config (as tests/test_frame_storm.py's ``three_bumps``) until it ends
+by itself (``blowup`` / ``box_limited``). The two runs alternate for ``--rounds`` rounds
+(a shared machine's load drifts); each wall time is the smallest of its rounds, and
+``frame_over_fixed`` their ratio. Also reported: each run's steps, status, stop time and
+printed t*. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import emit, loadavg  # noqa: E402
+
+from tpde.config import build  # noqa: E402
+from tpde.grid.threads import set_num_threads  # noqa: E402
+from tpde.schemes.solver import Problem, Solver  # noqa: E402
+
+RUNS = {"frame": (16.0, 64, "affine"), "fixed": (6.0, 96, "fixed")}
+#: the three-bump law (docs/theory.md, 'When the frame cannot go on')
+THREE_BUMPS = {
+    "kind": "mixture",
+    "weights": [0.4, 0.3, 0.3],
+    "means": [[-1.5, 0.0], [1.5, 0.5], [0.0, 1.8]],
+    "covariances": [[[0.2, 0.0], [0.0, 0.2]]] * 3,
+}
+
+
+def three_bumps(radius: float, cells: int, frame: str, t_end: float = 3.0) -> Problem:
+    """The case as a user writes it: softmax A = V = I, the grid +-radius at cells^2."""
+    return build(
+        {
+            "grid": {"lower": [-radius] * 2, "upper": [radius] * 2, "cells": [cells] * 2},
+            "initial": THREE_BUMPS,
+            "attention": {
+                "variant": "softmax",
+                "A": [[1.0, 0.0], [0.0, 1.0]],
+                "V": [[1.0, 0.0], [0.0, 1.0]],
+            },
+            "scheme": {"frame": frame},
+            "run": {"t_end": t_end, "snapshots": [0.0, t_end]},
+        }
+    ).problem
+
+
+def once(name: str) -> tuple[float, object]:
+    problem = three_bumps(*RUNS[name])  # (the config's build: part of what a user waits for)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning reaches the user
+        result = Solver(problem).run()
+    return time.perf_counter() - t0, result
+
+
+def predicted(message: str) -> float | None:
+    return float(message.split("t* = ")[1].split()[0]) if "t* = " in message else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    set_num_threads(args.threads)
+    walls: dict[str, list[float]] = {name: [] for name in RUNS}
+    results = {}
+    for _ in range(args.rounds):
+        for name in RUNS:
+            wall, results[name] = once(name)
+            walls[name].append(wall)
+    figures = {}
+    for name, result in results.items():
+        figures[f"{name}_wall_s"] = round(min(walls[name]), 3)
+        figures[f"{name}_steps"] = result.steps
+        figures[f"{name}_status"] = result.status
+        figures[f"{name}_stop"] = round(result.status_time, 6)
+        figures[f"{name}_t_star"] = predicted(result.status_message)
+    emit(
+        "frame_bumps",
+        start,
+        rounds=args.rounds,
+        threads=args.threads,
+        **figures,
+        frame_over_fixed=round(min(walls["frame"]) / min(walls["fixed"]), 3),
+        loadavg=loadavg(),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
