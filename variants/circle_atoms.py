@@ -271,9 +271,16 @@ def series_bound_order(head: Head) -> int:
 def series_table(radius: np.ndarray, angle: np.ndarray, order: int) -> np.ndarray:
     """``ive(|m|, r_i) e^{i m psi_i}``, ``m = -K .. K`` (P, 2K + 1), as
     :class:`~.engines.bessel.BesselSeries`'s table, at a given order ``K``."""
-    m = np.arange(-int(order), int(order) + 1)
-    scaled = ive(np.arange(int(order) + 1)[None, :], np.asarray(radius, float)[:, None])
-    return scaled[:, np.abs(m)] * np.exp(1j * np.outer(angle, m))
+    m, orders, folded = _table_indices(int(order))
+    scaled = ive(orders, np.asarray(radius, float)[:, None])
+    return scaled[:, folded] * np.exp(1j * np.outer(angle, m))
+
+
+@functools.lru_cache(maxsize=8)
+def _table_indices(order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``m = -K .. K``, the orders ``0 .. K`` (1, K + 1) and ``|m|`` of a series table."""
+    m = np.arange(-order, order + 1)
+    return m, np.arange(order + 1)[None, :], np.abs(m)
 
 
 def tilted_moments(
@@ -291,8 +298,14 @@ def tilted_moments(
     have = min(positive.size, K + 1)
     full[centre : centre + have] = positive[:have]
     full[centre - have + 1 : centre][::-1] = np.conj(positive[1:have])
-    columns = np.stack([full[shift - j : shift - j + 2 * K + 1] for j in range(count)], axis=1)
-    return table @ columns
+    return table @ full[_shifted_columns(K, count)]  # column j: full[shift - j + m]
+
+
+@functools.lru_cache(maxsize=8)
+def _shifted_columns(order: int, count: int) -> np.ndarray:
+    """``index[m, j] = count - 1 - j + m`` (2K + 1, count): the columns of the shifted
+    coefficients ``c_{m - j}`` of :func:`tilted_moments` as one gather."""
+    return (count - 1 - np.arange(count))[None, :] + np.arange(2 * order + 1)[:, None]
 
 
 def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
@@ -302,19 +315,43 @@ def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
     C y>`` (``x' = t``, ``t' = -x``) they are ``n``, ``n1 + n g1``, ``-n + 2 n1 g1 + n (g1^2 -
     g)``, ``1``, ``g1``, ``g1^2 - g``: polynomials of degree <= 3 in ``y = (cos phi, sin
     phi)``, taken exactly to their modes by :data:`SERIES_NODES` equispaced nodes."""
-    A, C = head.A, head.C
-    x = np.stack([np.cos(theta), np.sin(theta)], axis=1)  # (P, 2)
-    t = np.stack([-np.sin(theta), np.cos(theta)], axis=1)
+    cos, sin = np.cos(theta), np.sin(theta)
+    return _integrand_modes(head, cos, sin, _frame(cos, sin))
+
+
+def _frame(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x = (cos, sin)`` and ``t = (-sin, cos)`` (P, 2)."""
+    x = np.empty((cos.size, 2))
+    x[:, 0], x[:, 1] = cos, sin
+    t = np.empty((cos.size, 2))
+    t[:, 0], t[:, 1] = -sin, cos
+    return x, t
+
+
+@functools.lru_cache(maxsize=1)
+def _series_nodes() -> np.ndarray:
+    """``y = (cos phi, sin phi)`` at the :data:`SERIES_NODES` equispaced nodes (2, Q)."""
     phi = TWO_PI * np.arange(SERIES_NODES) / SERIES_NODES
-    y = np.stack([np.cos(phi), np.sin(phi)], axis=0)  # (2, Q)
+    return np.stack([np.cos(phi), np.sin(phi)], axis=0)
+
+
+def _integrand_modes(head: Head, cos, sin, frame) -> np.ndarray:
+    """:func:`_integrands` from the targets' ``x, t`` (one (6, P, Q) array, no stacking)."""
+    A, C = head.A, head.C
+    x, t = frame
+    y = _series_nodes()
     g = (x @ A.T) @ y
     g1 = (t @ A.T) @ y
     n = (t @ C) @ y
     n1 = -(x @ C) @ y
     curve = g1 * g1 - g
-    values = np.stack(
-        [n, n1 + n * g1, -n + 2.0 * n1 * g1 + n * curve, np.ones_like(g), g1, curve]
-    )  # (6, P, Q)
+    values = np.empty((6,) + g.shape)  # (6, P, Q)
+    values[0] = n
+    values[1] = n1 + n * g1
+    values[2] = -n + 2.0 * n1 * g1 + n * curve
+    values[3] = 1.0
+    values[4] = g1
+    values[5] = curve
     return np.fft.fft(values, axis=-1)[..., :SERIES_MOMENTS] / SERIES_NODES
 
 
@@ -340,7 +377,9 @@ def series_velocity_at(
     posteriori); ``modes``: the measure's ``c_m``, cells plus atoms, when already summed
     (at least ``order + 1`` of them)."""
     theta = np.asarray(points, float).reshape(-1)
-    tilts = np.stack([np.cos(theta), np.sin(theta)], axis=1) @ head.A.T
+    cos, sin = np.cos(theta), np.sin(theta)
+    frame = _frame(cos, sin)
+    tilts = frame[0] @ head.A.T
     radius = np.hypot(tilts[:, 0], tilts[:, 1])
     angle = np.arctan2(tilts[:, 1], tilts[:, 0])
     if order is None:
@@ -351,15 +390,30 @@ def series_velocity_at(
     if modes is None or modes.size < K + 1:
         modes = series_modes(density, grid, atoms, K + 1, factors)
     moments = tilted_moments(table, modes)  # (P, 4)
-    f = _integrands(head, theta)  # (6, P, 4)
+    f = _integrand_modes(head, cos, sin, frame)  # (6, P, 4)
     sums = f[..., 0].real * moments[None, :, 0].real
     sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
     n0, n1, n2, z, z1, z2 = sums
     if not normalised:
         scale = np.exp(radius)
         return n0 * scale, n1 * scale, n2 * scale
-    bound = float(np.linalg.norm(head.C, 2))
+    bound = _clip_bound(head)
     u = n0 / z
     du = n1 / z - n0 * z1 / z**2
     d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
     return np.minimum(np.maximum(u, -bound), bound), du, d2u
+
+
+#: ``||C||_2`` of the last heads (head, value), kept while the head object is the same
+_BOUNDS: dict[int, tuple[Head, float]] = {}
+
+
+def _clip_bound(head: Head) -> float:
+    """``||C||_2`` of the head (one SVD per head object, not per stage)."""
+    kept = _BOUNDS.get(id(head))
+    if kept is None or kept[0] is not head:
+        if len(_BOUNDS) >= 8:
+            _BOUNDS.clear()
+        kept = (head, float(np.linalg.norm(head.C, 2)))
+        _BOUNDS[id(head)] = kept
+    return kept[1]
