@@ -174,8 +174,9 @@ def _plain_series_velocity(head, points, modes, order):
 
 
 def test_any_head_sums_at_the_atoms_are_the_plain_form_bit_for_bit():
-    """:func:`series_velocity_at` (cached indices, nodes and ``||C||_2``, no stacking) against
-    its plain form, for two general heads and five atoms: the same bits."""
+    """:func:`series_velocity_at` (cached indices, nodes and ``||C||_2``, no stacking, the
+    normalised tail compiled) against its plain form, for two general heads at five atoms
+    and at 40 x 7 random angles: the same bits."""
     from tpde.grid.circle import von_mises_mixture
     from tpde.variants.circle_atoms import (
         mode_factor,
@@ -203,3 +204,21 @@ def test_any_head_sums_at_the_atoms_are_the_plain_form_bit_for_bit():
         for a, b in zip(got, want, strict=True):
             print(f"order {order}: |d| {np.abs(a - b).max():.1e}")
             assert np.array_equal(a, b)
+        rng = np.random.default_rng(5)
+        for _ in range(40):  # (many more values: the compiled tail against numpy's)
+            points = rng.uniform(0.0, 2 * np.pi, 7)
+            got = series_velocity_at(rho, grid, atoms, head, points, factors, order=order,
+                                     modes=modes)  # fmt: skip
+            want = _plain_series_velocity(head, points, modes, order)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_atom_modes_upto_is_atom_modes_bit_for_bit():
+    """The atoms' modes ``0 .. count - 1`` from the kept exponent factors against
+    :func:`atom_modes` at ``np.arange(count)``."""
+    from tpde.variants.circle_atoms import atom_modes, atom_modes_upto
+
+    atoms = Atoms.of([0.3, 0.2, 0.5], [[0.1], [2.5], [5.9]], [[[4e-4]], [[1e-9]], [[0.02]]],
+                     [0, 1, 2])  # fmt: skip
+    for count in (1, 30, 64, 200):
+        assert np.array_equal(atom_modes_upto(atoms, count), atom_modes(atoms, np.arange(count)))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numba
 import numpy as np
 from scipy.special import ive
 
@@ -39,6 +40,7 @@ from .parameters import Head
 __all__ = [
     "add_atom_spectrum",
     "atom_modes",
+    "atom_modes_upto",
     "atom_spectrum",
     "check_band",
     "dft_factor",
@@ -73,6 +75,15 @@ def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
     s = atoms.cov[:, 0, 0]
     terms = atoms.mass * np.exp(-1j * kk * a - 0.5 * kk * kk * s)
     return terms.sum(axis=-1)
+
+
+def atom_modes_upto(atoms: Atoms, count: int) -> np.ndarray:
+    """``atom_modes(atoms, np.arange(count))`` bit for bit, its exponent's factors kept per
+    ``count`` (:func:`_exponent_factors`: the same products in the same order)."""
+    ik, half_k2 = _exponent_factors(int(count))
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    return np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1)
 
 
 def check_band(grid: Grid, head: Head) -> None:
@@ -257,7 +268,7 @@ def series_modes(
     out = np.zeros(int(count), complex)
     out[:cells] = np.fft.rfft(np.asarray(density, float))[:cells] * factors[:cells]
     if atoms is not None and atoms.count:
-        out += atom_modes(atoms, np.arange(int(count)))
+        out += atom_modes_upto(atoms, int(count))
     return out
 
 
@@ -273,7 +284,7 @@ def series_table(radius: np.ndarray, angle: np.ndarray, order: int) -> np.ndarra
     :class:`~.engines.bessel.BesselSeries`'s table, at a given order ``K``."""
     m, orders, folded = _table_indices(int(order))
     scaled = ive(orders, np.asarray(radius, float)[:, None])
-    return scaled[:, folded] * np.exp(1j * np.outer(angle, m))
+    return scaled[:, folded] * np.exp(1j * (np.asarray(angle, float).reshape(-1)[:, None] * m))
 
 
 @functools.lru_cache(maxsize=8)
@@ -391,17 +402,42 @@ def series_velocity_at(
         modes = series_modes(density, grid, atoms, K + 1, factors)
     moments = tilted_moments(table, modes)  # (P, 4)
     f = _integrand_modes(head, cos, sin, frame)  # (6, P, 4)
-    sums = f[..., 0].real * moments[None, :, 0].real
-    sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
-    n0, n1, n2, z, z1, z2 = sums
     if not normalised:
+        sums = f[..., 0].real * moments[None, :, 0].real
+        sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
         scale = np.exp(radius)
-        return n0 * scale, n1 * scale, n2 * scale
-    bound = _clip_bound(head)
-    u = n0 / z
-    du = n1 / z - n0 * z1 / z**2
-    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
-    return np.minimum(np.maximum(u, -bound), bound), du, d2u
+        return sums[0] * scale, sums[1] * scale, sums[2] * scale
+    out = np.empty((3, theta.size))
+    products = (f[..., 1:] * moments[None, :, 1:]).real  # (numpy's complex product)
+    _normalised_derivatives(f.real, moments.real, products, _clip_bound(head), out)
+    return out[0], out[1], out[2]
+
+
+@numba.njit(cache=True)
+def _normalised_derivatives(fr, mr, products, bound, out):  # pragma: no cover - compiled
+    """``u, u', u''`` (3, P) from the real parts of the integrands' modes ``fr`` (6, P, 4)
+    and of the tilted moments ``mr`` (P, 4) and ``products = Re f_j E_j``, ``j = 1 .. 3``
+    (6, P, 3): ``S = Re f_0 Re E_0 + 2 ((Re f_1 E_1 + Re f_2 E_2) + Re f_3 E_3)`` for the
+    six sums, then ``u = N / Z``, ``u' = N'/Z - N Z'/Z^2``, ``u'' = N''/Z - (2 N' Z' + N
+    Z'')/Z^2 + 2 N Z'^2/Z^3``, ``u`` clipped to ``+-bound``: numpy's operations in numpy's
+    order (the three-term sum left to right, ``z**2`` a product, ``z**3`` a ``pow``), so
+    its values bit for bit."""
+    P = mr.shape[0]
+    sums = np.empty(6)
+    for p in range(P):
+        for i in range(6):
+            tail = (products[i, p, 0] + products[i, p, 1]) + products[i, p, 2]
+            sums[i] = fr[i, p, 0] * mr[p, 0] + 2.0 * tail
+        n0, n1, n2, z, z1, z2 = sums[0], sums[1], sums[2], sums[3], sums[4], sums[5]
+        u = n0 / z
+        zz = z * z
+        du = n1 / z - n0 * z1 / zz
+        d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / zz + 2.0 * n0 * (z1 * z1) / math.pow(z, 3.0)
+        if u < -bound:
+            u = -bound
+        if u > bound:
+            u = bound
+        out[0, p], out[1, p], out[2, p] = u, du, d2u
 
 
 #: ``||C||_2`` of the last heads (head, value), kept while the head object is the same
