@@ -18,9 +18,10 @@ load average at the end.
   sums, their motion and the transfers after every step).
 * ``atoms_bessel`` (``--case bessel``): a general 2 x 2 head, ``A = diag(9, 6)`` (the
   Jacobi-Anger series of docs/theory.md, 'Atoms under any head on the circle'), the two
-  narrow clusters of tests/test_circle_atoms_bessel.py at 128 cells: both runs to ``t =
-  0.5`` (two atoms, born at ``t = 0.03``), then rounds of 0.25 time units (about ten
-  steps; twelve rounds end before the atoms merge at ``t = 4.35``).
+  narrow clusters of tests/test_circle_atoms_bessel.py on ``--bessel-cells`` cells (128):
+  both runs to ``t = 0.5`` (two atoms, born at ``t = 0.03``), then rounds of 0.25 time
+  units (about ten steps at 128 cells; twelve rounds end before the atoms merge at ``t =
+  4.35``).
 * ``atoms_sphere`` (``--case sphere``): the cubed sphere at 32 cells a panel edge,
   ``beta = 16``, ``velocity_at = "centres"`` (examples/sphere/clusters_s2_atoms.toml's
   scheme), nine von Mises-Fisher atoms of mass 0.1 each (spread ``(h / 4)^2``, centres on a
@@ -119,8 +120,8 @@ def circle_case(cells: int, rounds: int) -> dict:
     return {"cells": cells, "head": "A = 9 I (FFT)", **circle_rounds(runs, warm, span, rounds)}
 
 
-def bessel_case(rounds: int) -> dict:
-    warm, span, cells = 0.5, 0.25, 128
+def bessel_case(cells: int, rounds: int) -> dict:
+    warm, span = 0.5, 0.25
     grid = circle_grid(cells)
     rho = von_mises_mixture(grid, CLUSTERS)
     rho = rho / grid.integrate(rho)
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--case", nargs="+", default=["circle", "bessel", "sphere"],
                         choices=["circle", "bessel", "sphere"])  # fmt: skip
     parser.add_argument("--cells", type=int, default=512, help="the circle case's cells")
+    parser.add_argument("--bessel-cells", type=int, default=128)
     parser.add_argument("--sphere-cells", type=int, default=32)
     parser.add_argument("--steps", type=int, default=4, help="sphere steps a round")
     parser.add_argument("--rounds", type=int, default=5)
@@ -204,7 +206,8 @@ def main() -> None:
         if case == "circle":
             emit("atoms", start, **circle_case(args.cells, args.rounds), load=loadavg())
         elif case == "bessel":
-            emit("atoms_bessel", start, **bessel_case(args.rounds), load=loadavg())
+            figures = bessel_case(args.bessel_cells, args.rounds)
+            emit("atoms_bessel", start, **figures, load=loadavg())
         else:
             figures = sphere_case(args.sphere_cells, args.steps, args.rounds)
             emit("atoms_sphere", start, **figures, load=loadavg())
