@@ -98,19 +98,20 @@ def _unit(rng, count: int) -> np.ndarray:
 def test_vmf_sums_compiled_terms_are_the_numpy_form_bit_for_bit():
     """The sphere atoms' share (:func:`vmf_sums`, its ``(P, K)`` terms compiled) against its
     numpy form (:func:`vmf_sums_reference`) at 4000 targets under an anisotropic ``A`` and
-    seven atoms of kappa 40 .. 1e12: the same bits where every ``r >= FLAT_TAIL``; with a
-    wide atom (kappa = 2: ``r < FLAT_TAIL`` somewhere) the numpy form serves, again equal."""
+    7, 8, 9 and 25 atoms of kappa 40 .. 1e12 (the row sums' three regimes): the same bits
+    where every ``r >= FLAT_TAIL``; with a wide atom (kappa = 2: ``r < FLAT_TAIL``
+    somewhere) the numpy form serves, again equal."""
     from tpde.schemes import sphere_atoms as sa
 
     rng = np.random.default_rng(3)
     tilts = _unit(rng, 4000) @ np.diag([16.0, 12.0, 9.0]).T
     shift = np.linalg.norm(tilts, axis=1)
-    for wide in (False, True):
-        centre = _unit(rng, 7)
-        kappa = np.exp(rng.uniform(np.log(40.0), np.log(1e12), 7))
+    for wide, count in [(False, 7), (False, 9), (False, 8), (False, 25), (True, 7)]:
+        centre = _unit(rng, count)
+        kappa = np.exp(rng.uniform(np.log(40.0), np.log(1e12), count))
         if wide:
             kappa[3] = 2.0
-        mass = rng.uniform(0.01, 0.2, 7)
+        mass = rng.uniform(0.01, 0.2, count)
         z, g = sa.vmf_sums(tilts, centre, kappa, mass, shift)
         z_ref, g_ref = sa.vmf_sums_reference(tilts, centre, kappa, mass, shift)
         print(f"wide atom {wide}: |dz| {np.abs(z - z_ref).max():.1e}, |dg| "
