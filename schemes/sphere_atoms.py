@@ -33,6 +33,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -55,6 +56,7 @@ __all__ = [
     "vmf_diffused_spread",
     "vmf_log_mgf",
     "vmf_sums",
+    "vmf_sums_reference",
     "vmf_rates",
     "vmf_tilted_mean",
 ]
@@ -64,6 +66,9 @@ __all__ = [
 PROBE = 1e-4
 #: below this the deficit's series in kappa is used (1 - A(kappa), A ~ kappa / 3)
 SMALL_KAPPA = 1e-4
+#: from this ``r`` on ``tanh r`` and ``1 - e^{-2 r}`` are 1 in double precision (``e^{-40}
+#: < 2^-57``): the share's compiled terms skip them; below it, the numpy form serves
+FLAT_TAIL = 20.0
 
 
 def _log1mexp(x: np.ndarray) -> np.ndarray:
@@ -99,12 +104,109 @@ def vmf_sums(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum_k m_k e^{log MGF_k(c) - shift}`` ``(P,)`` and the same times each tilted mean,
     summed ``(P, 3)``: ``L(r) (kappa a + c) / r = L(r) (a + c / kappa) / |a + c / kappa|``,
-    so the sum is ``coef @ a + c sum_k coef_k / kappa_k`` (``(P, K)`` arrays only)."""
+    so the sum is ``coef @ a + c sum_k coef_k / kappa_k`` (``(P, K)`` arrays only).
+
+    The ``(P, K)`` terms ``share`` and ``coef`` come from one compiled pass
+    (:func:`_vmf_terms`: the operations of :func:`vmf_sums_reference` in its order, with the
+    same libm functions, so the same values bit for bit) wherever every ``r >= FLAT_TAIL``
+    (where ``log(1 - e^{-2r})`` is 0 and ``tanh r`` is 1 exactly: a concentrated atom);
+    otherwise the numpy form of :func:`vmf_sums_reference` serves."""
+    centre = np.asarray(centre, float)
+    kappa = np.asarray(kappa, float)
+    c = np.asarray(c, float)
+    ac = c @ centre.T  # <a, c>  (P, K), as _log_mgf's
+    cc = c[:, 0] * c[:, 0] + c[:, 1] * c[:, 1] + c[:, 2] * c[:, 2]
+    if kappa.size > _PAIRWISE_BLOCK:  # (numpy's row sums recurse beyond its block)
+        return vmf_sums_reference(c, centre, kappa, mass, shift)
+    z = np.empty(ac.shape[0])
+    coef = np.empty_like(ac)
+    tail = _log1mexp(2.0 * kappa)
+    if not _vmf_terms(ac, cc, kappa, np.asarray(mass, float), np.asarray(shift, float),
+                      tail, z, coef):  # fmt: skip
+        return vmf_sums_reference(c, centre, kappa, mass, shift)
+    g = coef @ centre + c * (coef @ (1.0 / kappa))[:, None]
+    return z, g
+
+
+def vmf_sums_reference(
+    c: np.ndarray, centre: np.ndarray, kappa: np.ndarray, mass: np.ndarray, shift: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`vmf_sums` in numpy alone (its reference, and its form where an atom is wide)."""
     log, r, norm_w = _log_mgf(c, centre, kappa)
     share = mass[None, :] * np.exp(log - shift[:, None])
     coef = share * _langevin(r) / norm_w
     g = coef @ np.asarray(centre, float) + c * (coef @ (1.0 / np.asarray(kappa, float)))[:, None]
     return share.sum(axis=1), g
+
+
+#: numpy's pairwise sum adds a row of up to this many terms in one unrolled pass
+_PAIRWISE_BLOCK = 128
+
+
+@numba.njit(cache=True)
+def _vmf_terms(ac, cc, kappa, mass, shift, tail, z, coef):  # pragma: no cover - compiled
+    """``z[p] = sum_k share[p, k]``, ``share[p, k] = m_k e^{log MGF_k(c_p) - shift_p}``, and
+    ``coef = share L(r) / |a + c / kappa|`` from ``ac = <a_k, c_p>``, ``cc = |c_p|^2`` and
+    ``tail = log(1 - e^{-2 kappa})``, each as :func:`_log_mgf` and
+    :func:`vmf_sums_reference` evaluate it (same operations, same order, ``log(1 - e^{-2r})
+    = 0`` and ``tanh r = 1`` for ``r >= FLAT_TAIL``), the row sums in numpy's pairwise order
+    (below 8 terms one after another; else eight partial sums over blocks of 8, added
+    ``((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))``, then the rest one by one; ``K <=
+    _PAIRWISE_BLOCK``). First the divisions and roots of every term (a loop the compiler
+    vectorises: IEEE division and square root are exact to the bit in any width), then the
+    logarithms and exponentials. False (the arrays unfinished) where some ``r <
+    FLAT_TAIL``."""
+    P, K = ac.shape
+    norm_w = np.empty((P, K))
+    gap = np.empty((P, K))
+    inner = np.empty((P, K))  # gap / kappa, log1p's argument
+    least = np.inf
+    for p in range(P):
+        cp = cc[p]
+        for k in range(K):
+            kk = kappa[k]
+            t = 2.0 * ac[p, k] + cp / kk
+            v = 1.0 + t / kk
+            if v < 0.0:  # (np.maximum: NaN stays NaN)
+                v = 0.0
+            w = math.sqrt(v)
+            g = t / (w + 1.0)
+            norm_w[p, k] = w
+            gap[p, k] = g
+            inner[p, k] = g / kk
+            least = min(least, kk * w)
+    if not least >= FLAT_TAIL:
+        return False
+    share = np.empty(K)
+    partial = np.empty(8)
+    for p in range(P):
+        sp = shift[p]
+        for k in range(K):
+            log = (-math.log1p(inner[p, k]) + gap[p, k]) - tail[k]
+            s = mass[k] * math.exp(log - sp)
+            share[k] = s
+            r = kappa[k] * norm_w[p, k]
+            coef[p, k] = s * (1.0 - 1.0 / r) / norm_w[p, k]
+        if K < 8:
+            total = 0.0
+            for k in range(K):
+                total += share[k]
+        else:
+            for j in range(8):
+                partial[j] = share[j]
+            i = 8
+            while i < K - K % 8:
+                for j in range(8):
+                    partial[j] += share[i + j]
+                i += 8
+            total = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + (
+                (partial[4] + partial[5]) + (partial[6] + partial[7])
+            )
+            while i < K:
+                total += share[i]
+                i += 1
+        z[p] = total
+    return True
 
 
 def _langevin(r: np.ndarray) -> np.ndarray:
@@ -230,13 +332,31 @@ def _frame(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return e1, np.cross(a, e1)
 
 
+@numba.njit(cache=True)
+def _frames(centre, out):  # pragma: no cover - compiled
+    """``out[i] = _frame(centre[i])`` ``(K, 2, 3)`` in one pass, in numpy's operations: the
+    helper's dot product is ``a_0`` or ``a_1`` exactly, the norm ``sqrt((e_0^2 + e_1^2) +
+    e_2^2)``, the cross product's components as :func:`numpy.cross` forms them."""
+    for i in range(centre.shape[0]):
+        a0, a1, a2 = centre[i, 0], centre[i, 1], centre[i, 2]
+        if abs(a0) < 0.9:  # helper (1, 0, 0)
+            e0, e1, e2 = 1.0 - a0 * a0, 0.0 - a0 * a1, 0.0 - a0 * a2
+        else:  # helper (0, 1, 0)
+            e0, e1, e2 = 0.0 - a1 * a0, 1.0 - a1 * a1, 0.0 - a1 * a2
+        norm = math.sqrt((e0 * e0 + e1 * e1) + e2 * e2)
+        e0, e1, e2 = e0 / norm, e1 / norm, e2 / norm
+        out[i, 0, 0], out[i, 0, 1], out[i, 0, 2] = e0, e1, e2
+        out[i, 1, 0] = a1 * e2 - a2 * e1
+        out[i, 1, 1] = a2 * e0 - a0 * e2
+        out[i, 1, 2] = a0 * e1 - a1 * e0
+
+
 def probe_points(centre: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The centres and their four probes ``exp_a(+- PROBE e_j)``: points ``(K, 5, 3)`` and the
     frames ``(K, 2, 3)``."""
     k = centre.shape[0]
     frames = np.empty((k, 2, 3))
-    for i in range(k):
-        frames[i] = _frame(centre[i])
+    _frames(np.ascontiguousarray(centre, float), frames)
     c, s = math.cos(PROBE), math.sin(PROBE)
     points = np.empty((k, 5, 3))
     points[:, 0] = centre

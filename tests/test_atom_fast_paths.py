@@ -88,3 +88,138 @@ def test_one_dimensional_rates_are_the_gaussian_formula():
     cov = 2.0 * du[:, 0, 0] * s[:, 0, 0]
     assert np.abs(rates.centre[:, 0] - centre).max() <= 1e-15 * np.abs(centre).max()
     assert np.abs(rates.cov[:, 0, 0] - cov).max() <= 1e-15 * np.abs(cov).max()
+
+
+def _unit(rng, count: int) -> np.ndarray:
+    x = rng.normal(size=(count, 3))
+    return x / np.linalg.norm(x, axis=1)[:, None]
+
+
+def test_vmf_sums_compiled_terms_are_the_numpy_form_bit_for_bit():
+    """The sphere atoms' share (:func:`vmf_sums`, its ``(P, K)`` terms compiled) against its
+    numpy form (:func:`vmf_sums_reference`) at 4000 targets under an anisotropic ``A`` and
+    7, 8, 9 and 25 atoms of kappa 40 .. 1e12 (the row sums' three regimes): the same bits
+    where every ``r >= FLAT_TAIL``; with a wide atom (kappa = 2: ``r < FLAT_TAIL``
+    somewhere) the numpy form serves, again equal."""
+    from tpde.schemes import sphere_atoms as sa
+
+    rng = np.random.default_rng(3)
+    tilts = _unit(rng, 4000) @ np.diag([16.0, 12.0, 9.0]).T
+    shift = np.linalg.norm(tilts, axis=1)
+    for wide, count in [(False, 7), (False, 9), (False, 8), (False, 25), (True, 7)]:
+        centre = _unit(rng, count)
+        kappa = np.exp(rng.uniform(np.log(40.0), np.log(1e12), count))
+        if wide:
+            kappa[3] = 2.0
+        mass = rng.uniform(0.01, 0.2, count)
+        z, g = sa.vmf_sums(tilts, centre, kappa, mass, shift)
+        z_ref, g_ref = sa.vmf_sums_reference(tilts, centre, kappa, mass, shift)
+        print(f"wide atom {wide}: |dz| {np.abs(z - z_ref).max():.1e}, |dg| "
+              f"{np.abs(g - g_ref).max():.1e}")  # fmt: skip
+        assert np.array_equal(z, z_ref) and np.array_equal(g, g_ref)
+
+
+def test_probe_frames_compiled_are_the_numpy_frames_bit_for_bit():
+    """:func:`probe_points`' frames (compiled) against :func:`_frame` per centre (numpy), on
+    2000 unit vectors and 100 off the sphere by 1e-9 (a stage's centres), both helpers."""
+    from tpde.schemes import sphere_atoms as sa
+
+    rng = np.random.default_rng(4)
+    centre = _unit(rng, 2100)
+    centre[:100] *= 1.0 + 1e-9
+    centre[100:200, 0] = np.sign(centre[100:200, 0]) * 0.95  # the second helper
+    _, frames = sa.probe_points(centre)
+    for i in range(centre.shape[0]):
+        e1, e2 = sa._frame(centre[i])
+        assert np.array_equal(frames[i, 0], e1) and np.array_equal(frames[i, 1], e2)
+
+
+def _plain_series_velocity(head, points, modes, order):
+    """The any-head sums at the atoms as first written (stacked arrays, an SVD per call):
+    the reference of the cached form in :func:`series_velocity_at`."""
+    from scipy.special import ive
+
+    from tpde.variants.circle_atoms import SERIES_MOMENTS, SERIES_NODES
+
+    theta = np.asarray(points, float)
+    tilts = np.stack([np.cos(theta), np.sin(theta)], axis=1) @ head.A.T
+    radius, angle = np.hypot(tilts[:, 0], tilts[:, 1]), np.arctan2(tilts[:, 1], tilts[:, 0])
+    m = np.arange(-order, order + 1)
+    scaled = ive(np.arange(order + 1)[None, :], radius[:, None])
+    table = scaled[:, np.abs(m)] * np.exp(1j * np.outer(angle, m))
+    K, shift = order, SERIES_MOMENTS - 1
+    full = np.zeros(2 * K + 1 + shift, complex)
+    have = min(modes.size, K + 1)
+    full[K + shift : K + shift + have] = modes[:have]
+    full[K + shift - have + 1 : K + shift][::-1] = np.conj(modes[1:have])
+    columns = np.stack([full[shift - j : shift - j + 2 * K + 1] for j in range(shift + 1)], 1)
+    moments = table @ columns
+    x = np.stack([np.cos(theta), np.sin(theta)], axis=1)
+    t = np.stack([-np.sin(theta), np.cos(theta)], axis=1)
+    phi = 2 * np.pi * np.arange(SERIES_NODES) / SERIES_NODES
+    y = np.stack([np.cos(phi), np.sin(phi)], axis=0)
+    g, g1 = (x @ head.A.T) @ y, (t @ head.A.T) @ y
+    n, n1 = (t @ head.C) @ y, -(x @ head.C) @ y
+    curve = g1 * g1 - g
+    values = np.stack([n, n1 + n * g1, -n + 2.0 * n1 * g1 + n * curve, np.ones_like(g), g1,
+                       curve])  # fmt: skip
+    f = np.fft.fft(values, axis=-1)[..., :SERIES_MOMENTS] / SERIES_NODES
+    sums = f[..., 0].real * moments[None, :, 0].real
+    sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
+    n0, n1, n2, z, z1, z2 = sums
+    bound = float(np.linalg.norm(head.C, 2))
+    u = n0 / z
+    du = n1 / z - n0 * z1 / z**2
+    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
+    return np.minimum(np.maximum(u, -bound), bound), du, d2u
+
+
+def test_any_head_sums_at_the_atoms_are_the_plain_form_bit_for_bit():
+    """:func:`series_velocity_at` (cached indices, nodes and ``||C||_2``, no stacking, the
+    normalised tail compiled) against its plain form, for two general heads at five atoms
+    and at 40 x 7 random angles: the same bits."""
+    from tpde.grid.circle import von_mises_mixture
+    from tpde.variants.circle_atoms import (
+        mode_factor,
+        series_bound_order,
+        series_modes,
+        series_velocity_at,
+    )
+    from tpde.variants.parameters import Head
+
+    grid = circle_grid(N)
+    rho = von_mises_mixture(grid, [(0.5, 1.0, 20.0), (0.5, 4.0, 3.0)])
+    atoms = Atoms.of([0.1, 0.2, 0.05, 0.1, 0.15], [[0.3], [1.9], [2.5], [4.4], [6.0]],
+                     [[[1e-4]], [[4e-4]], [[1e-6]], [[2e-3]], [[1e-12]]], range(5))  # fmt: skip
+    for A, C in [
+        (np.diag([9.0, 6.0]), np.eye(2)),
+        (np.array([[3.0, 1.0], [-0.5, 2.0]]), np.array([[1.0, 0.3], [0.2, -0.5]])),
+    ]:
+        head = Head(A, C)
+        order = series_bound_order(head)
+        factors = mode_factor(grid, N // 2)
+        modes = series_modes(rho, grid, atoms, order + 1, factors)
+        got = series_velocity_at(rho, grid, atoms, head, atoms.centre[:, 0], factors,
+                                 order=order, modes=modes)  # fmt: skip
+        want = _plain_series_velocity(head, atoms.centre[:, 0], modes, order)
+        for a, b in zip(got, want, strict=True):
+            print(f"order {order}: |d| {np.abs(a - b).max():.1e}")
+            assert np.array_equal(a, b)
+        rng = np.random.default_rng(5)
+        for _ in range(40):  # (many more values: the compiled tail against numpy's)
+            points = rng.uniform(0.0, 2 * np.pi, 7)
+            got = series_velocity_at(rho, grid, atoms, head, points, factors, order=order,
+                                     modes=modes)  # fmt: skip
+            want = _plain_series_velocity(head, points, modes, order)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_atom_modes_upto_is_atom_modes_bit_for_bit():
+    """The atoms' modes ``0 .. count - 1`` from the kept exponent factors against
+    :func:`atom_modes` at ``np.arange(count)``."""
+    from tpde.variants.circle_atoms import atom_modes, atom_modes_upto
+
+    atoms = Atoms.of([0.3, 0.2, 0.5], [[0.1], [2.5], [5.9]], [[[4e-4]], [[1e-9]], [[0.02]]],
+                     [0, 1, 2])  # fmt: skip
+    for count in (1, 30, 64, 200):
+        assert np.array_equal(atom_modes_upto(atoms, count), atom_modes(atoms, np.arange(count)))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numba
 import numpy as np
 from scipy.special import ive
 
@@ -39,6 +40,7 @@ from .parameters import Head
 __all__ = [
     "add_atom_spectrum",
     "atom_modes",
+    "atom_modes_upto",
     "atom_spectrum",
     "check_band",
     "dft_factor",
@@ -73,6 +75,15 @@ def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
     s = atoms.cov[:, 0, 0]
     terms = atoms.mass * np.exp(-1j * kk * a - 0.5 * kk * kk * s)
     return terms.sum(axis=-1)
+
+
+def atom_modes_upto(atoms: Atoms, count: int) -> np.ndarray:
+    """``atom_modes(atoms, np.arange(count))`` bit for bit, its exponent's factors kept per
+    ``count`` (:func:`_exponent_factors`: the same products in the same order)."""
+    ik, half_k2 = _exponent_factors(int(count))
+    a = atoms.centre[:, 0]
+    s = atoms.cov[:, 0, 0]
+    return np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1)
 
 
 def check_band(grid: Grid, head: Head) -> None:
@@ -257,7 +268,7 @@ def series_modes(
     out = np.zeros(int(count), complex)
     out[:cells] = np.fft.rfft(np.asarray(density, float))[:cells] * factors[:cells]
     if atoms is not None and atoms.count:
-        out += atom_modes(atoms, np.arange(int(count)))
+        out += atom_modes_upto(atoms, int(count))
     return out
 
 
@@ -271,9 +282,16 @@ def series_bound_order(head: Head) -> int:
 def series_table(radius: np.ndarray, angle: np.ndarray, order: int) -> np.ndarray:
     """``ive(|m|, r_i) e^{i m psi_i}``, ``m = -K .. K`` (P, 2K + 1), as
     :class:`~.engines.bessel.BesselSeries`'s table, at a given order ``K``."""
-    m = np.arange(-int(order), int(order) + 1)
-    scaled = ive(np.arange(int(order) + 1)[None, :], np.asarray(radius, float)[:, None])
-    return scaled[:, np.abs(m)] * np.exp(1j * np.outer(angle, m))
+    m, orders, folded = _table_indices(int(order))
+    scaled = ive(orders, np.asarray(radius, float)[:, None])
+    return scaled[:, folded] * np.exp(1j * (np.asarray(angle, float).reshape(-1)[:, None] * m))
+
+
+@functools.lru_cache(maxsize=8)
+def _table_indices(order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``m = -K .. K``, the orders ``0 .. K`` (1, K + 1) and ``|m|`` of a series table."""
+    m = np.arange(-order, order + 1)
+    return m, np.arange(order + 1)[None, :], np.abs(m)
 
 
 def tilted_moments(
@@ -291,8 +309,14 @@ def tilted_moments(
     have = min(positive.size, K + 1)
     full[centre : centre + have] = positive[:have]
     full[centre - have + 1 : centre][::-1] = np.conj(positive[1:have])
-    columns = np.stack([full[shift - j : shift - j + 2 * K + 1] for j in range(count)], axis=1)
-    return table @ columns
+    return table @ full[_shifted_columns(K, count)]  # column j: full[shift - j + m]
+
+
+@functools.lru_cache(maxsize=8)
+def _shifted_columns(order: int, count: int) -> np.ndarray:
+    """``index[m, j] = count - 1 - j + m`` (2K + 1, count): the columns of the shifted
+    coefficients ``c_{m - j}`` of :func:`tilted_moments` as one gather."""
+    return (count - 1 - np.arange(count))[None, :] + np.arange(2 * order + 1)[:, None]
 
 
 def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
@@ -302,19 +326,43 @@ def _integrands(head: Head, theta: np.ndarray) -> np.ndarray:
     C y>`` (``x' = t``, ``t' = -x``) they are ``n``, ``n1 + n g1``, ``-n + 2 n1 g1 + n (g1^2 -
     g)``, ``1``, ``g1``, ``g1^2 - g``: polynomials of degree <= 3 in ``y = (cos phi, sin
     phi)``, taken exactly to their modes by :data:`SERIES_NODES` equispaced nodes."""
-    A, C = head.A, head.C
-    x = np.stack([np.cos(theta), np.sin(theta)], axis=1)  # (P, 2)
-    t = np.stack([-np.sin(theta), np.cos(theta)], axis=1)
+    cos, sin = np.cos(theta), np.sin(theta)
+    return _integrand_modes(head, cos, sin, _frame(cos, sin))
+
+
+def _frame(cos: np.ndarray, sin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x = (cos, sin)`` and ``t = (-sin, cos)`` (P, 2)."""
+    x = np.empty((cos.size, 2))
+    x[:, 0], x[:, 1] = cos, sin
+    t = np.empty((cos.size, 2))
+    t[:, 0], t[:, 1] = -sin, cos
+    return x, t
+
+
+@functools.lru_cache(maxsize=1)
+def _series_nodes() -> np.ndarray:
+    """``y = (cos phi, sin phi)`` at the :data:`SERIES_NODES` equispaced nodes (2, Q)."""
     phi = TWO_PI * np.arange(SERIES_NODES) / SERIES_NODES
-    y = np.stack([np.cos(phi), np.sin(phi)], axis=0)  # (2, Q)
+    return np.stack([np.cos(phi), np.sin(phi)], axis=0)
+
+
+def _integrand_modes(head: Head, cos, sin, frame) -> np.ndarray:
+    """:func:`_integrands` from the targets' ``x, t`` (one (6, P, Q) array, no stacking)."""
+    A, C = head.A, head.C
+    x, t = frame
+    y = _series_nodes()
     g = (x @ A.T) @ y
     g1 = (t @ A.T) @ y
     n = (t @ C) @ y
     n1 = -(x @ C) @ y
     curve = g1 * g1 - g
-    values = np.stack(
-        [n, n1 + n * g1, -n + 2.0 * n1 * g1 + n * curve, np.ones_like(g), g1, curve]
-    )  # (6, P, Q)
+    values = np.empty((6,) + g.shape)  # (6, P, Q)
+    values[0] = n
+    values[1] = n1 + n * g1
+    values[2] = -n + 2.0 * n1 * g1 + n * curve
+    values[3] = 1.0
+    values[4] = g1
+    values[5] = curve
     return np.fft.fft(values, axis=-1)[..., :SERIES_MOMENTS] / SERIES_NODES
 
 
@@ -340,7 +388,9 @@ def series_velocity_at(
     posteriori); ``modes``: the measure's ``c_m``, cells plus atoms, when already summed
     (at least ``order + 1`` of them)."""
     theta = np.asarray(points, float).reshape(-1)
-    tilts = np.stack([np.cos(theta), np.sin(theta)], axis=1) @ head.A.T
+    cos, sin = np.cos(theta), np.sin(theta)
+    frame = _frame(cos, sin)
+    tilts = frame[0] @ head.A.T
     radius = np.hypot(tilts[:, 0], tilts[:, 1])
     angle = np.arctan2(tilts[:, 1], tilts[:, 0])
     if order is None:
@@ -351,15 +401,55 @@ def series_velocity_at(
     if modes is None or modes.size < K + 1:
         modes = series_modes(density, grid, atoms, K + 1, factors)
     moments = tilted_moments(table, modes)  # (P, 4)
-    f = _integrands(head, theta)  # (6, P, 4)
-    sums = f[..., 0].real * moments[None, :, 0].real
-    sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
-    n0, n1, n2, z, z1, z2 = sums
+    f = _integrand_modes(head, cos, sin, frame)  # (6, P, 4)
     if not normalised:
+        sums = f[..., 0].real * moments[None, :, 0].real
+        sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
         scale = np.exp(radius)
-        return n0 * scale, n1 * scale, n2 * scale
-    bound = float(np.linalg.norm(head.C, 2))
-    u = n0 / z
-    du = n1 / z - n0 * z1 / z**2
-    d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / z**2 + 2.0 * n0 * z1**2 / z**3
-    return np.minimum(np.maximum(u, -bound), bound), du, d2u
+        return sums[0] * scale, sums[1] * scale, sums[2] * scale
+    out = np.empty((3, theta.size))
+    products = (f[..., 1:] * moments[None, :, 1:]).real  # (numpy's complex product)
+    _normalised_derivatives(f.real, moments.real, products, _clip_bound(head), out)
+    return out[0], out[1], out[2]
+
+
+@numba.njit(cache=True)
+def _normalised_derivatives(fr, mr, products, bound, out):  # pragma: no cover - compiled
+    """``u, u', u''`` (3, P) from the real parts of the integrands' modes ``fr`` (6, P, 4)
+    and of the tilted moments ``mr`` (P, 4) and ``products = Re f_j E_j``, ``j = 1 .. 3``
+    (6, P, 3): ``S = Re f_0 Re E_0 + 2 ((Re f_1 E_1 + Re f_2 E_2) + Re f_3 E_3)`` for the
+    six sums, then ``u = N / Z``, ``u' = N'/Z - N Z'/Z^2``, ``u'' = N''/Z - (2 N' Z' + N
+    Z'')/Z^2 + 2 N Z'^2/Z^3``, ``u`` clipped to ``+-bound``: numpy's operations in numpy's
+    order (the three-term sum left to right, ``z**2`` a product, ``z**3`` a ``pow``), so
+    its values bit for bit."""
+    P = mr.shape[0]
+    sums = np.empty(6)
+    for p in range(P):
+        for i in range(6):
+            tail = (products[i, p, 0] + products[i, p, 1]) + products[i, p, 2]
+            sums[i] = fr[i, p, 0] * mr[p, 0] + 2.0 * tail
+        n0, n1, n2, z, z1, z2 = sums[0], sums[1], sums[2], sums[3], sums[4], sums[5]
+        u = n0 / z
+        zz = z * z
+        du = n1 / z - n0 * z1 / zz
+        d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / zz + 2.0 * n0 * (z1 * z1) / math.pow(z, 3.0)
+        if u < -bound:
+            u = -bound
+        if u > bound:
+            u = bound
+        out[0, p], out[1, p], out[2, p] = u, du, d2u
+
+
+#: ``||C||_2`` of the last heads (head, value), kept while the head object is the same
+_BOUNDS: dict[int, tuple[Head, float]] = {}
+
+
+def _clip_bound(head: Head) -> float:
+    """``||C||_2`` of the head (one SVD per head object, not per stage)."""
+    kept = _BOUNDS.get(id(head))
+    if kept is None or kept[0] is not head:
+        if len(_BOUNDS) >= 8:
+            _BOUNDS.clear()
+        kept = (head, float(np.linalg.norm(head.C, 2)))
+        _BOUNDS[id(head)] = kept
+    return kept[1]

@@ -67,7 +67,7 @@ from tpde.schemes.velocity import VelocityField
 
 from .circle_atoms import (
     add_atom_spectrum,
-    atom_modes,
+    atom_modes_upto,
     check_band,
     dft_factor,
     kernel_band,
@@ -233,12 +233,11 @@ class CircleAttention(VelocityField):
         """``(u, u', u'')`` at the atoms' centres, shapes (K, 1), (K, 1, 1), (K, 1, 1, 1)."""
         head = _head(self.spec, t)
         rho = np.asarray(density, float)
-        modes = _summed_for(self._atom_modes, atoms, rho)
-        if modes is None:
-            copies = circle_copies(grid)
-            self._check_atoms(grid, head, self.choose(head, copies), copies)
-        if not (is_conformal(head.A) and is_conformal(head.C)):  # any head: the series
+        if not self._rotation_invariant(head):  # any head: the series
             reuse = _summed_for(self._series_modes, atoms, rho)  # (the faces' c_m)
+            if reuse is None:  # (else the faces' evaluation checked these atoms)
+                copies = circle_copies(grid)
+                self._check_atoms(grid, head, self.choose(head, copies), copies)
             u, du, d2u = series_velocity_at(
                 rho,
                 grid,
@@ -251,6 +250,10 @@ class CircleAttention(VelocityField):
                 reuse,
             )
             return u[:, None], du[:, None, None], d2u[:, None, None, None]
+        modes = _summed_for(self._atom_modes, atoms, rho)
+        if modes is None:
+            copies = circle_copies(grid)
+            self._check_atoms(grid, head, self.choose(head, copies), copies)
         u, du, d2u = velocity_at(
             rho,
             grid,
@@ -262,6 +265,16 @@ class CircleAttention(VelocityField):
             modes,
         )
         return u[:, None], du[:, None, None], d2u[:, None, None, None]
+
+    def _rotation_invariant(self, head: Head) -> bool:
+        """Whether ``A`` and ``C`` are both ``a I + b J`` (:func:`is_conformal`), kept while
+        the head is."""
+        key = ("rotation-invariant", id(head))
+        cached = self._fixed.get(key)
+        if cached is None or cached[0] is not head:
+            cached = (head, is_conformal(head.A) and is_conformal(head.C))
+            self._fixed[key] = cached
+        return cached[1]
 
     def _series_order(self, head: Head) -> int:
         """:func:`series_bound_order` of the head, kept while it is."""
@@ -439,7 +452,7 @@ class CircleAttention(VelocityField):
             # the atoms' exact modes to the longest series' order: a narrow atom has them
             # beyond the grid's Nyquist mode
             # (docs/theory.md, 'Atoms under any head on the circle')
-            summed = atom_modes(self.atoms, np.arange(longest))
+            summed = atom_modes_upto(self.atoms, longest)
             summed[:count] += positive
             positive = summed
             # the measure's c_m, kept for atom_velocity at the same atoms and density
