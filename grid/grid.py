@@ -166,6 +166,27 @@ class Grid:
         """``sum(density) * cell_volume``: the exact integral of a field of cell averages."""
         return float(np.sum(density) * self.cell_volume)
 
+    def measures(self) -> np.ndarray:
+        """Each cell's measure (length, area, volume): ``cell_volume`` everywhere."""
+        return np.full(self.shape, self.cell_volume)
+
+    def moments(self, density: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mass, mean and covariance (:func:`tpde.grid.moments.moments`, no h^2/12 bias)."""
+        from .moments import moments
+
+        return moments(density, self)
+
+    def halo(self, values: np.ndarray, ghosts: int) -> np.ndarray:
+        """``values`` (shape ``shape``) with ``ghosts`` ghost cells on both sides of every
+        axis, from the axis' boundary mode (:func:`tpde.grid.stencils.ghost_index_map`:
+        periodic wrap, noflux reflection, outflow zero gradient)."""
+        from .stencils import ghost_index_map
+
+        out = np.asarray(values, float)
+        for a, (n, mode) in enumerate(zip(self.cells, self.boundary, strict=True)):
+            out = np.take(out, ghost_index_map(n, mode, ghosts), axis=a)
+        return out
+
     def check_density(
         self, density: np.ndarray, name: str = "density", leading: tuple[int, ...] = ()
     ) -> np.ndarray:
