@@ -192,8 +192,44 @@ class CubedSphere:
         c = self.centres
         return to_sphere(np.arange(6)[:, None, None], c[None, :, None], c[None, None, :])
 
+    @property
+    def size(self) -> int:
+        return 6 * self.n * self.n
+
+    def measures(self) -> np.ndarray:
+        """The exact cell areas (:attr:`areas`)."""
+        return self.areas
+
     def integrate(self, density) -> float:
         return float(np.sum(np.asarray(density, float) * self.areas))
+
+    def moments(self, density) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mass, mean ``int x rho dA / mass`` (a 3-vector, inside the ball) and covariance
+        ``int x x^T rho dA / mass - mean mean^T`` (fifth order: :func:`mean`,
+        :func:`second_moment`)."""
+        total = self.integrate(density)
+        centre = mean(self, density) / total
+        return total, centre, second_moment(self, density) / total - np.outer(centre, centre)
+
+    def halo(self, values, ghosts: int) -> np.ndarray:
+        """Coordinate averages ``values`` ``(6, n, n)`` with ``ghosts`` halo cells on every
+        side of each panel ``(6, n + 2 ghosts, n + 2 ghosts)`` (:func:`halo_matrix`: the
+        neighbours' cells interpolated onto the panel's extended grid lines); corners 0."""
+        n, g = self.n, int(ghosts)
+        q = np.asarray(values, float)
+        ghost = (halo_matrix(n, ghosts=g) @ q.ravel()).reshape(6, SIDES, g, n)
+        padded = np.zeros((6, n + 2 * g, n + 2 * g))
+        inner = slice(g, g + n)
+        padded[:, inner, inner] = q
+        for d in range(g):
+            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
+            padded[:, g + n + d, inner] = ghost[:, 1, d]
+            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
+            padded[:, inner, g + n + d] = ghost[:, 3, d]
+        return padded
+
+    def describe(self) -> str:
+        return f"cubed sphere: {self.n} x {self.n} cells a panel, {self.size} cells"
 
     def to_coordinate(self, density) -> np.ndarray:
         """``q_bar = rho_bar A / h^2``: the coordinate cell averages of ``q = J rho``."""

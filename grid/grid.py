@@ -166,6 +166,26 @@ class Grid:
         """``sum(density) * cell_volume``: the exact integral of a field of cell averages."""
         return float(np.sum(density) * self.cell_volume)
 
+    def measures(self) -> np.ndarray:
+        """Each cell's measure (length, area, volume): ``cell_volume`` everywhere."""
+        return np.full(self.shape, self.cell_volume)
+
+    def moments(self, density: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mass, mean and covariance (:func:`moments_of`, no h^2/12 bias)."""
+        arr = np.asarray(density, dtype=np.float64)
+        if arr.shape != self.shape:
+            raise ValueError(f"moments.density: expected shape {self.shape}, got {arr.shape}")
+        return moments_of(arr, self)
+
+    def halo(self, values: np.ndarray, ghosts: int) -> np.ndarray:
+        """``values`` (shape ``shape``) with ``ghosts`` ghost cells on both sides of every
+        axis, from the axis' boundary mode (:func:`tpde.grid.stencils.ghost_index_map`:
+        periodic wrap, noflux reflection, outflow zero gradient)."""
+        out = np.asarray(values, float)
+        for a, (n, mode) in enumerate(zip(self.cells, self.boundary, strict=True)):
+            out = np.take(out, ghost_index_map(n, mode, ghosts), axis=a)
+        return out
+
     def check_density(
         self, density: np.ndarray, name: str = "density", leading: tuple[int, ...] = ()
     ) -> np.ndarray:
@@ -223,3 +243,80 @@ class Grid:
             f"Grid(lower={list(self.lower)}, upper={list(self.upper)}, "
             f"cells={list(self.cells)}, boundary={list(self.boundary)})"
         )
+
+
+# ---- ghost cells and moments (tpde.grid.stencils and tpde.grid.moments build on these) ----
+#: ghost cells per side the schemes' stencils read
+GHOSTS = 3
+
+
+def ghost_index_map(n: int, mode: str, ghosts: int = GHOSTS) -> np.ndarray:
+    """Source cell of each padded position -ghosts .. n + ghosts - 1 (int64, length
+    n + 2 ghosts; the schemes' stencils need 3)."""
+    pos = np.arange(-ghosts, n + ghosts)
+    if mode == "periodic":
+        return np.mod(pos, n).astype(np.int64)
+    if mode == "noflux":  # even reflection about the boundary faces
+        idx = np.where(pos < 0, -pos - 1, pos)
+        idx = np.where(idx >= n, 2 * n - idx - 1, idx)
+        return np.clip(idx, 0, n - 1).astype(np.int64)
+    return np.clip(pos, 0, n - 1).astype(np.int64)  # outflow: zero-gradient ghosts
+
+
+MAX_POWER = 4
+
+
+def deconvolved_monomial(x: np.ndarray, h: float, k: int) -> np.ndarray:
+    """``q_k(x)`` with ``(1/h) int_{x-h/2}^{x+h/2} q_k(s) ds = x^k`` (``0 <= k <= 4``)."""
+    x = np.asarray(x, dtype=np.float64)
+    h2 = h * h
+    if k == 0:
+        return np.ones_like(x)
+    if k == 1:
+        return x.copy()
+    if k == 2:
+        return x * x - h2 / 12.0
+    if k == 3:
+        return x * (x * x - h2 / 4.0)
+    if k == 4:
+        x2 = x * x
+        return x2 * x2 - 0.5 * h2 * x2 + 7.0 * h2 * h2 / 240.0
+    raise ValueError(f"moments.powers: each power must be in 0..{MAX_POWER}, got {k}")
+
+
+def _marginals(arr: np.ndarray) -> tuple[list[np.ndarray], dict]:
+    """1-D marginal sums per axis and 2-D marginal sums per axis pair (a < b)."""
+    d = arr.ndim
+    if d == 1:
+        return [arr], {}
+    if d == 2:
+        return [arr.sum(axis=1), arr.sum(axis=0)], {(0, 1): arr}
+    m01 = arr.sum(axis=2)
+    m02 = arr.sum(axis=1)
+    m12 = arr.sum(axis=0)
+    return [m01.sum(axis=1), m01.sum(axis=0), m02.sum(axis=0)], {
+        (0, 1): m01,
+        (0, 2): m02,
+        (1, 2): m12,
+    }
+
+
+def moments_of(arr: np.ndarray, grid: Grid) -> tuple[float, np.ndarray, np.ndarray]:
+    """``(mass, mean, covariance)`` of cell averages ``arr`` (shape ``grid.shape``) without
+    the h^2/12 bias (:mod:`tpde.grid.moments`)."""
+    d = grid.ndim
+    vol = grid.cell_volume
+    one, two = _marginals(arr)
+    total = float(one[0].sum()) * vol
+    if not total > 0:
+        raise ValueError(f"moments.density: mass must be > 0 for a mean/covariance, got {total}")
+    x = [grid.centres(a) for a in range(d)]
+    h = grid.spacing
+    mu = np.array([float(one[a] @ x[a]) * vol / total for a in range(d)])
+    dx = [x[a] - mu[a] for a in range(d)]
+    cov = np.empty((d, d))
+    for a in range(d):
+        cov[a, a] = float(one[a] @ deconvolved_monomial(dx[a], h[a], 2)) * vol / total
+        for b in range(a + 1, d):
+            cov[a, b] = cov[b, a] = float(dx[a] @ two[(a, b)] @ dx[b]) * vol / total
+    return total, mu, cov

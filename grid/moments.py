@@ -27,29 +27,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .grid import Grid
+from .grid import MAX_POWER, Grid, deconvolved_monomial
+from .grid import moments_of as _moments
 
 __all__ = ["covariance", "deconvolved_monomial", "mass", "mean", "moments", "raw_moment"]
-
-MAX_POWER = 4
-
-
-def deconvolved_monomial(x: np.ndarray, h: float, k: int) -> np.ndarray:
-    """``q_k(x)`` with ``(1/h) int_{x-h/2}^{x+h/2} q_k(s) ds = x^k`` (``0 <= k <= 4``)."""
-    x = np.asarray(x, dtype=np.float64)
-    h2 = h * h
-    if k == 0:
-        return np.ones_like(x)
-    if k == 1:
-        return x.copy()
-    if k == 2:
-        return x * x - h2 / 12.0
-    if k == 3:
-        return x * (x * x - h2 / 4.0)
-    if k == 4:
-        x2 = x * x
-        return x2 * x2 - 0.5 * h2 * x2 + 7.0 * h2 * h2 / 240.0
-    raise ValueError(f"moments.powers: each power must be in 0..{MAX_POWER}, got {k}")
 
 
 def _check(density, grid: Grid) -> np.ndarray:
@@ -96,42 +77,6 @@ def raw_moment(
         deconvolved_monomial(grid.centres(a) - o[a], grid.spacing[a], int(p[a])) for a in range(d)
     ]
     return _contract(arr, vecs) * grid.cell_volume
-
-
-def _marginals(arr: np.ndarray) -> tuple[list[np.ndarray], dict]:
-    """1-D marginal sums per axis and 2-D marginal sums per axis pair (a < b)."""
-    d = arr.ndim
-    if d == 1:
-        return [arr], {}
-    if d == 2:
-        return [arr.sum(axis=1), arr.sum(axis=0)], {(0, 1): arr}
-    m01 = arr.sum(axis=2)
-    m02 = arr.sum(axis=1)
-    m12 = arr.sum(axis=0)
-    return [m01.sum(axis=1), m01.sum(axis=0), m02.sum(axis=0)], {
-        (0, 1): m01,
-        (0, 2): m02,
-        (1, 2): m12,
-    }
-
-
-def _moments(arr: np.ndarray, grid: Grid) -> tuple[float, np.ndarray, np.ndarray]:
-    d = grid.ndim
-    vol = grid.cell_volume
-    one, two = _marginals(arr)
-    total = float(one[0].sum()) * vol
-    if not total > 0:
-        raise ValueError(f"moments.density: mass must be > 0 for a mean/covariance, got {total}")
-    x = [grid.centres(a) for a in range(d)]
-    h = grid.spacing
-    mu = np.array([float(one[a] @ x[a]) * vol / total for a in range(d)])
-    dx = [x[a] - mu[a] for a in range(d)]
-    cov = np.empty((d, d))
-    for a in range(d):
-        cov[a, a] = float(one[a] @ deconvolved_monomial(dx[a], h[a], 2)) * vol / total
-        for b in range(a + 1, d):
-            cov[a, b] = cov[b, a] = float(dx[a] @ two[(a, b)] @ dx[b]) * vol / total
-    return total, mu, cov
 
 
 def mean(density: np.ndarray, grid: Grid) -> np.ndarray:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .grid import Grid
+from .grid import GHOSTS, Grid, ghost_index_map
 
-GHOSTS = 3
+__all__ = ["GHOSTS", "average_to_point_weights", "ghost_index_map", "point_values"]
 
 
 def average_to_point_weights(offset: float, radius: int = 2) -> np.ndarray:
@@ -25,19 +25,6 @@ def average_to_point_weights(offset: float, radius: int = 2) -> np.ndarray:
     lo = (m[None, :] - 0.5) ** (degree[:, None] + 1)
     moments = (hi - lo) / (degree[:, None] + 1)
     return np.linalg.solve(moments, float(offset) ** degree)
-
-
-def ghost_index_map(n: int, mode: str, ghosts: int = GHOSTS) -> np.ndarray:
-    """Source cell of each padded position -ghosts .. n + ghosts - 1 (int64, length
-    n + 2 ghosts; the schemes' stencils need 3)."""
-    pos = np.arange(-ghosts, n + ghosts)
-    if mode == "periodic":
-        return np.mod(pos, n).astype(np.int64)
-    if mode == "noflux":  # even reflection about the boundary faces
-        idx = np.where(pos < 0, -pos - 1, pos)
-        idx = np.where(idx >= n, 2 * n - idx - 1, idx)
-        return np.clip(idx, 0, n - 1).astype(np.int64)
-    return np.clip(pos, 0, n - 1).astype(np.int64)  # outflow: zero-gradient ghosts
 
 
 def point_values(density: np.ndarray, grid: Grid) -> np.ndarray:

@@ -51,14 +51,25 @@ from tpde.grid.cubed_sphere import (
 )
 
 from .kernels import SEVENTH_ORDER
-from .monitor import RESOLUTION_TOLERANCE, SEVENTH_GHOSTS
+from .loop import (
+    MAX_STEPS,
+    AtomTransfers,
+    ResolutionMonitor,
+    SimulationError,
+    StepBudget,
+    StepPlan,
+    Stop,
+    TimeLoop,
+    plain_snapshot_callbacks,
+)
+from .monitor import RESOLUTION_TOLERANCE, SEVENTH_GHOSTS, Event
 from .operator import PositivityError
 from .reconstruction import get_reconstruction, reconstruct
 from .rk import get_integrator
-from .solver import MAX_STEPS, STEP_TRIES, SimulationError
+from .solver import Snapshot
 from .sphere_diffusion import SphereDiffusion
 
-__all__ = ["SphereVelocity", "CubedSphereOperator", "SphereResult", "solve"]
+__all__ = ["SphereVelocity", "CubedSphereOperator", "SphereResult", "SphereSolver", "solve"]
 
 
 class SphereVelocity(Protocol):
@@ -501,121 +512,204 @@ class SphereResult:
     #: the resolution monitor's estimate at the end: the share of the mass the reconstruction
     #: has misplaced, ``int sum_c |div dF| / mass dt`` (:func:`solve`; 0 without the monitor)
     reconstruction_error: float = 0.0
+    #: the snapshots as the loop took them (:class:`tpde.schemes.solver.Snapshot`)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    #: how the run ended (the loop's typed outcome: a callback's stop, else ``completed``)
+    status: str = "completed"
+    status_time: float = float("nan")
+    status_message: str = ""
+    status_reason: str = ""
+    wall_time: float = 0.0
 
     @property
     def final(self) -> np.ndarray:
         return self.densities[-1]
 
 
-def solve(
-    grid: CubedSphere,
-    density: np.ndarray,
-    velocity: SphereVelocity,
-    t_end: float,
-    *,
-    cfl: float = 0.5,
-    dt_max: float | None = None,
-    snapshots: int | Sequence[float] | np.ndarray = 2,
-    reconstruction: str = "weno5z",
-    integrator: str = "ssprk3",
-    limiter: bool = True,
-    velocity_at: str = "nodes",
-    on_snapshot: Callable[[float, np.ndarray, int], None] | None = None,
-    noise: float = 0.0,
-    atoms=None,
-    pinning: bool = False,
-    events: list | None = None,
-    max_steps: int = MAX_STEPS,
-    resolution_tolerance: float | None = RESOLUTION_TOLERANCE,
-    reconstruction_error: float = 0.0,
-) -> SphereResult:
-    """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
-    limited Euler step; ``dt = min(dt_max, cfl / max_outflow)`` from the velocity at the start
-    of each step, cut to land on the ``snapshots`` equally spaced times (or at the given
-    increasing times, the first one the start). ``velocity_at``: see
-    :meth:`CubedSphereOperator.node_speeds`. ``on_snapshot(t, density, steps)`` is called with
-    every snapshot as it is reached (the initial one too). The state at a snapshot is its
-    density and time exactly: solving on from a snapshot's density, with the snapshot times
-    from there on, repeats the rest of the run bit for bit (a resumed run).
+class SphereSolver(TimeLoop):
+    """The cubed sphere's operator in the one time loop (:class:`.loop.TimeLoop`): its
+    callbacks are the step budget (``max_steps``), the resolution monitor (a tolerance
+    given), the atom transfers or the pinning watch, and the snapshot hand-off; the loop
+    retries a negative update with half the step (``STEP_TRIES``) and names the time of
+    every non-finite value. Arguments: :func:`solve`'s."""
 
-    ``noise``: ``eps`` of the noise term ``eps Delta rho`` (Laplace-Beltrami): each step is
-    Strang-split, ``exp(dt eps L / 2)``, the transport step, ``exp(dt eps L / 2)``
-    (:mod:`tpde.schemes.sphere_diffusion`; exact in time, no ``h^2 / eps`` limit).
+    #: every snapshot time is a snapshot, reached by a step or not
+    dedupe_snapshots = False
 
-    ``atoms``: a :class:`tpde.schemes.sphere_atoms.SphereAtomRun` (von Mises-Fisher atoms in
-    the same SSP-RK stages, the transfers after each step, their events in ``events``).
-    ``pinning`` (atoms off): every ``PIN_EVERY`` steps a dry run of the conversion; one
-    ``pinned`` event when a collapsed cluster drifts slower than its cells can move it.
-    ``events``: the list the events are appended to as they happen (a new one if None).
+    def __init__(
+        self,
+        grid: CubedSphere,
+        density: np.ndarray,
+        velocity: SphereVelocity,
+        t_end: float,
+        *,
+        cfl: float = 0.5,
+        dt_max: float | None = None,
+        snapshots: int | Sequence[float] | np.ndarray = 2,
+        reconstruction: str = "weno5z",
+        integrator: str = "ssprk3",
+        limiter: bool = True,
+        velocity_at: str = "nodes",
+        on_snapshot: Callable[[Snapshot], None] | Sequence[Callable[[Snapshot], None]] = (),
+        noise: float = 0.0,
+        atoms=None,
+        pinning: bool = False,
+        events: list | None = None,
+        max_steps: int = MAX_STEPS,
+        resolution_tolerance: float | None = RESOLUTION_TOLERANCE,
+        reconstruction_error: float = 0.0,
+    ):
+        from .sphere_atoms import SphereAtomRun
 
-    Like the flat solver's loop (:class:`tpde.schemes.solver.Solver`): a step whose update
-    goes negative (:class:`PositivityError`) is halved and redone from its start, at most
-    ``STEP_TRIES`` times; a non-finite velocity or density, or more than ``max_steps``
-    steps, raise :class:`tpde.schemes.solver.SimulationError` naming the time.
+        density = np.asarray(density, float)
+        if density.shape != grid.shape:
+            raise ValueError(f"density: expected shape {grid.shape}, got {density.shape}")
+        if not 0 < cfl <= 1:
+            raise ValueError(f"scheme.cfl: expected 0 < cfl <= 1, got {cfl!r}")
+        self.grid, self.velocity, self.cfl, self.dt_max = grid, velocity, cfl, dt_max
+        self.op = CubedSphereOperator(grid, reconstruction, limiter, velocity_at)
+        self.rk = rk = get_integrator(integrator)
+        self.noise = noise
+        self.diffusion = SphereDiffusion(grid, noise)
+        self.atoms = atoms
+        self.watch = None
+        if atoms is None and pinning and hasattr(velocity, "probe_tangent"):
+            from .atoms import AtomOptions
 
-    ``resolution_tolerance``: the resolution monitor (docs/theory.md, 'The resolution monitor
-    on the sphere'): before every step its
-    :meth:`CubedSphereOperator.reconstruction_error_rate` times ``dt`` is added to the
-    estimate of the share of the mass the reconstruction has misplaced
-    (``SphereResult.reconstruction_error``); the first step that would take it past the
-    tolerance records one ``under_resolved`` event at its start, naming the time and the
-    remedies (the run goes on). None: no monitor (one flux evaluation a step saved). It only
-    reads: the densities are the same bit for bit either way. ``reconstruction_error``: the
-    estimate to start from (a resumed run passes the one it stopped with; past the
-    tolerance already, no second event)."""
-    from .atom_run import PIN_EVERY
-    from .monitor import Event
-    from .sphere_atoms import SphereAtomRun, describe
+            self.watch = SphereAtomRun(grid, velocity, AtomOptions())
+        self.events = [] if events is None else events
+        if any(b for i, row in enumerate(rk.beta) for k, b in enumerate(row) if k < i):
+            raise ValueError(
+                f"scheme.integrator: {integrator!r} needs the stage's own velocity only"
+            )
+        self.offsets = rk.stage_times
+        if isinstance(snapshots, int | np.integer):
+            times = np.linspace(0.0, float(t_end), max(int(snapshots), 2))
+        else:
+            times = np.asarray(snapshots, float)
+            if times.ndim != 1 or times.size < 2 or np.any(np.diff(times) <= 0):
+                raise ValueError("run.snapshots: expected at least two increasing times")
+        self.times = times
+        self.initial = density
+        self.q = grid.to_coordinate(density)
+        self.t = self.target = float(times[0])
+        # a steady field's node speeds, evaluated once at the first step (None: unsteady)
+        self.steady: np.ndarray | None = None
+        self._steady_pending = bool(velocity.steady)
+        self.steps = self.rejected = 0
+        self.last_dt = float("nan")
+        self.status_message = self.status_reason = ""
+        self.tolerance = resolution_tolerance
+        self.estimate = float(reconstruction_error)  # the monitor's accumulated share
+        self.warned = resolution_tolerance is not None and self.estimate > resolution_tolerance
+        self._amount = 0.0  # (the share of the step being taken)
+        self._before = None  # the atoms a retry starts from
+        self._started = False  # (whether the initial snapshot is taken)
+        callbacks: list = [StepBudget(max_steps)]
+        if resolution_tolerance is not None:
+            callbacks.append(ResolutionMonitor())
+        if atoms is not None or self.watch is not None:
+            callbacks.append(AtomTransfers())
+        self.callbacks = callbacks + plain_snapshot_callbacks(on_snapshot)
 
-    density = np.asarray(density, float)
-    if density.shape != grid.shape:
-        raise ValueError(f"density: expected shape {grid.shape}, got {density.shape}")
-    if not 0 < cfl <= 1:
-        raise ValueError(f"scheme.cfl: expected 0 < cfl <= 1, got {cfl!r}")
-    op = CubedSphereOperator(grid, reconstruction, limiter, velocity_at)
-    rk = get_integrator(integrator)
-    diffusion = SphereDiffusion(grid, noise)
-    watch = None
-    if atoms is None and pinning and hasattr(velocity, "probe_tangent"):
-        from .atoms import AtomOptions
+    # ---- the operator side of the loop ------------------------------------------------------
+    def reached(self, target: float) -> bool:
+        return not self.t < target * (1 - 1e-14)
 
-        watch = SphereAtomRun(grid, velocity, AtomOptions())
-    events = [] if events is None else events
-    if any(b for i, row in enumerate(rk.beta) for k, b in enumerate(row) if k < i):
-        raise ValueError(f"scheme.integrator: {integrator!r} needs the stage's own velocity only")
-    offsets = rk.stage_times
-    if isinstance(snapshots, int | np.integer):
-        times = np.linspace(0.0, float(t_end), max(int(snapshots), 2))
-    else:
-        times = np.asarray(snapshots, float)
-        if times.ndim != 1 or times.size < 2 or np.any(np.diff(times) <= 0):
-            raise ValueError("run.snapshots: expected at least two increasing times")
-    q = grid.to_coordinate(density)
-    out = SphereResult(grid, times, [density.copy()])
-    masses = [grid.integrate(density)]
-    if on_snapshot is not None:
-        on_snapshot(float(times[0]), density, 0)
-    t = float(times[0])
-    steady = op.node_speeds(velocity, density, t) if velocity.steady else None
-    steps = 0
+    def advance_to(self, target: float) -> str:
+        self.target = float(target)
+        return self._advance_to(target)
 
-    def step(q: np.ndarray, speeds: np.ndarray, t: float, dt: float) -> np.ndarray:
+    def plan(self) -> StepPlan:
+        """The node speeds at the step's start; the step ``cfl / max_outflow`` (at most
+        ``dt_max``); a non-finite speed is a SimulationError naming the time."""
+        grid, op = self.grid, self.op
+        if self._steady_pending:
+            self._steady_pending = False
+            self.steady = op.node_speeds(self.velocity, self.initial, float(self.times[0]))
+        if self.steady is not None:
+            speeds = self.steady
+        else:
+            speeds = op.node_speeds(self.velocity, grid.from_coordinate(self.q), self.t)
+        rate = op.max_outflow(speeds)
+        if not math.isfinite(rate):
+            raise SimulationError(
+                f"velocity: non-finite value at the Gauss nodes at t = {self.t:.6g}, "
+                f"step {self.steps}"
+            )
+        dt = self.cfl / rate if rate > 0 else math.inf
+        if self.dt_max is not None:
+            dt = min(dt, self.dt_max)
+        return StepPlan(speeds, dt)
+
+    def land(self, dt: float, remaining: float) -> float:
+        """At most the remainder, and no sliver of a last step (two halves instead)."""
+        dt = min(remaining, dt)
+        if dt < remaining and remaining < 1.5 * dt:
+            dt = 0.5 * remaining
+        return dt
+
+    def check_resolution(self, plan: StepPlan, dt: float) -> Stop | None:
+        """The step's share (:meth:`CubedSphereOperator.reconstruction_error_rate` times
+        ``dt``); the first step that would take the estimate past the tolerance records one
+        ``under_resolved`` event at its start (the run goes on)."""
+        assert self.tolerance is not None  # (the monitor is in the loop only with one)
+        self._amount = self.op.reconstruction_error_rate(self.q, plan.velocity) * dt
+        if not self.warned and self.estimate + self._amount > self.tolerance:
+            self.warned = True
+            message = under_resolved_message(
+                self.grid.n, self.t, self.t + dt, self.estimate + self._amount, self.tolerance
+            )
+            self.events.append(Event("under_resolved", self.t, message))
+        return None
+
+    def add_resolution(self, plan: StepPlan) -> None:
+        self.estimate += self._amount
+
+    def begin_attempts(self) -> None:
+        self._before = None if self.atoms is None else self.atoms.atoms
+
+    def restore(self) -> None:
+        if self.atoms is not None and self._before is not None:
+            self.atoms.restore(self._before)
+
+    def attempt(self, plan: StepPlan, dt: float) -> None:
+        """One Strang-split SSP-RK step (raises PositivityError); a non-finite density is a
+        SimulationError naming the step."""
+        stepped = self._step(self.q, plan.velocity, self.t, dt)
+        if not np.all(np.isfinite(stepped)):
+            raise SimulationError(
+                f"density: non-finite value in the step from t = {self.t:.6g} to "
+                f"{self.t + dt:.6g} (step {self.steps}): the velocity or the density failed there"
+            )
+        self.q = stepped
+        self.t += dt
+        self.steps += 1
+        self.last_dt = dt
+        if self.atoms is not None:
+            self.atoms.accept()
+            if self.diffusion.matrix is not None:  # the atoms' second half
+                self.atoms.diffuse(self.noise * dt)
+
+    def _step(self, q: np.ndarray, speeds: np.ndarray, t: float, dt: float) -> np.ndarray:
         """One Strang-split SSP-RK step from ``q`` (raises PositivityError)."""
+        grid, op, rk, atoms, diffusion = self.grid, self.op, self.rk, self.atoms, self.diffusion
+        offsets = self.offsets
         if diffusion.matrix is not None:  # Strang: the first half of the noise
             q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
             if atoms is not None:  # (the atoms' half: their first moment exact)
-                atoms.diffuse(noise * dt)
-            if steady is None:  # the transport step starts from the diffused state
-                speeds = op.node_speeds(velocity, grid.from_coordinate(q), t)
+                atoms.diffuse(self.noise * dt)
+            if self.steady is None:  # the transport step starts from the diffused state
+                speeds = op.node_speeds(self.velocity, grid.from_coordinate(q), t)
         stages = [q]
         if atoms is not None:
             atoms.stages()
         for i in range(rk.stages):
             if atoms is not None:
                 atoms.see(i)
-            if i > 0 and steady is None:
+            if i > 0 and self.steady is None:
                 rho_i = grid.from_coordinate(stages[i])
-                speeds = op.node_speeds(velocity, rho_i, t + offsets[i] * dt)
+                speeds = op.node_speeds(self.velocity, rho_i, t + offsets[i] * dt)
             if atoms is not None:
                 atoms.rates(i, grid.from_coordinate(stages[i]), t + offsets[i] * dt)
                 atoms.combine(list(zip(rk.alpha[i], rk.beta[i], strict=True)), dt)
@@ -637,96 +731,129 @@ def solve(
             q = grid.to_coordinate(diffusion.step(grid.from_coordinate(q), 0.5 * dt))
         return q
 
-    rejected = 0
-    estimate = float(reconstruction_error)  # the monitor's accumulated misplaced share
-    warned = resolution_tolerance is not None and estimate > resolution_tolerance
-    for target in times[1:]:
-        while t < target * (1 - 1e-14):
-            if steps >= max_steps:
-                raise SimulationError(
-                    f"run.max_steps = {max_steps} reached at t = {t:.6g}", "max_steps"
-                )
-            rho = grid.from_coordinate(q)
-            speeds = steady if steady is not None else op.node_speeds(velocity, rho, t)
-            rate = op.max_outflow(speeds)
-            if not math.isfinite(rate):
-                raise SimulationError(
-                    f"velocity: non-finite value at the Gauss nodes at t = {t:.6g}, step {steps}"
-                )
-            dt = target - t
-            if rate > 0:
-                dt = min(dt, cfl / rate)
-            if dt_max is not None:
-                dt = min(dt, dt_max)
-            if dt < target - t and target - t < 1.5 * dt:
-                dt = 0.5 * (target - t)  # no sliver of a last step
-            if resolution_tolerance is not None:
-                amount = op.reconstruction_error_rate(q, speeds) * dt
-                if not warned and estimate + amount > resolution_tolerance:
-                    warned = True
-                    events.append(
-                        Event(
-                            "under_resolved",
-                            t,
-                            under_resolved_message(
-                                grid.n, t, t + dt, estimate + amount, resolution_tolerance
-                            ),
-                        )
-                    )
-            before = None if atoms is None else atoms.atoms  # (a retry starts from them)
-            for _attempt in range(STEP_TRIES):
-                try:
-                    stepped = step(q, speeds, t, dt)
-                    break
-                except PositivityError:  # redone from its start with half the step
-                    rejected += 1
-                    dt *= 0.5
-                    if atoms is not None and before is not None:
-                        atoms.restore(before)
-            else:
-                raise SimulationError(
-                    f"step size collapsed below {dt:.3e} at t = {t:.6g}", "step_collapse"
-                )
-            if not np.all(np.isfinite(stepped)):
-                raise SimulationError(
-                    f"density: non-finite value in the step from t = {t:.6g} to "
-                    f"{t + dt:.6g} (step {steps}): the velocity or the density failed there"
-                )
-            q = stepped
-            if resolution_tolerance is not None:
-                estimate += amount  # (of the step as taken: a halved retry counts half)
-            t += dt
-            steps += 1
-            if atoms is not None:
-                atoms.accept()
-                if diffusion.matrix is not None:  # the atoms' second half
-                    atoms.diffuse(noise * dt)
-                rho, moved, changed = atoms.transfer(grid.from_coordinate(q), t)
-                if changed:
-                    q = grid.to_coordinate(rho)
-                events.extend(Event(e.kind, t, describe(e)) for e in moved)
-            elif watch is not None and steps % PIN_EVERY == 0:
-                line = watch.pinned(grid.from_coordinate(q), t)
-                if line is not None:
-                    events.append(Event("pinned", t, line))
-                    watch = None
-        rho = grid.from_coordinate(q)
-        # the state at a snapshot is its density and time exactly (q from rho, t the target:
-        # each differs from the stepped value in the last bit), so a run restarted from a
-        # stored snapshot (tpde run --resume) continues bit for bit
-        q, t = grid.to_coordinate(rho), float(target)
-        out.densities.append(rho)
-        masses.append(grid.integrate(rho))
-        if on_snapshot is not None:
-            on_snapshot(float(target), rho, steps)
-    out.masses = np.array(masses)
-    out.steps = steps
-    out.rejected_steps = rejected
-    out.clipped = diffusion.clipped
-    out.events = events
-    out.atoms = None if atoms is None else atoms.atoms
-    out.reconstruction_error = estimate
-    return out
+    def transfer_atoms(self) -> None:
+        """Cells <-> vMF atoms after the step (their events); atoms off, every PIN_EVERY
+        steps the pinning watch (one ``pinned`` event)."""
+        from .atom_run import PIN_EVERY
+        from .sphere_atoms import describe
+
+        grid = self.grid
+        if self.atoms is not None:
+            rho, moved, changed = self.atoms.transfer(grid.from_coordinate(self.q), self.t)
+            if changed:
+                self.q = grid.to_coordinate(rho)
+            self.events.extend(Event(e.kind, self.t, describe(e)) for e in moved)
+        elif self.watch is not None and self.steps % PIN_EVERY == 0:
+            line = self.watch.pinned(grid.from_coordinate(self.q), self.t)
+            if line is not None:
+                self.events.append(Event("pinned", self.t, line))
+                self.watch = None
+
+    def schedule(self) -> tuple[bool, list[tuple[float, bool]]]:
+        return True, [(float(t), True) for t in self.times[1:]]
+
+    def snapshot(self) -> Snapshot:
+        """The initial density, or the state at the stop just reached. The state at a
+        snapshot is its density and time exactly (q from rho, t the target: each differs
+        from the stepped value in the last bit), so a run restarted from a stored snapshot
+        (tpde run --resume) continues bit for bit."""
+        grid = self.grid
+        if not self._started:
+            self._started = True
+            rho = self.initial.copy()
+        else:
+            rho = grid.from_coordinate(self.q)
+            self.q = grid.to_coordinate(rho)
+            if self.reached(self.target):  # (a callback's stop before it: the time as is)
+                self.t = float(self.target)
+        snap = Snapshot(
+            time=self.t,
+            density=rho,
+            mass=grid.integrate(rho),
+            outflow=0.0,
+            max_speed=float("nan"),
+            dt=self.last_dt,
+            step=self.steps,
+        )
+        self.handed(snap)
+        return snap
+
+    def new_result(self) -> SphereResult:
+        return SphereResult(self.grid, self.times)
+
+    def finish(self, result: SphereResult, wall_time: float) -> None:
+        result.densities = [s.density for s in result.snapshots]
+        result.masses = np.array([s.mass for s in result.snapshots])
+        result.steps = self.steps
+        result.rejected_steps = self.rejected
+        result.clipped = self.diffusion.clipped
+        result.events = self.events
+        result.atoms = None if self.atoms is None else self.atoms.atoms
+        result.reconstruction_error = self.estimate
+        result.wall_time = wall_time
+
+
+def solve(
+    grid: CubedSphere,
+    density: np.ndarray,
+    velocity: SphereVelocity,
+    t_end: float,
+    *,
+    on_snapshot: Callable[[float, np.ndarray, int], None] | None = None,
+    **options,
+) -> SphereResult:
+    """Advance ``density`` (cell averages per unit area) to ``t_end`` with SSP-RK stages of the
+    limited Euler step: :class:`SphereSolver` in the one time loop. ``dt = min(dt_max, cfl /
+    max_outflow)`` from the velocity at the start of each step, cut to land on the
+    ``snapshots`` equally spaced times (or at the given increasing times, the first one the
+    start). ``velocity_at``: see :meth:`CubedSphereOperator.node_speeds`.
+    ``on_snapshot(t, density, steps)`` is called with every snapshot as it is reached (the
+    initial one too). The state at a snapshot is its density and time exactly: solving on
+    from a snapshot's density, with the snapshot times from there on, repeats the rest of
+    the run bit for bit (a resumed run).
+
+    Options (keywords, defaults): ``cfl`` 0.5, ``dt_max`` None, ``snapshots`` 2,
+    ``reconstruction`` "weno5z", ``integrator`` "ssprk3", ``limiter`` True, ``velocity_at``
+    "nodes", ``noise`` 0, ``atoms`` None, ``pinning`` False, ``events`` None, ``max_steps``
+    MAX_STEPS, ``resolution_tolerance`` RESOLUTION_TOLERANCE, ``reconstruction_error`` 0.
+
+    ``noise``: ``eps`` of the noise term ``eps Delta rho`` (Laplace-Beltrami): each step is
+    Strang-split, ``exp(dt eps L / 2)``, the transport step, ``exp(dt eps L / 2)``
+    (:mod:`tpde.schemes.sphere_diffusion`; exact in time, no ``h^2 / eps`` limit).
+
+    ``atoms``: a :class:`tpde.schemes.sphere_atoms.SphereAtomRun` (von Mises-Fisher atoms in
+    the same SSP-RK stages, the transfers after each step, their events in ``events``).
+    ``pinning`` (atoms off): every ``PIN_EVERY`` steps a dry run of the conversion; one
+    ``pinned`` event when a collapsed cluster drifts slower than its cells can move it.
+    ``events``: the list the events are appended to as they happen (a new one if None).
+
+    The loop's guards (:mod:`tpde.schemes.loop`, the flat solver's too): a step whose update
+    goes negative (:class:`PositivityError`) is halved and redone from its start, at most
+    ``STEP_TRIES`` times; a non-finite velocity or density, or more than ``max_steps``
+    steps, raise :class:`tpde.schemes.solver.SimulationError` naming the time.
+
+    ``resolution_tolerance``: the resolution monitor (docs/theory.md, 'The resolution monitor
+    on the sphere'): before every step its
+    :meth:`CubedSphereOperator.reconstruction_error_rate` times ``dt`` is added to the
+    estimate of the share of the mass the reconstruction has misplaced
+    (``SphereResult.reconstruction_error``); the first step that would take it past the
+    tolerance records one ``under_resolved`` event at its start, naming the time and the
+    remedies (the run goes on). None: no monitor (one flux evaluation a step saved). It only
+    reads: the densities are the same bit for bit either way. ``reconstruction_error``: the
+    estimate to start from (a resumed run passes the one it stopped with; past the
+    tolerance already, no second event)."""
+    handed: list[Callable[[Snapshot], None]] = []
+    if on_snapshot is not None:
+        call = on_snapshot
+
+        def handed_on(snap: Snapshot) -> None:
+            call(snap.time, snap.density, snap.step)
+
+        handed.append(handed_on)
+    result: SphereResult = SphereSolver(
+        grid, density, velocity, t_end, on_snapshot=handed, **options
+    ).run()
+    return result
 
 
 def under_resolved_message(n: int, t: float, t_next: float, estimate: float, tolerance: float):

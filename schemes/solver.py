@@ -13,12 +13,16 @@ velocity (``cfl <= 1``: the positivity bound of the limiter), shortened to land 
 every snapshot time. A step whose stage velocity grew past the bound is rejected and redone
 with half the step. Events end a run: a non-finite value (:class:`SimulationError`, naming
 time and step) and mass leaving the box above ``max_outflow`` (status ``mass_left_domain``).
+
+The loop itself is :class:`.loop.TimeLoop`'s, shared with the cubed sphere: :class:`Solver`
+supplies the flat operator side (``plan``, ``land``, ``attempt``, ``snapshot``) and its
+callbacks (the step budget, :class:`FrameStepControl` / :class:`NoiseStepControl`, the
+resolution monitor, the atom transfers, :class:`OutflowGuard`, :class:`BoxMonitor`).
 """
 
 from __future__ import annotations
 
 import math
-import time as _time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -44,6 +48,20 @@ from .frame import (
     truncation_indicator,
     unheld_share,
 )
+from .loop import (
+    FAILURE_REASONS,
+    MAX_STEPS,
+    STEP_TRIES,
+    AtomTransfers,
+    Callback,
+    ResolutionMonitor,
+    SimulationError,
+    StepBudget,
+    StepPlan,
+    Stop,
+    TimeLoop,
+    plain_snapshot_callbacks,
+)
 from .monitor import (
     BOX_ACTIONS,
     RESOLUTION_ACTION,
@@ -64,6 +82,25 @@ from .reconstruction import get_reconstruction
 from .rk import get_integrator
 from .velocity import VelocityField
 
+__all__ = [
+    "FAILURE_REASONS",
+    "MAX_STEPS",
+    "STEP_TRIES",
+    "STATUSES",
+    "SimulationError",
+    "FrameStepRejected",
+    "Scheme",
+    "Problem",
+    "Snapshot",
+    "Result",
+    "Solver",
+    "FrameStepControl",
+    "NoiseStepControl",
+    "OutflowGuard",
+    "BoxMonitor",
+    "simulate_transport",
+]
+
 STATUSES = (
     "completed",
     "blowup",
@@ -73,31 +110,6 @@ STATUSES = (
     "interrupted",
     "failed",
 )
-
-
-#: the steps a run may take (``Problem.max_steps``; the sphere's loop too): a run past it
-#: ends with an error naming the time, not hours later
-MAX_STEPS = 10_000_000
-#: how often a step whose update went negative is halved and redone before the run ends
-#: (each retry halves dt: 30 is a factor 1e-9)
-STEP_TRIES = 30
-#: why the numerics failed (:attr:`SimulationError.reason`, the file's ``status_reason``):
-#: a non-finite value, the step budget ``max_steps`` spent, a fixed ``scheme.dt`` above the
-#: positivity bound, the step halved STEP_TRIES times without passing the limiter
-FAILURE_REASONS = ("non_finite", "max_steps", "step_bound", "step_collapse")
-
-
-class SimulationError(RuntimeError):
-    """The numerics failed (non-finite values, step size collapse); message names t and step.
-
-    ``reason``: one of :data:`FAILURE_REASONS`, the typed cause a file and a sweep read (the
-    message is for people)."""
-
-    def __init__(self, message: str, reason: str = "non_finite"):
-        if reason not in FAILURE_REASONS:
-            raise ValueError(f"SimulationError: reason {reason!r} not in {FAILURE_REASONS}")
-        super().__init__(message)
-        self.reason = reason
 
 
 class FrameStepRejected(ArithmeticError):
@@ -395,11 +407,18 @@ def _exporter(name: str) -> Callable[..., object]:
     return found[0].load()
 
 
-class Solver:
-    """Advances a :class:`Problem`. ``run()`` goes to t_end; ``step(dt)`` does one step.
+class Solver(TimeLoop):
+    """Advances a :class:`Problem` on a flat grid (fixed box, co-moving frame, position
+    slices, atoms). ``run()`` goes to t_end; ``step(dt)`` does one step.
 
-    ``on_snapshot(snapshot)`` callbacks run after each snapshot (a writer, a progress bar).
+    The loop is :class:`.loop.TimeLoop`'s; ``self.callbacks`` runs, in order, the step
+    budget, the frame's or the noise's step control, the resolution monitor, the atom
+    transfers, the outflow guard and the box / collapse / blow-up monitor
+    (:class:`BoxMonitor`), then ``on_snapshot``: callables called with each snapshot (a
+    writer, a progress bar), or :class:`.loop.Callback` objects with hooks of their own.
     """
+
+    retryable = (PositivityError, FrameStepRejected)
 
     def __init__(
         self, problem: Problem, on_snapshot: Callable[[Snapshot], None] | Sequence[Callable] = ()
@@ -424,7 +443,6 @@ class Solver:
             and self.operator.can_interpolate(face_constant)
             and (scheme.face_velocity == "interpolated" or not problem.velocity.steady)
         )
-        self.callbacks = list(on_snapshot) if not callable(on_snapshot) else [on_snapshot]
         self.t = float(problem.t_start)
         self.density = problem.density.copy()
         self.outflow = float(problem.initial_outflow)
@@ -473,6 +491,16 @@ class Solver:
                 "scheme.frame: the affine frame needs the interpolated face velocity "
                 '(scheme.face_velocity = "auto" or "interpolated", >= 8 cells per axis)'
             )
+        steering: list[Callback] = [StepBudget(problem.max_steps)]
+        if self.frame is not None:
+            steering.append(FrameStepControl())
+        elif self.diffusion is not None and scheme.dt is None:
+            steering.append(NoiseStepControl())
+        steering.append(ResolutionMonitor())
+        if self.atom_run is not None or self.pin_watch is not None:
+            steering.append(AtomTransfers())
+        steering += [OutflowGuard(), BoxMonitor()]
+        self.callbacks = [*steering, *plain_snapshot_callbacks(on_snapshot)]
 
     # ---- velocity on the faces ---------------------------------------------------------------
     @profile.timed("velocity")
@@ -749,8 +777,7 @@ class Solver:
             snap.atoms = self.atom_run.atoms
             snap.next_atom_id = self.atom_run.next_id
             snap.mass += snap.atoms.total_mass
-        for callback in self.callbacks:
-            callback(snap)
+        self.handed(snap)
         return snap
 
     def advance_to(self, t_target: float) -> str:
@@ -772,95 +799,110 @@ class Solver:
                 self.status_reason = exc.reason if status == "failed" else ""
                 return status
 
-    def _advance_to(self, t_target: float) -> str:
+    # ---- the operator side of the loop (.loop.TimeLoop) --------------------------------------
+    def plan(self) -> StepPlan:
+        """The face velocity at the step's start and the step its positivity bound allows:
+        ``cfl`` times the bound (at most ``dt_max``), or the fixed ``scheme.dt`` (a
+        SimulationError where it exceeds the bound)."""
         scheme = self.problem.scheme
-        while self.t < t_target:
-            if self.steps >= self.problem.max_steps:
+        velocity = self.face_velocity(self.density, self.t, self.frame)
+        self.last_speed = velocity.max_speed()
+        bound = self.stable_dt(velocity)
+        if scheme.dt is not None:
+            dt = scheme.dt
+            if dt > bound * (1 + 1e-12):
                 raise SimulationError(
-                    f"run.max_steps = {self.problem.max_steps} reached at t = {self.t:.6g}",
-                    "max_steps",
+                    f"scheme.dt = {dt:.4g} exceeds the positivity bound "
+                    f"{bound:.4g} at t = {self.t:.6g}: lower dt",
+                    "step_bound",
                 )
-            velocity = self.face_velocity(self.density, self.t, self.frame)
-            self.last_speed = velocity.max_speed()
-            bound = self.stable_dt(velocity)
-            if scheme.dt is not None:
-                dt = scheme.dt
-                if dt > bound * (1 + 1e-12):
-                    raise SimulationError(
-                        f"scheme.dt = {dt:.4g} exceeds the positivity bound "
-                        f"{bound:.4g} at t = {self.t:.6g}: lower dt",
-                        "step_bound",
-                    )
-            else:
-                dt = scheme.cfl * bound
-                if scheme.dt_max is not None:
-                    dt = min(dt, scheme.dt_max)
-            if self.frame is not None:
-                dt = min(dt, self._frame_dt, self._initial_frame_dt(velocity))
-                if self.diffusion is not None and velocity.frame_rates is not None:
-                    rate = frame_step_bound(velocity.frame_rates.gain, self.grid)
-                    dt = min(dt, scheme.cfl / rate) if rate > 0 else dt
-            if self.diffusion is not None and self.frame is None and scheme.dt is None:
-                dt = quantised_step(dt)  # (the diffusion's exponentials repeat)
-            remaining = t_target - self.t
-            if dt >= remaining * (1 - 1e-12):
-                dt = remaining
-            elif not math.isfinite(dt):
-                dt = remaining
-            rate = self.reconstruction_error_rate(velocity)  # of this step's start
-            self._cells_rate = rate
-            handed = [velocity]  # step() drops it after its last use (memory)
-            del velocity
-            unresolved = self.monitor.check_resolution(rate * dt, self.t, self.t + dt, self.density)
-            if unresolved is not None:  # (the run ends before the step that would pass)
-                self.status_message = unresolved[1]
-                return unresolved[0]
-            tries: list[tuple[float, float]] = []  # the frame's rejected (dt, error)
-            for _attempt in range(STEP_TRIES):
-                try:
-                    if self.diffusion is None:
-                        self.step(dt, handed.pop() if handed else None)
-                    else:
-                        self.noisy_step(dt)
-                    break
-                except PositivityError:  # redone from scratch (the stage-0 velocity too)
-                    self.rejected += 1
-                    dt *= 0.5
-                except FrameStepRejected as exc:
-                    self.rejected += 1
-                    tries.append((dt, exc.error))
-                    rough = rough_rates(tries, self.frame_tolerance(dt))
-                    if rough is not None:  # a storm of rejections: the run ends here
-                        message = f"at t = {self.t:.6g}: {rough}"
-                        status, self.status_message = self.monitor.ended(
-                            self.t, "under_resolved", message, rough
-                        )
-                        return status
-                    dt = self._frame_dt
-            else:
-                raise SimulationError(
-                    f"step size collapsed below {dt:.3e} at t = {self.t:.6g}", "step_collapse"
-                )
-            if abs(self.t - t_target) <= 1e-13 * max(1.0, abs(t_target)):
-                self.t = t_target
-            self.monitor.add_reconstruction_error(rate * dt)
-            if self.atom_run is not None:  # cells <-> atoms, conserving mass and moments
-                self.density = self.atom_run.transfer(
-                    self.density, self.t, self.monitor.events, self.frame
-                )
-            elif self.pin_watch is not None:
-                self.pin_watch.check(self.density, self.t, self.monitor.events)
-            if self.outflow > self.problem.max_outflow * self.mass0:
-                self.status_message = (
-                    f"outflow {self.outflow:.3e} exceeds "
-                    f"{self.problem.max_outflow:g} of the initial mass "
-                    f"{self.mass0:.6g} at t = {self.t:.6g}"
-                )
-                return "mass_left_domain"
-            ended = self._watch()
-            if ended is not None:
-                return ended
-        return "completed"
+        else:
+            dt = scheme.cfl * bound
+            if scheme.dt_max is not None:
+                dt = min(dt, scheme.dt_max)
+        return StepPlan(velocity, dt)
+
+    def land(self, dt: float, remaining: float) -> float:
+        """The whole remainder when the step reaches it (or is unbounded), else ``dt``."""
+        if dt >= remaining * (1 - 1e-12):
+            return remaining
+        if not math.isfinite(dt):
+            return remaining
+        return dt
+
+    def attempt(self, plan: StepPlan, dt: float) -> None:
+        """One step (Strang-split with noise); the first attempt uses the plan's velocity."""
+        if self.diffusion is None:
+            self.step(dt, plan.take())
+        else:
+            self.noisy_step(dt)
+
+    def retried(self, exc: BaseException, dt: float, tries: list) -> float | Stop:
+        """A frame step over its tolerance is redone with the step its error allows; a
+        storm of such rejections (:func:`.frame.rough_rates`) ends the run."""
+        if not isinstance(exc, FrameStepRejected):
+            return super().retried(exc, dt, tries)
+        self.rejected += 1
+        tries.append((dt, exc.error))
+        rough = rough_rates(tries, self.frame_tolerance(dt))
+        if rough is not None:
+            status, message = self.monitor.ended(
+                self.t, "under_resolved", f"at t = {self.t:.6g}: {rough}", rough
+            )
+            return Stop(status, message)
+        return self._frame_dt
+
+    def accepted(self, target: float) -> None:
+        if abs(self.t - target) <= 1e-13 * max(1.0, abs(target)):
+            self.t = target
+
+    def check_resolution(self, plan: StepPlan, dt: float) -> Stop | None:
+        """The resolution monitor before a step (:meth:`.monitor.Monitor.check_resolution`)."""
+        plan.rate = self.reconstruction_error_rate(plan.velocity)  # of this step's start
+        self._cells_rate = plan.rate  # (the frame's step tolerance reads it)
+        unresolved = self.monitor.check_resolution(
+            plan.rate * dt, self.t, self.t + dt, self.density
+        )
+        return None if unresolved is None else Stop(*unresolved)
+
+    def add_resolution(self, plan: StepPlan) -> None:
+        self.monitor.add_reconstruction_error(plan.rate * self.last_dt)  # (the step taken)
+
+    def transfer_atoms(self) -> None:
+        """Cells <-> atoms, conserving mass and moments; atoms off, the pinning watch."""
+        if self.atom_run is not None:
+            self.density = self.atom_run.transfer(
+                self.density, self.t, self.monitor.events, self.frame
+            )
+        elif self.pin_watch is not None:
+            self.pin_watch.check(self.density, self.t, self.monitor.events)
+
+    def schedule(self) -> tuple[bool, list[tuple[float, bool]]]:
+        """The snapshot times, and the jumps of the velocity field (steps land on both)."""
+        times = self.problem.times
+        initial = bool(times[0] <= self.t)
+        if initial:
+            times = times[1:]
+        jumps = [
+            float(b)
+            for b in self.problem.velocity.breakpoints()
+            if self.t < b < times[-1] and not np.any(np.isclose(times, b, rtol=1e-14, atol=0.0))
+        ]
+        return initial, sorted([(float(t), True) for t in times] + [(b, False) for b in jumps])
+
+    def new_result(self) -> Result:
+        return Result(self.grid, [], positions=self.problem.positions)
+
+    def finish(self, result: Result, wall_time: float) -> None:
+        result.events = list(self.monitor.events)
+        result.truncation = self.monitor.largest
+        result.reconstruction_error = self.monitor.reconstruction_error
+        if self.atom_run is not None:
+            result.atom_transfers = list(self.atom_run.transfers)
+        result.steps = self.steps
+        result.rejected_steps = self.rejected
+        result.limited_stages = self.operator.limited_steps
+        result.wall_time = wall_time
 
     def physical_moments(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Mean and covariance of the measure in physical coordinates (None for masked runs,
@@ -900,46 +942,58 @@ class Solver:
         return ended[0]
 
     def run(self) -> Result:
-        start = _time.perf_counter()
-        problem = self.problem
-        result = Result(self.grid, [], positions=problem.positions)
-        times = problem.times
-        if times[0] <= self.t:
-            result.snapshots.append(self.snapshot())
-            times = times[1:]
-        # steps land on the snapshot times and on the jumps of the velocity field
-        jumps = [
-            float(b)
-            for b in problem.velocity.breakpoints()
-            if self.t < b < times[-1] and not np.any(np.isclose(times, b, rtol=1e-14, atol=0.0))
-        ]
-        stops = sorted([(float(t), True) for t in times] + [(b, False) for b in jumps])
-        try:
-            for t_stop, is_snapshot in stops:
-                status = self.advance_to(t_stop)
-                if not is_snapshot and status == "completed":
-                    continue
-                if not (result.snapshots and result.snapshots[-1].step == self.steps):
-                    result.snapshots.append(self.snapshot())  # (a stop before any step: none)
-                if status != "completed":
-                    result.status = status
-                    result.status_time = self.t
-                    result.status_message = self.status_message
-                    result.status_reason = self.status_reason
-                    break
-        finally:
-            result.events = list(self.monitor.events)
-            result.truncation = self.monitor.largest
-            result.reconstruction_error = self.monitor.reconstruction_error
-            if self.atom_run is not None:
-                result.atom_transfers = list(self.atom_run.transfers)
-            result.steps = self.steps
-            result.rejected_steps = self.rejected
-            result.limited_stages = self.operator.limited_steps
-            result.wall_time = _time.perf_counter() - start
-        if result.status == "completed":
-            result.status_time = self.t
+        result: Result = super().run()
         return result
+
+
+class FrameStepControl(Callback):
+    """The co-moving frame's step control: the step its embedded error allows
+    (``Solver._frame_dt``, set by the last step), 1e-3 of the frame's time scale before the
+    first, and with noise the frame's diffusion bound (:func:`.diffusion.frame_step_bound`)."""
+
+    def limit_dt(self, loop: TimeLoop, plan: StepPlan, dt: float) -> float:
+        assert isinstance(loop, Solver)
+        velocity = plan.velocity
+        dt = min(dt, loop._frame_dt, loop._initial_frame_dt(velocity))
+        if loop.diffusion is not None and velocity.frame_rates is not None:
+            rate = frame_step_bound(velocity.frame_rates.gain, loop.grid)
+            dt = min(dt, loop.problem.scheme.cfl / rate) if rate > 0 else dt
+        return dt
+
+
+class NoiseStepControl(Callback):
+    """Noise in a fixed box with an adaptive step: the step rounded down to a few values
+    (:func:`.diffusion.quantised_step`), so the diffusion's exponentials repeat."""
+
+    def limit_dt(self, loop: TimeLoop, plan: StepPlan, dt: float) -> float:
+        return quantised_step(dt)
+
+
+class OutflowGuard(Callback):
+    """``mass_left_domain``: the mass that left through outflow boundaries above
+    ``run.max_outflow`` of the initial mass."""
+
+    def after_step(self, loop: TimeLoop, plan: StepPlan) -> Stop | None:
+        assert isinstance(loop, Solver)
+        limit = loop.problem.max_outflow
+        if loop.outflow > limit * loop.mass0:
+            return Stop(
+                "mass_left_domain",
+                f"outflow {loop.outflow:.3e} exceeds {limit:g} of the initial mass "
+                f"{loop.mass0:.6g} at t = {loop.t:.6g}",
+            )
+        return None
+
+
+class BoxMonitor(Callback):
+    """The monitor's checks after a step (:mod:`.monitor`): the covariance recorded (collapse
+    events, the blow-up prediction), the box's truncation (``box_limited``, or ``blowup``
+    where the covariance is blowing up)."""
+
+    def after_step(self, loop: TimeLoop, plan: StepPlan) -> Stop | None:
+        assert isinstance(loop, Solver)
+        status = loop._watch()
+        return None if status is None else Stop(status, loop.status_message)
 
 
 def simulate_transport(
