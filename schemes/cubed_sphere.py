@@ -212,8 +212,9 @@ def _outflows(speeds, weights, h, up, down):  # pragma: no cover - compiled
                     d = 0.0
                     for g in range(G):
                         s = speeds[x, q, i, k, g]
-                        u += (s if s > 0.0 else 0.0) * weights[g]
-                        d += (-s if s < 0.0 else 0.0) * weights[g]
+                        # np.maximum's: a NaN passes (the loop names a non-finite velocity)
+                        u += (s if s > 0.0 else (0.0 if s <= 0.0 else s)) * weights[g]
+                        d += (-s if s < 0.0 else (0.0 if s >= 0.0 else s)) * weights[g]
                     up[x, q, i, k] = h * u
                     down[x, q, i, k] = h * d
 
