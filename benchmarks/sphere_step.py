@@ -36,8 +36,8 @@ Rows, in one run at one thread count (rounds alternate the two steps, so both se
 Prints one JSON line.
 
 Measured (one thread, 2 shared cores): ``sphere_over_flat`` 2.33 at load 13, 2.49 at
-load 9-10 and 2.17 at load 6 with the line synthesis (the code before: 2.16 at load 5-7, 2.67 at load 3-6);
-``engines.max_gap_over_scale`` 1.7e-13.
+load 9-10 and 2.17 at load 6 with the line synthesis (the code before: 2.16 at load 5-7,
+2.67 at load 3-6); ``engines.max_gap_over_scale`` 1.7e-13.
 """
 
 from __future__ import annotations
