@@ -197,6 +197,7 @@ class _Plan:
     weights: dict[str, np.ndarray]  # "z", "tangent", "radial": (K, nalm) per-alm weights
     basis: np.ndarray  # (M, K)
     dense: np.ndarray  # (M,) bool: singular targets
+    lines: LineSynthesis | None = None  # the targets on the axis frames' meridians
 
 
 class _LastCoefficients:
@@ -445,6 +446,303 @@ class PanelReduction:
         )
 
 
+#: the cube's axes as the poles of three frames: ``x' = R x`` with ``x'_z`` along the axis,
+#: and the Euler angles ``(psi, theta, phi)`` of ducc0's ``rotate_alm`` that carry the
+#: coefficients of ``f`` to those of ``x' -> f(R^T x')`` (None: the identity)
+_AXIS_FRAMES: tuple[tuple[np.ndarray, tuple[float, float, float] | None], ...] = (
+    (np.eye(3), None),
+    (
+        np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]),
+        (math.pi, 0.5 * math.pi, 0.5 * math.pi),
+    ),
+    (
+        np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+        (0.5 * math.pi, 0.5 * math.pi, 0.0),
+    ),
+)
+#: a line's points are on one meridian of a frame when their longitudes agree to this, and
+#: lines share one colatitude table when their sorted colatitudes agree to this (radians: a
+#: few units in the last place; the values move by at most the degree times as much)
+LINE_ANGLES = 1e-14
+#: a line's frame keeps its pole this far from the line's points (``|<x, pole>| <= ``): the
+#: frame's ``1 / sin(theta)`` stays below 3.2
+LINE_POLE = 0.95
+
+
+@nb.njit(cache=True)
+def _line_gradients(
+    values, row, reverse, cos_t, sin_t, cos_p, sin_p, frame, line_frame, scale, z, g
+):  # pragma: no cover - compiled
+    """``z`` ``(M,)`` and the Cartesian surface gradient ``g`` ``(M, 3)`` (times ``scale``) at
+    the lines' points ``(line i, point j)``, ``M = lines x n``, from ``values (rows, 3, n)``
+    (value, ``d theta``, ``d phi`` at ascending colatitudes of the line's row ``row[i]``,
+    ``reverse[i]``: the line's points run the other way) in the frame ``x' = R x`` of the
+    line (``frame (3, 3, 3)``, ``line_frame (lines,)``): ``g = R^T (d_theta e_theta +
+    d_phi / sin(theta) e_phi)``."""
+    lines, n = cos_t.shape
+    for i in range(lines):
+        r = row[i]
+        R = frame[line_frame[i]]
+        cp, sp = cos_p[i], sin_p[i]
+        for j in range(n):
+            jj = n - 1 - j if reverse[i] else j
+            ct, st = cos_t[i, j], sin_t[i, j]
+            k = i * n + j
+            z[k] = values[r, 0, jj]
+            d_theta = values[r, 1, jj] * scale
+            d_phi = values[r, 2, jj] * scale / st
+            # e_theta = (ct cp, ct sp, -st), e_phi = (-sp, cp, 0) in the line's frame
+            u0 = d_theta * ct * cp - d_phi * sp
+            u1 = d_theta * ct * sp + d_phi * cp
+            u2 = -d_theta * st
+            for c in range(3):
+                g[k, c] = R[0, c] * u0 + R[1, c] * u1 + R[2, c] * u2
+
+
+class LineSynthesis:
+    """A degree-``L`` function and its surface gradient, exact to round-off, at targets that
+    lie on meridians of the cube's three axis frames, ``n`` consecutive targets a line (the
+    face centres of :class:`tpde.schemes.cubed_sphere.CubedSphereOperator`: every grid line
+    of a panel is a great circle through the centres of two opposite panels).
+
+    In a frame whose pole is a cube axis, ``f(theta, phi) = sum_{k, m} C_km e^{i k theta}
+    e^{i m phi}`` on the doubled torus (``theta in [0, 2 pi)``, ``f(2 pi - theta, phi + pi) =
+    f(theta, phi)``): ``C`` from the rotated coefficients (ducc0's ``rotate_alm``, exact) by
+    one synthesis on a ``(L + 2) x (2 L + 2)`` Fejer grid (``synthesis_2d``) and two FFTs. On a
+    meridian ``phi = phi_0`` the function is the trigonometric polynomial ``sum_k (A_k cos k
+    theta + B_k sin k theta)``, its coefficients one matrix product for all the frame's lines
+    (and ``d phi`` from the same with ``m``); ``d theta`` is ``k`` times them, and the values at
+    the line's colatitudes are one matrix product per table of colatitudes (lines related by
+    the cube's symmetry share one; a table symmetric about the equator splits into its even
+    and odd parts, half the work each). No non-uniform transform: no ``epsilon``."""
+
+    def __init__(self, points: np.ndarray, n: int, degree: int):
+        L = self.degree = int(degree)
+        lines = np.asarray(points, float).reshape(-1, n, 3)
+        count = lines.shape[0]
+        line_frame = np.empty(count, np.int64)
+        phi = np.empty(count)
+        theta = np.empty((count, n))
+        for i in range(count):
+            normal = np.cross(lines[i, 0], lines[i, -1])
+            normal /= np.linalg.norm(normal)
+            k = next(
+                (
+                    f
+                    for f, (R, _) in enumerate(_AXIS_FRAMES)
+                    if abs(normal @ R[2]) < LINE_ANGLES
+                    and np.abs(lines[i] @ R[2]).max() <= LINE_POLE
+                ),
+                -1,
+            )
+            if k < 0:
+                raise ValueError("the targets are not on meridians of the cube's axis frames")
+            x = lines[i] @ _AXIS_FRAMES[k][0].T
+            longitude = np.arctan2(x[:, 1], x[:, 0])
+            longitude = longitude[0] + np.angle(np.exp(1j * (longitude - longitude[0])))
+            if np.ptp(longitude) > LINE_ANGLES:
+                raise ValueError("a line of targets is not on one meridian")
+            line_frame[i], phi[i] = k, float(np.mean(longitude))
+            theta[i] = np.arctan2(np.hypot(x[:, 0], x[:, 1]), x[:, 2])
+        steps = np.diff(theta, axis=1)
+        reverse = np.all(steps < 0, axis=1)
+        if not np.all(reverse | np.all(steps > 0, axis=1)):
+            raise ValueError("the targets of a line are not monotonic in colatitude")
+        ordered = np.where(reverse[:, None], theta[:, ::-1], theta)
+        # lines sharing one colatitude table (the cube's symmetry), ordered table by table
+        tables: list[np.ndarray] = []
+        table = np.empty(count, np.int64)
+        for i in np.lexsort(ordered.T[::-1]):
+            if not tables or np.abs(ordered[i] - tables[-1]).max() > LINE_ANGLES:
+                tables.append(ordered[i])
+            table[i] = len(tables) - 1
+        order = np.argsort(table, kind="stable")
+        bounds = np.searchsorted(table[order], np.arange(len(tables) + 1))
+        self.slices = [slice(int(bounds[s]), int(bounds[s + 1])) for s in range(len(tables))]
+        row = np.empty(count, np.int64)
+        row[order] = np.arange(count)
+        self.row, self.reverse, self.line_frame = row, reverse, line_frame
+        self.cos_t, self.sin_t = np.cos(theta), np.sin(theta)
+        self.cos_p, self.sin_p = np.cos(phi), np.sin(phi)
+        self.frames = np.stack([R for R, _ in _AXIS_FRAMES])
+        self.n = n
+        # the rows of the line coefficients: [cos k theta, k = 0..L; sin k theta, k = 0..L],
+        # reordered as the even part (cos even k, sin odd k) then the odd part
+        waves_up = np.arange(L + 1)
+        cos_rows, sin_rows = waves_up, L + 1 + waves_up
+        even = np.concatenate([cos_rows[waves_up % 2 == 0], sin_rows[waves_up % 2 == 1]])
+        odd = np.concatenate([cos_rows[waves_up % 2 == 1], sin_rows[waves_up % 2 == 0]])
+        self.split = even.size
+        permutation = np.concatenate([even, odd])
+        # d theta of (A_k cos + B_k sin) is (k B_k) cos - (k A_k) sin: as a signed row map
+        source = np.concatenate([sin_rows, cos_rows])[permutation]
+        sign = np.concatenate([waves_up, -waves_up]).astype(float)[permutation]
+        position = np.empty(2 * (L + 1), np.int64)
+        position[permutation] = np.arange(2 * (L + 1))
+        self.derivative_source, self.derivative_scale = position[source], sign
+        # the tables' half colatitudes (symmetric about the equator) and their basis
+        self.half = (n + 1) // 2
+        self.bases = []
+        for values in tables:
+            mirrored = math.pi - values[::-1]
+            if np.abs(mirrored - values).max() > LINE_ANGLES:
+                raise ValueError("a colatitude table is not symmetric about the equator")
+            t = values[: self.half]
+            basis = np.concatenate(
+                [np.cos(np.outer(t, waves_up)), np.sin(np.outer(t, waves_up))], axis=1
+            )
+            basis = basis[:, permutation]
+            self.bases.append(
+                (
+                    np.ascontiguousarray(basis[:, : self.split].T),
+                    np.ascontiguousarray(basis[:, self.split :].T),
+                )
+            )
+        # per frame: its lines at longitudes phi_0 + 2 pi j / N (the grid lines of the panels
+        # around the frame's axis: N = 4 n, uniform); each line (table order) as f N + j
+        self.start = np.zeros(len(_AXIS_FRAMES))
+        slots = 4 * n
+        flat = np.empty(count, np.int64)
+        for f in range(len(_AXIS_FRAMES)):
+            members = np.flatnonzero(line_frame[order] == f)
+            longitudes = phi[order][members]
+            self.start[f] = float(longitudes[0])
+            j = ((longitudes - self.start[f]) / (2 * math.pi)) % 1.0 * slots
+            near = np.round(j)
+            if np.abs(j - near).max() > 1e-9:
+                raise ValueError("the lines of a frame are not at longitudes 2 pi j / (4 n)")
+            flat[members] = f * slots + near.astype(np.int64) % slots
+        self.slots, self.flat = slots, flat
+        # m onto the real inverse FFT's 0..N/2: r = m mod N, r > N/2 as conj at N - r; the
+        # weights of irfft (1 at 0 and N/2, 2 between) undone
+        r = np.arange(L + 1) % slots
+        upper = r > slots // 2
+        self.fold = np.where(upper, slots - r, r)
+        self.fold_conj = upper
+        inner = (self.fold > 0) & (2 * self.fold != slots)
+        self.fold_factor = np.where(inner, 0.5, 1.0)
+        self.unfolded = bool(np.unique(self.fold).size == L + 1 and not np.any(upper))
+        self.rings, self.ring_points = L + 2, 2 * L + 2
+        torus = 2 * self.rings
+        waves = np.arange(-L, L + 1)
+        self.waves = np.concatenate([np.arange(torus - L, torus), np.arange(L + 1)])
+        m = np.arange(L + 1)
+        self.parity = (-1.0) ** m
+        # the F1 rings at theta = pi (t + 1/2) / rings: the FFT's half-sample shift; the
+        # FFTs' 1 / (torus rings points); m > 0 stands for m and -m (f = Re sum_{k, m >= 0});
+        # the longitudes from phi_0: (frames, 2 L + 1, L + 1)
+        phases = np.exp(-1j * math.pi * waves / torus)[:, None] / (torus * self.ring_points)
+        phases = phases * np.where(m > 0, 2.0, 1.0)[None, :]
+        self.phases = phases[None] * np.exp(1j * np.outer(self.start, m))[:, None, :]
+        self.permutation = permutation
+
+    @staticmethod
+    def build(points: np.ndarray, degree: int) -> LineSynthesis | None:
+        """The synthesis of ``points (M, 3)`` when they are lines of ``n`` targets
+        (``M = 12 n (n + 1)``, the face centres' layout) on the frames' meridians; else None."""
+        M = points.shape[0]
+        n = int(round((math.sqrt(1 + M / 3) - 1) / 2))
+        if n < 2 or 12 * n * (n + 1) != M:
+            return None
+        try:
+            return LineSynthesis(points, n, degree)
+        except ValueError:
+            return None
+
+    def _coefficients(self, alm: np.ndarray, threads: int) -> np.ndarray:
+        """The line coefficients ``(lines, 2, 2 (L + 1))`` (value, ``d phi``; rows permuted:
+        even part, odd part), lines in table order: per frame, ``G_k(phi_j) = sum_m C_km
+        e^{i m phi_j}`` at the ``N`` equispaced longitudes by one FFT over ``m`` (folded mod
+        ``N``: exact at those longitudes), then ``A_k = Re (G_k + G_-k)``, ``B_k = Im (G_-k -
+        G_k)``, ``f = sum_k A_k cos k theta + B_k sin k theta`` on the meridian."""
+        from ducc0.sht import rotate_alm, synthesis_2d
+
+        L, N = self.degree, self.slots
+        frames = len(_AXIS_FRAMES)
+        rings = np.empty((frames, self.rings, self.ring_points))
+        for f, (_, angles) in enumerate(_AXIS_FRAMES):
+            b = alm if angles is None else rotate_alm(alm, L, *angles, nthreads=threads)
+            synthesis_2d(
+                alm=b[None, :],
+                spin=0,
+                lmax=L,
+                geometry="F1",
+                ntheta=self.rings,
+                nphi=self.ring_points,
+                nthreads=threads,
+                map=rings[f : f + 1],
+            )
+        F = np.fft.rfft(rings, axis=2)[:, :, : L + 1]  # (frames, rings, m = 0..L)
+        torus = np.concatenate([F, (F * self.parity)[:, ::-1]], axis=1)
+        C = np.fft.fft(torus, axis=1)[:, self.waves]  # (frames, k = -L..L, m)
+        C *= self.phases  # the F1 rings' half offset, the FFTs' scales, m and -m, phi_0
+        # the meridian's cos k theta (C_k + C_-k) and sin k theta (i (C_k - C_-k)) rows,
+        # permuted, each Re sum_m D_m e^{i m phi}: value and d phi (times i m)
+        D = np.empty((frames, 2, 2 * (L + 1), L + 1), complex)
+        positive, negative = C[:, L:], C[:, L::-1]  # k = 0..L, -k = 0..-L
+        rows = np.concatenate([positive + negative, 1j * (positive - negative)], axis=1)
+        rows[:, 0] = C[:, L]  # k = 0 once
+        rows[:, L + 1] = 0.0
+        D[:, 0] = rows[:, self.permutation]
+        D[:, 1] = D[:, 0] * (1j * np.arange(L + 1))
+        # Re sum_m D_m e^{2 pi i m j / N} by one real inverse FFT (m folded onto 0..N/2)
+        Y = np.zeros((frames, 2, 2 * (L + 1), N // 2 + 1), complex)
+        if self.unfolded:
+            Y[..., self.fold] = D * self.fold_factor
+        else:
+            for mm in range(L + 1):
+                value = D[..., mm] * self.fold_factor[mm]
+                Y[..., self.fold[mm]] += np.conj(value) if self.fold_conj[mm] else value
+        X = np.fft.irfft(Y, n=N, axis=3, norm="forward")  # (frames, 2, rows, N)
+        X = X.transpose(0, 3, 1, 2).reshape(frames * N, 2, 2 * (L + 1))
+        return X[self.flat]
+
+    def evaluate(
+        self, alm: np.ndarray, scale: float, threads: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``f`` ``(M,)`` and ``scale`` times its Cartesian surface gradient ``(M, 3)`` at the
+        targets, ``alm`` the coefficients of ``f`` (ducc0's order)."""
+        coefficients = self._coefficients(np.ascontiguousarray(alm), threads)
+        lines, n, h, split = self.row.size, self.n, self.half, self.split
+        # (lines, 3, rows): value, d theta, d phi; the even rows and the odd rows apart
+        # (contiguous: one matrix product per table)
+        even_rhs = np.empty((lines, 3, split))
+        odd_rhs = np.empty((lines, 3, coefficients.shape[2] - split))
+        for part, rows in ((even_rhs, slice(None, split)), (odd_rhs, slice(split, None))):
+            part[:, 0] = coefficients[:, 0, rows]
+            part[:, 1] = (
+                coefficients[:, 0, self.derivative_source[rows]] * self.derivative_scale[rows]
+            )
+            part[:, 2] = coefficients[:, 1, rows]
+        even_flat = even_rhs.reshape(lines * 3, -1)
+        odd_flat = odd_rhs.reshape(lines * 3, -1)
+        values = np.empty((lines, 3, n))
+        low = n - h  # the mirrored colatitudes pi - t_j, j < n - h, descending
+        for s, (even, odd) in zip(self.slices, self.bases, strict=True):
+            rows = slice(3 * s.start, 3 * s.stop)
+            e = (even_flat[rows] @ even).reshape(-1, 3, h)
+            o = (odd_flat[rows] @ odd).reshape(-1, 3, h)
+            values[s, :, :h] = e + o
+            values[s, :, h:] = (e[:, :, :low] - o[:, :, :low])[:, :, ::-1]
+        z = np.empty(lines * n)
+        g = np.empty((lines * n, 3))
+        _line_gradients(
+            values,
+            self.row,
+            self.reverse,
+            self.cos_t,
+            self.sin_t,
+            self.cos_p,
+            self.sin_p,
+            self.frames,
+            self.line_frame,
+            float(scale),
+            z,
+            g,
+        )
+        return z, g
+
+
 class HarmonicSums:
     """The scaled partition ``e^{-r} Z`` and gradient ``e^{-r} G`` at tilts ``c = A x`` of a
     discrete measure on the unit sphere, by spherical harmonics (module docstring)."""
@@ -504,8 +802,11 @@ class HarmonicSums:
         weights = {
             k: np.ascontiguousarray(4 * math.pi * v[l_of].T) for k, v in coefficients.items()
         }
+        lines = None
+        if self.isotropic and terms == 1:  # c^ = x, one radius: the targets' own lines
+            lines = LineSynthesis.build(points, degree)
         self._plan = _Plan(
-            points.copy(), loc, frame, directions, shift, degree, weights, basis, dense
+            points.copy(), loc, frame, directions, shift, degree, weights, basis, dense, lines
         )
         return self._plan
 
@@ -600,7 +901,13 @@ class HarmonicSums:
         with_radial = radial or not self.isotropic
         z, surface = np.zeros(M), np.zeros((2, M))
         radial_part = np.zeros(M) if with_radial else None
-        for k in range(terms):
+        on_lines = plan.lines is not None and not with_radial
+        if plan.lines is not None and on_lines:
+            # exact at the face centres: e^{-r} G's tangent part is grad_S (e^{-r} Z) / r
+            z, g = plan.lines.evaluate(
+                alm * plan.weights["z"][0], 1.0 / float(plan.shift[0]), threads
+            )
+        for k in range(0 if on_lines else terms):
 
             def synthesis(part: str, spin: int, mode: str = "STANDARD", k: int = k) -> np.ndarray:
                 coefficients = (alm * plan.weights[part][k])[None, :]
@@ -617,8 +924,9 @@ class HarmonicSums:
             surface += column * synthesis("tangent", 1, "DERIV1")
             if radial_part is not None:
                 radial_part += column * synthesis("radial", 0)[0]
-        g = np.empty((M, 3))
-        _frame_sum(np.ascontiguousarray(surface), plan.frame, g)
+        if not on_lines:
+            g = np.empty((M, 3))
+            _frame_sum(np.ascontiguousarray(surface), plan.frame, g)
         if radial_part is not None:
             g += radial_part[:, None] * plan.directions
         interpolation = 0.0
@@ -645,6 +953,7 @@ class HarmonicSums:
         self.last = {
             "degree": degree,
             "terms": terms,
+            "lines": int(on_lines),
             "dense_targets": int(np.count_nonzero(dense)),
             "targets": M,
             "reduction": 0 if reduction is None else reduction.terms,
