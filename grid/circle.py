@@ -29,14 +29,17 @@ from .grid import Grid
 __all__ = [
     "TWO_PI",
     "CircleGrid",
+    "atoms_on_cells",
     "circle_copies",
     "circle_grid",
     "clusters",
     "embed",
     "fourier_modes",
+    "full_circle",
     "is_circle",
     "mode_amplitude",
     "noise_modes",
+    "order_parameter",
     "smooth_noise",
     "tangent",
     "uniform_modes",
@@ -331,3 +334,57 @@ def clusters(
         # the minima cells are shared: half to each side
         masses[i] = (rho[index].sum() - 0.5 * rho[lo % n] + 0.5 * rho[hi % n]) * h
     return grid.centres(0)[peaks], masses
+
+
+def full_circle(theta: np.ndarray, density: np.ndarray, copies: int):
+    """An m-fold run (``copies`` = m) on the whole circle: the angles ``theta`` of one period
+    and the ``density`` (..., cells) repeated m times."""
+    if copies == 1:
+        return theta, density
+    period = TWO_PI / copies
+    theta = np.concatenate([theta + j * period for j in range(copies)])
+    return theta, np.concatenate([density] * copies, axis=-1)
+
+
+def order_parameter(density: np.ndarray, grid: Grid, copies: int) -> np.ndarray:
+    """The order parameter ``|c_m| / c_0`` of every snapshot of ``density`` (time, cells)
+    (``m`` = copies; m = 1: ``|<e^{i theta}>|``; :func:`fourier_modes`), shape (time,)."""
+    modes = fourier_modes(density, grid, copies)
+    return np.abs(modes[..., -1]) / np.maximum(np.abs(modes[..., 0]), 1e-300)
+
+
+def atoms_on_cells(
+    density: np.ndarray,
+    grid: Grid,
+    centre: np.ndarray,
+    mass: np.ndarray,
+    variance: np.ndarray,
+) -> np.ndarray:
+    """The cell averages ``(time, cells)`` of ``density`` plus atoms: each atom's wrapped
+    normal ``m N(a, s)`` averaged over the cells, ``m / h sum_w (Phi((e_{j+1} - a - w L) /
+    sqrt s) - Phi((e_j - a - w L) / sqrt s))`` (``L`` the period, ``w`` the wraps within 8
+    standard deviations; a point mass, ``s = 0``, into the cell of its centre). ``centre``,
+    ``mass``, ``variance``: ``(time, slots)``, NaN in an empty slot (the file's atoms,
+    tpde.atoms_io). ``density`` is not changed."""
+    from scipy.special import ndtr
+
+    density = np.array(density, dtype=float)
+    n = density.shape[-1]
+    h = grid.spacing[0]
+    period = n * h
+    edges = np.arange(n + 1) * h
+    centre = np.mod(np.asarray(centre, float), period)
+    for r in range(density.shape[0]):
+        held = np.flatnonzero(np.isfinite(centre[r]) & np.isfinite(mass[r]))
+        for j in held:
+            a, m, v = centre[r, j], mass[r, j], max(float(variance[r, j]), 0.0)
+            sigma = np.sqrt(v)
+            if sigma < 1e-9 * h:  # (a point: its cell holds it)
+                density[r, min(int(a / h), n - 1)] += m / h
+                continue
+            wraps = np.arange(
+                -int(np.ceil(8 * sigma / period)) - 1, int(np.ceil(8 * sigma / period)) + 2
+            )
+            shifted = (edges[None, :] - a - wraps[:, None] * period) / sigma
+            density[r] += m * np.diff(ndtr(shifted), axis=1).sum(axis=0) / h
+    return density

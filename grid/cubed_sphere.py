@@ -55,6 +55,9 @@ __all__ = [
     "CubedSphere",
     "cell_averages",
     "cell_geography",
+    "cell_index",
+    "cell_list",
+    "cell_panels",
     "clusters",
     "cubed_sphere",
     "halo_matrix",
@@ -62,6 +65,7 @@ __all__ = [
     "harmonic_mode",
     "harmonic_power",
     "lat_lon",
+    "lat_lon_raster",
     "legendre_moment",
     "mass",
     "mean",
@@ -69,8 +73,10 @@ __all__ = [
     "node_points",
     "node_reconstruction",
     "noise",
+    "point_histogram",
     "point_weights",
     "second_moment",
+    "small_circle",
     "von_mises_fisher",
     "zonal_projection",
 ]
@@ -717,3 +723,68 @@ def clusters(
     masses = np.bincount(nearest, weights=rho * grid.areas.ravel(), minlength=peaks.size)
     order = np.argsort(-masses)
     return centres[peaks][order], masses[order]
+
+
+def cell_index(grid: CubedSphere, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cell ``(p, i, j)`` of ``grid`` that holds each unit vector of ``x (..., 3)``
+    (:func:`to_panel`, then the equiangular cell of ``(a, b)``; a point on an edge goes to
+    the cell above it, the last cell keeps the panel's far edge)."""
+    p, a, b = to_panel(x)
+    i = np.clip(((a + QUARTER) / grid.h).astype(int), 0, grid.n - 1)
+    j = np.clip(((b + QUARTER) / grid.h).astype(int), 0, grid.n - 1)
+    return p, i, j
+
+
+def cell_list(values: np.ndarray) -> np.ndarray:
+    """``(..., 6, n, n)`` indexed ``[p, i, j]`` -> the file's one cell axis ``(..., cell)``,
+    cell ``(p n + j) n + i`` (``i`` fastest: CF's X; tpde.sphere's file layout)."""
+    values = np.asarray(values)
+    return np.swapaxes(values, -1, -2).reshape(*values.shape[:-3], 6 * values.shape[-1] ** 2)
+
+
+def cell_panels(values: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`cell_list`: ``(..., cell)`` -> ``(..., 6, n, n)`` indexed
+    ``[p, i, j]`` (``ValueError`` unless the cells are ``6 n^2``)."""
+    values = np.asarray(values, float)
+    n = math.isqrt(values.shape[-1] // 6)
+    if 6 * n * n != values.shape[-1]:
+        raise ValueError(f"density: {values.shape[-1]} cells is not 6 n^2 (a cubed sphere)")
+    return np.swapaxes(values.reshape(*values.shape[:-1], 6, n, n), -1, -2)
+
+
+def lat_lon_raster(grid: CubedSphere, density: np.ndarray, step: float = 0.5):
+    """``(lon, lat, values)``: the cell values of ``density (6, n, n)`` on a
+    latitude-longitude raster of ``step`` degrees (pixel centres, in radians: matplotlib's
+    geographic axes; each pixel shows the cell its centre falls in, :func:`cell_index`)."""
+    lat = np.radians(np.arange(-90 + step / 2, 90, step))
+    lon = np.radians(np.arange(-180 + step / 2, 180, step))
+    la, lo = np.meshgrid(lat, lon, indexing="ij")
+    x = np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], -1)
+    p, i, j = cell_index(grid, x)
+    return lon, lat, np.asarray(density)[p, i, j]
+
+
+def small_circle(centre: np.ndarray, radius: float, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(lon, lat)`` in radians of the small circle of angular ``radius`` around the unit
+    vector ``centre`` (``points`` points, closed), NaN where it crosses longitude 180 (so
+    a map's line does not cross the map)."""
+    c = np.asarray(centre, float) / np.linalg.norm(centre)
+    other = np.eye(3)[int(np.argmin(np.abs(c)))]
+    e1 = np.cross(c, other)
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(c, e1)
+    phi = np.linspace(0.0, 2.0 * np.pi, points)[:, None]
+    ring = np.cos(radius) * c + np.sin(radius) * (np.cos(phi) * e1 + np.sin(phi) * e2)
+    lat, lon = lat_lon(ring)
+    lat, lon = np.radians(lat), np.radians(lon)
+    jumps = np.flatnonzero(np.abs(np.diff(lon)) > np.pi) + 1
+    return np.insert(lon, jumps, np.nan), np.insert(lat, jumps, np.nan)
+
+
+def point_histogram(grid: CubedSphere, points: np.ndarray) -> np.ndarray:
+    """Cell averages ``(6, n, n)`` of ``points (P, 3)`` each of mass ``1 / P`` (the token
+    count of each cell, :func:`cell_index`, over ``P`` times the cell's area)."""
+    p, i, j = cell_index(grid, points)
+    flat = (p * grid.n + i) * grid.n + j
+    counts = np.bincount(flat, minlength=6 * grid.n**2).reshape(grid.shape)
+    return counts / (points.shape[0] * grid.areas)

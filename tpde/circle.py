@@ -26,21 +26,19 @@ Keys::
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
 from tpde.grid import circle as geo
 from tpde.grid import moments as cell_moments
 from tpde.schemes.atoms import AtomOptions
-from tpde.schemes.solver import Problem
-from tpde.variants.circle_atoms import energy_with_atoms
+from tpde.validation.circle_metastability import clusters_from_noise
+from tpde.variants.energies import circle_energies
 from tpde.variants.engines.registry import check_engine
 from tpde.variants.masked import CausalAttention
 from tpde.variants.parameters import Head
-from tpde.variants.spherical import CircleAttention, interaction_energy
+from tpde.variants.spherical import CircleAttention
 
 from . import geometries
 from .config_core import (
@@ -217,8 +215,7 @@ def circle_particles(
 
     import xarray as xr
 
-    from tpde.validation.particles import quantile_tokens_of_cells
-    from tpde.validation.sphere_tokens import CircleTokens, sample_circle_tokens
+    from tpde.validation.sphere_tokens import circle_token_run
 
     from .references import reference_dataset
 
@@ -228,19 +225,11 @@ def circle_particles(
         raise ConfigError(f"--tokens: expected an integer >= 1, got {n}")
     if geo.circle_copies(grid) != 1:
         raise ConfigError("grid.copies: tokens live on the whole circle; set copies = 1")
-    if quantiles:
-        theta = quantile_tokens_of_cells(problem.density, grid, n)[:, 0]
-    else:
-        theta = sample_circle_tokens(problem.density, grid, n, seed)
     start = _time.perf_counter()
-    step = float(np.min(np.diff(problem.times))) / 10 if len(problem.times) > 1 else 0.01
-    tokens = CircleTokens(theta, field.spec, normalised=field.normalised)
-    tokens.t = problem.t_start
-    angles = tokens.integrate(problem.times, step)
-    edges = grid.edges(0)
-    density = np.stack(
-        [np.histogram(a, bins=edges)[0] / (n * grid.spacing[0]) for a in angles]
-    ).astype(float)
+    angles, density, step = circle_token_run(
+        problem.density, grid, field.spec, field.normalised, problem.times, problem.t_start,
+        n, seed, quantiles,
+    )  # fmt: skip
     moments = [cell_moments(d, grid)[1:] for d in density]
     title = f"tpde token system on the circle, n = {n}" + (" (mid-quantiles)" if quantiles else "")
     ds: xr.Dataset = reference_dataset(
@@ -284,92 +273,3 @@ def _atoms(table: Mapping, field: CircleAttention, grid: geo.CircleGrid, positio
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     return options
-
-
-def circle_energies(
-    field: CircleAttention, grid: geo.CircleGrid
-) -> Callable[[np.ndarray, float], dict]:
-    """``(density, t) -> {"interaction": Energy}`` for ``A = beta I`` (the energy of
-    docs/theory.md, 'Attention dynamics on the sphere'; ``increasing`` when ``C`` is a
-    positive multiple of the identity); ``{}`` for other matrices."""
-    from tpde.variants.energies import Energy
-
-    head = field.spec if isinstance(field.spec, Head) else None
-    if head is None:
-        return lambda density, t: {}
-    A, C = np.asarray(head.A, float), np.asarray(head.C, float)
-    beta = float(A[0, 0])
-    scalar = np.allclose(A, beta * np.eye(2), rtol=0, atol=1e-12 * max(abs(beta), 1e-300))
-    if not (scalar and beta > 0):
-        return lambda density, t: {}
-    positive = np.allclose(C, C[0, 0] * np.eye(2), rtol=0, atol=1e-12) and C[0, 0] > 0
-    monotone = "increasing" if positive else "none"
-
-    def evaluate(density: np.ndarray, t: float) -> dict:
-        # with atoms, the field holds the snapshot's atoms while the writer runs (the
-        # solver's snapshot callback): their exact share joins the cells'
-        atoms = field.atoms
-        value = (
-            interaction_energy(density, grid, beta)
-            if atoms is None
-            else energy_with_atoms(density, grid, beta, atoms)
-        )
-        return {
-            "interaction": Energy(
-                value,
-                monotone,
-                "interaction energy on the circle",
-                "1/(2 beta) iint exp(beta cos(phi - theta)) dmu dmu",
-            )
-        }
-
-    return evaluate
-
-
-def clusters_from_noise(
-    beta: float,
-    cells: int = 512,
-    amplitude: float = 1e-4,
-    k_noise: int = 48,
-    seed: int = 0,
-    extra: float = 4.0,
-    snapshots: int = 41,
-    threshold: float = 2.0,
-) -> dict[str, Any]:
-    """Run ``A = beta I``, ``V = I`` from the uniform density times ``1 + amplitude *
-    noise`` (:func:`tpde.grid.circle.smooth_noise` of degree ``k_noise``) until the fastest
-    mode has grown to order one and ``extra`` e-folds more,
-    ``T = (log(1 / amplitude) + extra) / lambda_max``, and count the clusters there (local
-    maxima above ``threshold`` times the uniform density). Returns the count, the fastest
-    mode ``k_max``, the clusters' angles and masses, and the solver's Result."""
-    from tpde.schemes.solver import Scheme, Solver
-    from tpde.validation.sphere_rates import fastest_mode, linear_rate
-    from tpde.variants.spherical import circle_head
-
-    grid = geo.circle_grid(cells)
-    k_max = fastest_mode(beta)
-    t_end = (math.log(1.0 / amplitude) + extra) / linear_rate(k_max, beta)
-    density = geo.smooth_noise(grid, amplitude, k_noise, seed)
-    # the CFL bound is a positivity bound: while the velocity is O(amplitude) it allows steps
-    # far beyond what SSP-RK3 resolves of the growth, hence dt_max = 0.1 / lambda_max
-    scheme = Scheme(dt_max=0.1 / linear_rate(k_max, beta))
-    problem = Problem(
-        grid,
-        density,
-        CircleAttention(circle_head(beta)),
-        t_end,
-        scheme=scheme,
-        snapshots=snapshots,
-    )
-    result = Solver(problem).run()
-    angles, masses = geo.clusters(result.final, grid, threshold)
-    return {
-        "beta": float(beta),
-        "k_max": k_max,
-        "count": int(angles.size),
-        "angles": angles,
-        "masses": masses,
-        "t_end": t_end,
-        "result": result,
-        "grid": grid,
-    }

@@ -25,7 +25,15 @@ import xarray as xr
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from tpde.grid.circle import TWO_PI, circle_grid, clusters, fourier_modes
+from tpde.grid.circle import (
+    TWO_PI,
+    atoms_on_cells,
+    circle_grid,
+    clusters,
+    fourier_modes,
+    full_circle,
+    order_parameter,
+)
 
 from . import geometries
 
@@ -107,48 +115,19 @@ def circle_series(ds: xr.Dataset | str | os.PathLike[str]) -> dict[str, Any]:
 
 def cells_plus_atoms(ds: xr.Dataset | str | os.PathLike[str]) -> np.ndarray:
     """The cell averages ``(time, cells)`` of the whole measure of a circle file: its
-    ``density`` plus, in a run with atoms, each atom's wrapped normal ``m N(a, s)`` averaged
-    over the cells, ``m / h sum_w (Phi((e_{j+1} - a - w L) / sqrt s) - Phi((e_j - a - w L) /
-    sqrt s))`` (``L`` the period, ``w`` the wraps within 8 standard deviations; a point
-    mass, ``s = 0``, into the cell of its centre). The file's density unchanged without
-    atoms."""
-    from scipy.special import ndtr
-
+    ``density`` plus, in a run with atoms, each atom's wrapped normal averaged over the cells
+    (:func:`tpde.grid.circle.atoms_on_cells`). The file's density unchanged without atoms."""
     data = _dataset(ds)
     s = circle_series(data)
-    density = s["density"].copy()
     if "atom_centre" not in data.variables:
-        return density
-    grid, n = s["grid"], density.shape[-1]
-    h = grid.spacing[0]
-    period = n * h
-    edges = np.arange(n + 1) * h
-    centre = np.mod(np.asarray(data["atom_centre"].values, float), period)
-    mass = np.asarray(data["atom_mass"].values, float)
-    variance = np.asarray(data["atom_variance"].values, float)
-    for r in range(density.shape[0]):
-        held = np.flatnonzero(np.isfinite(centre[r]) & np.isfinite(mass[r]))
-        for j in held:
-            a, m, v = centre[r, j], mass[r, j], max(float(variance[r, j]), 0.0)
-            sigma = np.sqrt(v)
-            if sigma < 1e-9 * h:  # (a point: its cell holds it)
-                density[r, min(int(a / h), n - 1)] += m / h
-                continue
-            wraps = np.arange(
-                -int(np.ceil(8 * sigma / period)) - 1, int(np.ceil(8 * sigma / period)) + 2
-            )
-            shifted = (edges[None, :] - a - wraps[:, None] * period) / sigma
-            density[r] += m * np.diff(ndtr(shifted), axis=1).sum(axis=0) / h
-    return density
-
-
-def _full_circle(theta: np.ndarray, density: np.ndarray, copies: int):
-    """An m-fold run drawn on the whole circle (its period repeated m times)."""
-    if copies == 1:
-        return theta, density
-    period = TWO_PI / copies
-    theta = np.concatenate([theta + j * period for j in range(copies)])
-    return theta, np.concatenate([density] * copies, axis=-1)
+        return s["density"].copy()
+    return atoms_on_cells(
+        s["density"],
+        s["grid"],
+        np.asarray(data["atom_centre"].values, float),
+        np.asarray(data["atom_mass"].values, float),
+        np.asarray(data["atom_variance"].values, float),
+    )
 
 
 def space_time_figure(
@@ -158,7 +137,7 @@ def space_time_figure(
     uniform density up, with the clusters of the last snapshot marked and, in a run with
     atoms, the atoms' tracks (dots of area proportional to mass; counted in the title)."""
     s = circle_series(ds)
-    theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
+    theta, rho = full_circle(s["theta"], s["density"], s["copies"])
     fig = _figure(6.4, 4.8)
     ax = fig.add_subplot()
     uniform = 1.0 / TWO_PI
@@ -183,7 +162,7 @@ def space_time_figure(
         level = threshold * (cells + atoms) / max(cells, 1e-300)
     angles, _ = clusters(s["density"][-1], s["grid"], level)
     if angles.size:
-        angles, _ = _full_circle(angles, np.zeros(angles.size), s["copies"])
+        angles, _ = full_circle(angles, np.zeros(angles.size), s["copies"])
         ax.plot(angles, np.full(angles.size, t[-1]), "v", color="cyan", ms=6, clip_on=False)
     count = angles.size
     if "atom_centre" in data.variables:  # the atoms' tracks (tpde.atoms_io), dot area ~ mass
@@ -207,7 +186,7 @@ def ring_figure(
     """``count`` snapshots drawn around the unit circle (radius ``1 + rho / max rho``), the
     clusters of each marked with their masses."""
     s = circle_series(ds)
-    theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
+    theta, rho = full_circle(s["theta"], s["density"], s["copies"])
     picks = np.unique(np.linspace(0, len(s["time"]) - 1, count).round().astype(int))
     fig = _figure(3.2 * len(picks), 3.4)
     closed = np.append(theta, theta[0] + TWO_PI)
@@ -218,7 +197,7 @@ def ring_figure(
         ax.plot(closed, np.append(radius, radius[0]), color="C0")
         ax.plot(closed, np.ones_like(closed), color="0.7", lw=0.8)
         angles, masses = clusters(s["density"][index], s["grid"], threshold)
-        angles, masses = _full_circle(angles, masses, s["copies"])
+        angles, masses = full_circle(angles, masses, s["copies"])
         for angle, mass in zip(angles, masses, strict=True):
             ax.plot([angle], [2.05], "o", color="C3", ms=3 + 20 * mass)
         ax.set_ylim(0.0, 2.2)
@@ -270,7 +249,7 @@ def snapshots_figure(
     maxima above ``threshold`` times uniform, :func:`tpde.grid.circle.clusters`) are marked
     and counted in each panel's title."""
     s = circle_series(ds)
-    theta, rho = _full_circle(s["theta"], s["density"], s["copies"])
+    theta, rho = full_circle(s["theta"], s["density"], s["copies"])
     t = s["time"]
     if times is None:
         picks = np.unique(np.linspace(0, t.size - 1, min(SNAPSHOTS, t.size)).round().astype(int))
@@ -283,7 +262,7 @@ def snapshots_figure(
         ratio = rho[index] / uniform
         ax.plot(theta, ratio, color="C0", lw=1.2)
         angles, _ = clusters(s["density"][index], s["grid"], threshold)
-        angles, _ = _full_circle(angles, np.zeros(angles.size), s["copies"])
+        angles, _ = full_circle(angles, np.zeros(angles.size), s["copies"])
         if angles.size:
             ax.plot(angles, np.interp(angles, theta, ratio), "v", color="C3", ms=5)
         finite = ratio[np.isfinite(ratio)]
@@ -354,13 +333,6 @@ def circle_figures(ds: xr.Dataset | str | os.PathLike[str], outdir: str | os.Pat
         fig.savefig(target, dpi=DPI)
         written.append(target)
     return written
-
-
-def _order(density: np.ndarray, grid, copies: int) -> np.ndarray:
-    """The order parameter ``|c_m| / c_0`` of every snapshot (``m`` = copies; m = 1:
-    ``|<e^{i theta}>|``), shape (time,)."""
-    modes = fourier_modes(density, grid, copies)
-    return np.abs(modes[..., -1]) / np.maximum(np.abs(modes[..., 0]), 1e-300)
 
 
 def plot_figures(
@@ -442,13 +414,13 @@ def compare_figure(
     top, bottom, last = fig.subfigures(3, 1, height_ratios=[1.0, 1.0, 1.0])  # type: ignore[misc]
     ax = top.subplots()
     uniform = 1.0 / TWO_PI
-    theta, rho = _full_circle(s["theta"], whole[index], m)
+    theta, rho = full_circle(s["theta"], whole[index], m)
     ax.plot(theta, rho / uniform, color="C0", lw=1.5, label=run_name)
     drawn = []
     for one in sets:
         j = np.flatnonzero(np.isclose(one["time"], at, rtol=1e-12, atol=1e-12))
         if j.size:
-            drawn.append(_full_circle(one["theta"], one["density"][j[0]], m)[1] / uniform)
+            drawn.append(full_circle(one["theta"], one["density"][j[0]], m)[1] / uniform)
     seeds = f"{len(sets)} token run{'s' if len(sets) != 1 else ''}"
     if len(drawn) == 1:
         ax.plot(theta, drawn[0], ":", color="C1", drawstyle="steps-mid", label="token histogram")
@@ -478,12 +450,12 @@ def compare_figure(
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     ax_r, ax_w = bottom.subplots(1, 2)
-    ax_r.plot(t, _order(whole, grid, m), color="C0", label=run_name)
+    ax_r.plot(t, order_parameter(whole, grid, m), color="C0", label=run_name)
     common = [float(x) for x in t if all(np.isclose(one["time"], x).any() for one in sets)]
     orders, distances = [], []
     for one in sets:
         pick = [int(np.flatnonzero(np.isclose(one["time"], x))[0]) for x in common]
-        orders.append(_order(one["density"][pick], grid, m))
+        orders.append(order_parameter(one["density"][pick], grid, m))
         run_at = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
         distances.append(
             [

@@ -34,9 +34,18 @@ import numpy as np
 from tpde.config import ConfigError
 from tpde.validation import continuation as ct
 from tpde.validation import stationary as st
+from tpde.validation.continuation import (
+    DEFAULT_EPS_MAX,
+    DEFAULT_EPS_MIN,
+    continuation,
+    critical_points,
+)
 
 __all__ = [
+    "DEFAULT_EPS_MAX",
+    "DEFAULT_EPS_MIN",
     "continuation",
+    "critical_points",
     "diagram_dataset",
     "info",
     "load",
@@ -60,8 +69,6 @@ _KEYS = {
 }
 #: where a config without output / figure keys writes (relative to the working folder)
 OUT = Path("out")
-DEFAULT_EPS_MIN = 0.5  # x the linear threshold
-DEFAULT_EPS_MAX = 4.0
 
 
 def _number(table: Mapping, key: str, default: Any, low: float, high: float) -> Any:
@@ -143,26 +150,6 @@ def load(path: str | Path) -> dict:
         "output": folder / table["output"] if "output" in table else OUT / f"{path.stem}.nc",
         "figure": folder / table["figure"] if "figure" in table else OUT / f"{path.stem}.png",
     }
-
-
-def continuation(
-    geometry: str,
-    beta: float,
-    cells: int = 128,
-    model: str = "unnormalised",
-    eps_min: float | None = None,
-    eps_max: float | None = None,
-    amplitude_max: float = 0.97,
-    steps: int = 400,
-) -> ct.Diagram:
-    """The bifurcation diagram of one ``beta``: the uniform branch, the bifurcating branch,
-    folds and the first-order point (:func:`tpde.validation.continuation.diagram`). The
-    default eps range is DEFAULT_EPS_MIN..DEFAULT_EPS_MAX times the linear threshold."""
-    problem = st.stationary_problem(geometry, cells, beta, model)
-    threshold = st.linear_threshold(geometry, beta, model)
-    lo = DEFAULT_EPS_MIN * threshold if eps_min is None else eps_min
-    hi = DEFAULT_EPS_MAX * threshold if eps_max is None else eps_max
-    return ct.diagram(problem, (lo, hi), amplitude_max, steps)
 
 
 def diagram_dataset(diagram: ct.Diagram):
@@ -291,23 +278,6 @@ def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | N
 
 
 # ---- the phase diagram on dask -------------------------------------------------------------
-def critical_points(task: Mapping) -> dict:
-    """One dask task: the threshold, curvature, fold and first-order eps of one beta."""
-    try:
-        d = continuation(**task)
-    except (ValueError, ArithmeticError) as exc:
-        return {"beta": task["beta"], "error": str(exc)}
-    return {
-        "beta": task["beta"],
-        "eps_threshold": d.eps_threshold,
-        "curvature": d.curvature,
-        "eps_fold": d.eps_folds[0] if d.eps_folds else math.nan,
-        "eps_first_order": d.eps_first_order,
-        "status": d.clustered.status,
-        "error": "",
-    }
-
-
 def phase_diagram(
     geometry: str,
     betas: Sequence[float],

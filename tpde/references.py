@@ -80,13 +80,6 @@ def reference_dataset(
     return ds
 
 
-def _histogram(tokens: np.ndarray, weights: np.ndarray, grid) -> np.ndarray:
-    """Cell averages of the weighted tokens (n, d) on ``grid``: weight per cell / volume."""
-    edges = [grid.edges(a) for a in range(grid.ndim)]
-    counts, _ = np.histogramdd(tokens, bins=edges, weights=weights)
-    return counts / grid.cell_volume
-
-
 def gaussian_reference(config: Config) -> xr.Dataset:
     """The Gaussian mean/covariance ODE solution at the run's snapshot times."""
     from tpde.grid import gaussian
@@ -150,6 +143,7 @@ def particle_reference(
         sample_sliced_tokens,
         sample_tokens,
         simulate,
+        token_histograms,
     )
 
     if n < 1:
@@ -192,26 +186,7 @@ def particle_reference(
         t_start=problem.t_start,
     )
     means, covs = solution.moments()
-    grid = problem.grid
-    count = len(solution.tokens[0])
-    w = np.full(count, 1.0) if solution.weights is None else np.asarray(solution.weights, float)
-    w = w / w.sum()  # unit mass, as the run's initial density (up to what is outside the box)
-    if positions is None:
-        density = np.stack([_histogram(x, w, grid) for x in solution.tokens])
-    else:  # one histogram per position slice: the tokens whose position is s_k
-        assert token_s is not None  # (sampled per slice above)
-        slice_of = np.argmin(np.abs(np.subtract.outer(token_s, positions.s)), axis=1)
-        density = np.stack(
-            [
-                np.stack(
-                    [
-                        _histogram(x[slice_of == k], w[slice_of == k], grid)
-                        for k in range(positions.count)
-                    ]
-                )
-                for x in solution.tokens
-            ]
-        )
+    w, density = token_histograms(solution, problem.grid, positions, token_s)
     ds = reference_dataset(
         solution.times,
         means,

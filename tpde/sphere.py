@@ -362,11 +362,9 @@ def build_sphere(raw: dict) -> SphereConfig:
 
 
 # ---- the file ---------------------------------------------------------------------------------
-def _to_file(values: np.ndarray) -> np.ndarray:
-    """``(..., 6, n, n)`` indexed ``[p, i, j]`` -> the file's ``(..., cell)``, cell
-    ``(p n + j) n + i``."""
-    values = np.asarray(values)
-    return np.swapaxes(values, -1, -2).reshape(*values.shape[:-3], 6 * values.shape[-1] ** 2)
+#: the file's one cell axis <-> tpde's (6, n, n) (tpde.grid.cubed_sphere)
+_to_file = cs.cell_list
+from_file = cs.cell_panels
 
 
 def _file_geometry(values: np.ndarray) -> np.ndarray:
@@ -374,15 +372,6 @@ def _file_geometry(values: np.ndarray) -> np.ndarray:
     file's ``(cell, ...)``."""
     values = np.asarray(values)
     return values.reshape(-1, *values.shape[3:])
-
-
-def from_file(density: np.ndarray) -> np.ndarray:
-    """The file's ``(..., cell)`` -> tpde's ``(..., 6, n, n)`` indexed ``[p, i, j]``."""
-    density = np.asarray(density, float)
-    n = math.isqrt(density.shape[-1] // 6)
-    if 6 * n * n != density.shape[-1]:
-        raise ValueError(f"density: {density.shape[-1]} cells is not 6 n^2 (a cubed sphere)")
-    return np.swapaxes(density.reshape(*density.shape[:-1], 6, n, n), -1, -2)
 
 
 def grid_of(ds: xr.Dataset) -> cs.CubedSphere:
@@ -1059,16 +1048,7 @@ def particle_reference(
     system = SphereTokens(x0, field.A, field.V, normalised=field.normalised)
     path = system.integrate(config.times, step)
     grid = config.grid
-    p, a, b = cs.to_panel(path)
-    i = np.clip(((a + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
-    j = np.clip(((b + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
-    flat = (p * grid.n + i) * grid.n + j
-    density = np.stack(
-        [
-            np.bincount(f, minlength=6 * grid.n**2).reshape(grid.shape) / (n * grid.areas)
-            for f in flat
-        ]
-    )
+    density = np.stack([cs.point_histogram(grid, x) for x in path])
     beta = field.beta if field.identity_v else None
     ds = sphere_dataset(
         grid,

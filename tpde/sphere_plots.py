@@ -50,33 +50,8 @@ SPREAD_POINTS = 73
 
 
 def raster(grid: cs.CubedSphere, density: np.ndarray, step: float = 0.5):
-    """``(lon, lat, values)``: the cell values on a latitude-longitude raster of ``step``
-    degrees (pixel centres; radians for matplotlib's geographic axes)."""
-    lat = np.radians(np.arange(-90 + step / 2, 90, step))
-    lon = np.radians(np.arange(-180 + step / 2, 180, step))
-    la, lo = np.meshgrid(lat, lon, indexing="ij")
-    x = np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], -1)
-    p, a, b = cs.to_panel(x)
-    i = np.clip(((a + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
-    j = np.clip(((b + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
-    return lon, lat, np.asarray(density)[p, i, j]
-
-
-def spread_circle(centre: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(lon, lat)`` in radians of the small circle of angular ``radius`` around the unit
-    vector ``centre`` (``SPREAD_POINTS`` points, closed), NaN where it crosses the map's
-    edge at longitude 180 (so the line does not cross the map)."""
-    c = np.asarray(centre, float) / np.linalg.norm(centre)
-    other = np.eye(3)[int(np.argmin(np.abs(c)))]
-    e1 = np.cross(c, other)
-    e1 /= np.linalg.norm(e1)
-    e2 = np.cross(c, e1)
-    phi = np.linspace(0.0, 2.0 * np.pi, SPREAD_POINTS)[:, None]
-    ring = np.cos(radius) * c + np.sin(radius) * (np.cos(phi) * e1 + np.sin(phi) * e2)
-    lat, lon = cs.lat_lon(ring)
-    lat, lon = np.radians(lat), np.radians(lon)
-    jumps = np.flatnonzero(np.abs(np.diff(lon)) > np.pi) + 1
-    return np.insert(lon, jumps, np.nan), np.insert(lat, jumps, np.nan)
+    """``(lon, lat, values)`` of the maps: :func:`tpde.grid.cubed_sphere.lat_lon_raster`."""
+    return cs.lat_lon_raster(grid, density, step)
 
 
 def draw_atoms(ax, atoms) -> tuple[int, int]:
@@ -102,7 +77,7 @@ def draw_atoms(ax, atoms) -> tuple[int, int]:
         radius = float(np.sqrt(spread))
         if np.degrees(radius) < SPREAD_LEGIBLE_DEG:
             continue
-        x, y = spread_circle(centre, radius)
+        x, y = cs.small_circle(centre, radius, SPREAD_POINTS)
         label = "atom spread sqrt(1/kappa)" if circles == 0 else None
         ax.plot(x, y, "--", color="white", lw=0.8, zorder=3, label=label)
         circles += 1

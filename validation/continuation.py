@@ -29,7 +29,9 @@ above (discontinuous). ``c_2`` comes from three amplitude-parametrised solutions
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq, minimize_scalar
@@ -38,6 +40,10 @@ from scipy.sparse.linalg import LinearOperator, gmres
 from . import stationary as st
 
 __all__ = [
+    "DEFAULT_EPS_MAX",
+    "DEFAULT_EPS_MIN",
+    "continuation",
+    "critical_points",
     "Branch",
     "Diagram",
     "amplitude_state",
@@ -398,3 +404,46 @@ def diagram(
         eps_f,
         a_f,
     )
+
+
+# ---- one beta from plain arguments (tpde continue, its phase diagram's dask tasks) ----------
+#: the default eps range of :func:`continuation`, in units of the linear threshold
+DEFAULT_EPS_MIN = 0.5
+DEFAULT_EPS_MAX = 4.0
+
+
+def continuation(
+    geometry: str,
+    beta: float,
+    cells: int = 128,
+    model: str = "unnormalised",
+    eps_min: float | None = None,
+    eps_max: float | None = None,
+    amplitude_max: float = 0.97,
+    steps: int = 400,
+) -> Diagram:
+    """The bifurcation diagram of one ``beta``: the uniform branch, the bifurcating branch,
+    folds and the first-order point (:func:`tpde.validation.continuation.diagram`). The
+    default eps range is DEFAULT_EPS_MIN..DEFAULT_EPS_MAX times the linear threshold."""
+    problem = st.stationary_problem(geometry, cells, beta, model)
+    threshold = st.linear_threshold(geometry, beta, model)
+    lo = DEFAULT_EPS_MIN * threshold if eps_min is None else eps_min
+    hi = DEFAULT_EPS_MAX * threshold if eps_max is None else eps_max
+    return diagram(problem, (lo, hi), amplitude_max, steps)
+
+
+def critical_points(task: Mapping[str, Any]) -> dict:
+    """One dask task: the threshold, curvature, fold and first-order eps of one beta."""
+    try:
+        d = continuation(**task)
+    except (ValueError, ArithmeticError) as exc:
+        return {"beta": task["beta"], "error": str(exc)}
+    return {
+        "beta": task["beta"],
+        "eps_threshold": d.eps_threshold,
+        "curvature": d.curvature,
+        "eps_fold": d.eps_folds[0] if d.eps_folds else math.nan,
+        "eps_first_order": d.eps_first_order,
+        "status": d.clustered.status,
+        "error": "",
+    }

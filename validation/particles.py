@@ -62,6 +62,7 @@ __all__ = [
     "sample_sliced_tokens",
     "sample_tokens",
     "simulate",
+    "token_histograms",
     "token_moments",
 ]
 
@@ -463,3 +464,43 @@ def simulate(
             t = t + h if target - (t + h) > 1e-14 * max(1.0, abs(target)) else target
         saved.append(x.copy())
     return TokenSolution(np.array(outputs), np.array(saved), w)
+
+
+def _histogram(tokens: np.ndarray, weights: np.ndarray, grid: Grid) -> np.ndarray:
+    """Cell averages of the weighted tokens (n, d) on ``grid``: weight per cell / volume."""
+    edges = [grid.edges(a) for a in range(grid.ndim)]
+    counts, _ = np.histogramdd(tokens, bins=edges, weights=weights)
+    return counts / grid.cell_volume
+
+
+def token_histograms(
+    solution: TokenSolution,
+    grid: Grid,
+    positions: Positions | None = None,
+    token_s: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of every time of ``solution`` as cell averages on ``grid``, with unit
+    mass (the run's initial density's, up to what is outside the box): the normalised
+    token weights ``(n,)`` and the densities ``(time, *grid.shape)``; with ``positions``
+    (masked attention; ``token_s`` each token's position) one histogram per slice, of the
+    tokens whose position is ``s_k``: ``(time, S, *grid.shape)``."""
+    count = len(solution.tokens[0])
+    w = np.full(count, 1.0) if solution.weights is None else np.asarray(solution.weights, float)
+    w = w / w.sum()
+    if positions is None:
+        return w, np.stack([_histogram(x, w, grid) for x in solution.tokens])
+    if token_s is None:
+        raise ValueError("token_histograms: positions need each token's position token_s")
+    slice_of = np.argmin(np.abs(np.subtract.outer(token_s, positions.s)), axis=1)
+    density = np.stack(
+        [
+            np.stack(
+                [
+                    _histogram(x[slice_of == k], w[slice_of == k], grid)
+                    for k in range(positions.count)
+                ]
+            )
+            for x in solution.tokens
+        ]
+    )
+    return w, density

@@ -70,9 +70,7 @@ def cell_masses(grid: cs.CubedSphere, points: np.ndarray, weights: np.ndarray) -
     """Cell averages ``(6, n, n)`` of the point masses ``weights`` at ``points (P, 3)``."""
     if points.shape[0] == 0:
         return np.zeros(grid.shape)
-    p, a, b = cs.to_panel(points)
-    i = np.clip(((a + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
-    j = np.clip(((b + cs.QUARTER) / grid.h).astype(int), 0, grid.n - 1)
+    p, i, j = cs.cell_index(grid, points)
     flat = (p * grid.n + i) * grid.n + j
     counts = np.bincount(flat, weights=weights, minlength=6 * grid.n**2)
     return counts.reshape(grid.shape) / grid.areas

@@ -41,6 +41,7 @@ from .brownian import check_noise, circle_increment, split_step
 
 __all__ = [
     "CircleTokens",
+    "circle_token_run",
     "circle_token_velocity",
     "mode_tokens",
     "sample_circle_tokens",
@@ -287,3 +288,37 @@ def sample_circle_tokens(density: np.ndarray, grid: Grid, n: int, seed: int = 0)
     from .particles import sample_tokens
 
     return np.mod(sample_tokens(density, grid, n, seed)[:, 0], TWO_PI)
+
+
+def circle_token_run(
+    density: np.ndarray,
+    grid: Grid,
+    spec: ParamSpec,
+    normalised: bool,
+    times: np.ndarray,
+    t_start: float,
+    n: int,
+    seed: int = 0,
+    quantiles: bool = False,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``n`` tokens of the cell averages ``density`` on the circle ``grid`` (i.i.d. with
+    ``seed``, or the deterministic mid-quantiles with ``quantiles``) moved by the token
+    system (:class:`CircleTokens`: classical RK4 in the angles, head ``spec``) from
+    ``t_start`` through ``times``, with a tenth of the smallest interval between snapshots as
+    the step. Returns the angles ``(time, n)``, their histograms on the grid's cells as
+    densities per unit angle ``(time, cells)`` and the step."""
+    from .particles import quantile_tokens_of_cells
+
+    if quantiles:
+        theta = quantile_tokens_of_cells(density, grid, n)[:, 0]
+    else:
+        theta = sample_circle_tokens(density, grid, n, seed)
+    step = float(np.min(np.diff(times))) / 10 if len(times) > 1 else 0.01
+    tokens = CircleTokens(theta, spec, normalised=normalised)
+    tokens.t = t_start
+    angles = tokens.integrate(times, step)
+    edges = grid.edges(0)
+    histograms = np.stack(
+        [np.histogram(a, bins=edges)[0] / (n * grid.spacing[0]) for a in angles]
+    ).astype(float)
+    return angles, histograms, step

@@ -57,6 +57,7 @@ __all__ = [
     "Energy",
     "MONOTONE",
     "applicable",
+    "circle_energies",
     "energies",
     "interaction_energy",
     "log_box_factor",
@@ -432,5 +433,45 @@ def run_energies(config) -> Callable[[np.ndarray, float], dict[str, Energy]]:
 
     def evaluate(density: np.ndarray, t: float) -> dict[str, Energy]:
         return energies(variant, spec, density, grid, t, gaussian_data, engine, nodes, sinkhorn)
+
+    return evaluate
+
+
+def circle_energies(field: Any, grid: Grid) -> Callable[[np.ndarray, float], dict]:
+    """``(density, t) -> {"interaction": Energy}`` for ``A = beta I`` (the energy of
+    docs/theory.md, 'Attention dynamics on the sphere'; ``increasing`` when ``C`` is a
+    positive multiple of the identity); ``{}`` for other matrices."""
+    from .circle_atoms import energy_with_atoms
+    from .parameters import Head
+    from .spherical import interaction_energy as circle_interaction
+
+    head = field.spec if isinstance(field.spec, Head) else None
+    if head is None:
+        return lambda density, t: {}
+    A, C = np.asarray(head.A, float), np.asarray(head.C, float)
+    beta = float(A[0, 0])
+    scalar = np.allclose(A, beta * np.eye(2), rtol=0, atol=1e-12 * max(abs(beta), 1e-300))
+    if not (scalar and beta > 0):
+        return lambda density, t: {}
+    positive = np.allclose(C, C[0, 0] * np.eye(2), rtol=0, atol=1e-12) and C[0, 0] > 0
+    monotone = "increasing" if positive else "none"
+
+    def evaluate(density: np.ndarray, t: float) -> dict:
+        # with atoms, the field holds the snapshot's atoms while the writer runs (the
+        # solver's snapshot callback): their exact share joins the cells'
+        atoms = field.atoms
+        value = (
+            circle_interaction(density, grid, beta)
+            if atoms is None
+            else energy_with_atoms(density, grid, beta, atoms)
+        )
+        return {
+            "interaction": Energy(
+                value,
+                monotone,
+                "interaction energy on the circle",
+                "1/(2 beta) iint exp(beta cos(phi - theta)) dmu dmu",
+            )
+        }
 
     return evaluate

@@ -5,8 +5,9 @@
 1. Runs ``clusters.toml`` (beta = 32, 512 cells, noise 1e-4) and draws the space-time and
    ring figures (``clusters_space_time.png``, ``clusters_ring.png``).
 2. For beta in {1, 2, 4, 8, 16, 32, 64, 100} and a few noise seeds, counts the clusters at
-   ``T = (log(1 / amplitude) + 4) / lambda_max`` (:func:`tpde.circle.clusters_from_noise`)
-   and prints them beside the fastest mode ``k_max`` and ``sqrt(2 beta)``.
+   ``T = (log(1 / amplitude) + 4) / lambda_max``
+   (:func:`tpde.validation.circle_metastability.clusters_from_noise`) and prints them
+   beside the fastest mode ``k_max`` and ``sqrt(2 beta)``.
 
 docs/theory.md, 'Attention dynamics on the sphere'; the numbers are in README.md.
 """
@@ -18,8 +19,8 @@ import math
 from pathlib import Path
 
 import tpde
-from tpde.circle import clusters_from_noise
 from tpde.circle_plots import ring_figure, space_time_figure
+from tpde.validation.circle_metastability import clusters_from_noise
 
 HERE = Path(__file__).resolve().parent
 BETAS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 100.0)
