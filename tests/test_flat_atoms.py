@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from tpde.config import ConfigError, build
+from tpde.config import build
 from tpde.grid import Grid, gaussian, gaussian_mixture, moments
 from tpde.schemes.atoms import AtomOptions, Atoms, atom_rates
 from tpde.schemes.box_atoms import absorb, convert, merge
@@ -485,17 +485,19 @@ def test_a_frame_run_turns_four_narrow_bumps_into_atoms():
     assert worst < 1e-5  # (measured 3.3e-6: the closure's O(S^2), S ~ 1e-3, and the residual)
 
 
-def test_a_flat_config_with_atoms_is_refused_in_one_line():
-    """[atoms] on the flat grid is not in the file or the resume yet: one line, exit 2."""
+def test_a_flat_frame_config_with_atoms_builds_them():
+    """[atoms] on a flat frame run: the problem carries the options (the face's refusals and
+    the file: tests/test_flat_atoms_face.py)."""
     raw = {
-        "grid": {"lower": [-3.0, -3.0], "upper": [3.0, 3.0], "cells": [16, 16]},
+        "grid": {"lower": [-6.0, -6.0], "upper": [6.0, 6.0], "cells": [16, 16]},
         "attention": {"variant": "softmax", "A": [[1.0, 0.0], [0.0, 1.0]]},
         "scheme": {"frame": "affine"},
         "run": {"t_end": 0.1},
-        "atoms": {},
+        "atoms": {"width": 1.5},
     }
-    with pytest.raises(ConfigError, match=r"^atoms: not in a flat config yet .* remove \[atoms\]$"):
-        build(raw)
+    raw["attention"]["V"] = raw["attention"]["A"]
+    problem = build(raw).problem
+    assert problem.atoms == AtomOptions(width=1.5) and problem.frame is not None
 
 
 def test_an_atom_whose_tails_rule_the_sums_is_reported():

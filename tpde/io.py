@@ -1620,6 +1620,8 @@ class SnapshotWriter(OutputWriter):
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
         if record.frame is not None:  # mean and covariance stay physical
+            if record.atoms is not None and record.atoms.count:  # the frame's: cells + atoms
+                mass, mean, cov = _with_atoms(mass, mean, cov, record.atoms)
             mean, cov = record.frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
         self._append(
@@ -1644,7 +1646,7 @@ class SnapshotWriter(OutputWriter):
             if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
                 from .atoms_io import write_atoms
 
-                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id)
+                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id, snapshot.frame)
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
@@ -1866,6 +1868,20 @@ def grid_from_dataset(ds: xr.Dataset) -> Grid:
         sizes = ds["density"].sizes
         shape = tuple(sizes[name] for name in xyz_order([str(d) for d in ds["density"].dims]))
     return _grid_from_attributes(dict(ds.attrs), "dataset", shape)
+
+
+def _with_atoms(mass: float, mean: np.ndarray, cov: np.ndarray, atoms: Any):
+    """The moments (mass, mean (d,), covariance (d, d)) of cells plus atoms, all in the same
+    (frame) coordinates: the exact mixture moments (tpde.schemes.atoms.merge_moments)."""
+    from tpde.schemes.atoms import merge_moments
+
+    if not mass > 0:  # (every cell emptied into atoms: the cells' mean is undefined)
+        return merge_moments(atoms.mass, atoms.centre, atoms.cov)
+    return merge_moments(
+        np.concatenate([[mass], atoms.mass]),
+        np.vstack([np.asarray(mean)[None], atoms.centre]),
+        np.concatenate([np.asarray(cov)[None], atoms.cov]),
+    )
 
 
 def positions_from_dataset(ds: xr.Dataset) -> Positions | None:
