@@ -97,12 +97,9 @@ def table(snapshots, token_runs) -> list[tuple]:
         tilt = float(np.linalg.norm(x @ HEADS[0].A.T, axis=1).max())
         even = np.full(x.shape[0], 1.0 / x.shape[0])
         folded, merged = merged_fold(points, weights)
-        errors = [wasserstein_points(folded, merged, fold(run[i]), even) / sd for run in token_runs]
-        noise = (
-            wasserstein_points(fold(token_runs[0][i]), even, fold(token_runs[1][i]), even) / sd
-            if len(token_runs) > 1
-            else float("nan")
-        )
+        seeds = [merged_fold(run[i], even) for run in token_runs]  # (1250 places a seed)
+        errors = [wasserstein_points(folded, merged, *seed) / sd for seed in seeds]
+        noise = wasserstein_points(*seeds[0], *seeds[1]) / sd if len(seeds) > 1 else np.nan
         rows.append((t, count, sd, width, width * tilt, asymmetry, *errors, noise))
     return rows
 
