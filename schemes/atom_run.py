@@ -20,7 +20,7 @@ import numpy as np
 from .atom_cells import AtomTransfer, PeriodicCells, absorb, convert, merge, release
 from .atoms import AtomRates, Atoms, atom_rates
 
-__all__ = ["AtomRun", "PinningWatch", "describe"]
+__all__ = ["AtomRun", "PinningWatch", "check_atom_run", "describe"]
 
 
 class Transfer(Protocol):
@@ -51,44 +51,55 @@ def describe(event: Transfer, place: str | None = None) -> str:
     return f"atom {event.ident} is born {where} (a cluster narrower than the cells allow)"
 
 
+def check_atom_run(problem) -> None:
+    """Whether ``problem.atoms`` can run (raises a one-line ValueError naming the fix): the
+    options valid; in the co-moving frame a field with frame atoms, an unmasked grid without
+    periodic axes and no noise; in a fixed box the circle's attention on a periodic 1-D grid."""
+    problem.atoms.validate()
+    field, grid = problem.velocity, problem.grid
+    if problem.frame is not None:
+        if not field.has_frame_atoms():
+            raise ValueError(
+                f"atoms: {type(field).__name__} has no atoms in the co-moving frame yet "
+                "(softmax and multi-head softmax have); set atoms off"
+            )
+        if "periodic" in grid.boundary or problem.positions is not None:
+            raise ValueError(
+                "atoms: the frame's atoms need an unmasked grid without periodic axes; "
+                "set atoms off"
+            )
+        if problem.noise > 0:  # (in frame coordinates the heat kernel is L^-1 L^-T, not I)
+            raise ValueError(
+                "atoms: not with run.noise in the co-moving frame yet; set atoms off or "
+                "the noise to 0"
+            )
+    else:
+        if not field.has_atoms():
+            raise ValueError(
+                f"atoms: {type(field).__name__} has no atoms in a fixed box yet (attention "
+                'on the circle has; softmax in scheme.frame = "affine"); set atoms off'
+            )
+        if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
+            raise ValueError(
+                "atoms: in a fixed box on a periodic 1-D grid (the circle) only, else in "
+                'scheme.frame = "affine"; set atoms off'
+            )
+
+
 class AtomRun:
     """The atoms of one run (``problem.atoms`` on): state, stages, transfers."""
 
     def __init__(self, problem, density: np.ndarray):
         options = problem.atoms
-        options.validate()
+        check_atom_run(problem)
         field, grid = problem.velocity, problem.grid
         #: the co-moving frame's atoms (flat grid, frame coordinates) or the circle's
         self.in_frame = problem.frame is not None
-        if self.in_frame:
-            if not field.has_frame_atoms():
-                raise ValueError(
-                    f"atoms: {type(field).__name__} has no atoms in the co-moving frame yet "
-                    "(softmax and multi-head softmax have); set atoms off"
-                )
-            if "periodic" in grid.boundary or problem.positions is not None:
-                raise ValueError(
-                    "atoms: the frame's atoms need an unmasked grid without periodic axes; "
-                    "set atoms off"
-                )
-            if problem.noise > 0:  # (in frame coordinates the heat kernel is L^-1 L^-T, not I)
-                raise ValueError(
-                    "atoms: not with run.noise in the co-moving frame yet; set atoms off or "
-                    "the noise to 0"
-                )
-            self.cells = None
-        else:
-            if not field.has_atoms():
-                raise ValueError(
-                    f"atoms: {type(field).__name__} has no atoms in a fixed box yet (attention "
-                    'on the circle has; softmax in scheme.frame = "affine"); set atoms off'
-                )
-            if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
-                raise ValueError(
-                    "atoms: in a fixed box on a periodic 1-D grid (the circle) only, else in "
-                    'scheme.frame = "affine"; set atoms off'
-                )
-            self.cells = PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
+        self.cells = (
+            None
+            if self.in_frame
+            else PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
+        )
         self.options = options
         self.field = field
         self.grid = grid

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from tpde.config import ConfigError, build
+from tpde.config import build
 from tpde.grid import Grid, gaussian, gaussian_mixture, moments
 from tpde.schemes.atoms import AtomOptions, Atoms, atom_rates
 from tpde.schemes.box_atoms import absorb, convert, merge
@@ -485,17 +485,19 @@ def test_a_frame_run_turns_four_narrow_bumps_into_atoms():
     assert worst < 1e-5  # (measured 3.3e-6: the closure's O(S^2), S ~ 1e-3, and the residual)
 
 
-def test_a_flat_config_with_atoms_is_refused_in_one_line():
-    """[atoms] on the flat grid is not in the file or the resume yet: one line, exit 2."""
+def test_a_flat_frame_config_with_atoms_builds_them():
+    """[atoms] on a flat frame run: the problem carries the options (the face's refusals and
+    the file: tests/test_flat_atoms_face.py)."""
     raw = {
-        "grid": {"lower": [-3.0, -3.0], "upper": [3.0, 3.0], "cells": [16, 16]},
+        "grid": {"lower": [-6.0, -6.0], "upper": [6.0, 6.0], "cells": [16, 16]},
         "attention": {"variant": "softmax", "A": [[1.0, 0.0], [0.0, 1.0]]},
         "scheme": {"frame": "affine"},
         "run": {"t_end": 0.1},
-        "atoms": {},
+        "atoms": {"width": 1.5},
     }
-    with pytest.raises(ConfigError, match=r"^atoms: not in a flat config yet .* remove \[atoms\]$"):
-        build(raw)
+    raw["attention"]["V"] = raw["attention"]["A"]
+    problem = build(raw).problem
+    assert problem.atoms == AtomOptions(width=1.5) and problem.frame is not None
 
 
 def test_an_atom_whose_tails_rule_the_sums_is_reported():
@@ -664,3 +666,86 @@ def test_frame_atoms_with_noise_are_refused_in_one_line():
     )
     with pytest.raises(ValueError, match="atoms: not with run.noise in the co-moving frame"):
         Solver(problem)
+
+
+@pytest.mark.slow
+def test_four_clusters_in_the_frame_against_tokens(tmp_path):
+    """examples/frame_atoms.toml (uniform [-1, 1]^2, heads 3 I / I and 0.1 I / -10 I, 32^2
+    on +-2.5 frame units, atoms at 0.75 cells) run by ``tpde run``, against two seeds of
+    10^4 tokens with the square's symmetry (examples/frame_atoms.py): four atoms, one per
+    corner, whose width times the largest tilt is small once they are born; the W2 of cells
+    plus atoms over the law's sd falls once the atoms carry the clusters; mass of cells plus
+    atoms 1 to 1e-13. The target, W2 within the tokens' own noise (the W2 between the seeds)
+    at every snapshot, is not met at 32^2: an xfail that says so."""
+    import importlib.util
+    from pathlib import Path
+
+    from tpde.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("frame_atoms", root / "examples/frame_atoms.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    output = tmp_path / "frame_atoms.nc"
+    assert main(["run", str(root / "examples/frame_atoms.toml"), "-o", str(output), "-q"]) == 0
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    runs = [example.tokens(seed, times) for seed in (1, 2)]
+    rows = example.table(example.from_file(output, times), runs)
+    header = ["t", "atoms", "law sd", "corner sd", "width*tilt", "asymmetry"]
+    show("frame + atoms against 10^4 tokens", [*header, "W2/sd 1", "W2/sd 2", "noise/sd"], rows)
+    from tpde.io import read
+
+    ds = read(output)
+    mass = ds["mass"].values
+    print(f"mass of cells plus atoms: largest change {np.abs(mass - 1).max():.1e}")
+    assert np.abs(mass - 1).max() < 1e-13
+    born = [row for row in rows if row[1] > 0]
+    assert born and all(row[1] == 4 for row in born) and rows[-1][1] == 4
+    assert born[0][4] < 0.3  # (the Gaussian closure's condition at the first record with atoms)
+    assert rows[-1][6] < rows[2][6] and rows[-1][7] < rows[2][7]  # (better once atoms carry)
+    # the target, within the tokens' sampling noise at every snapshot: not met at 32^2
+    # (measured W2/sd 0.044, 0.053, 0.065, 0.052, 0.025 against noise 0.035, 0.028, 0.017,
+    # 0.015, 0.011 at t = 1 .. 5; the cells' error before the births sets it)
+    if not all(max(row[6], row[7]) <= row[8] for row in rows):
+        pytest.xfail("W2 of cells plus atoms within the tokens' noise: not met at 32^2")
+
+
+def test_symmetric_tokens_move_as_the_whole_system():
+    """The tokens of examples/frame_atoms.py: the images of 20 draws under the square's 8
+    symmetries moved by the representatives' velocity only equal the full system's to
+    round-off (both heads commute with signed permutations), and stay exact images."""
+    from tpde.validation.particles import SymmetricTokens, square_group, symmetric_tokens
+
+    heads = [Head(3.0 * np.eye(2), np.eye(2)), Head(0.1 * np.eye(2), -10.0 * np.eye(2))]
+    group = square_group(2)
+    assert group.shape == (8, 2, 2) and np.array_equal(group[0], np.eye(2))
+    reps = np.sort(np.random.default_rng(3).uniform(0.0, 1.0, (20, 2)), axis=1)[:, ::-1]
+    x0 = symmetric_tokens(reps, group)
+    full = simulate(TokenSystem("multihead", heads), x0, 0.5, 0.05).tokens[-1]
+    fast = simulate(SymmetricTokens(TokenSystem("multihead", heads), group), x0, 0.5, 0.05)
+    end = fast.tokens[-1]
+    gap = float(np.abs(end - full).max())
+    print(f"\nsymmetric vs full token system at t = 0.5: {gap:.1e}")
+    assert gap < 1e-13
+    assert np.array_equal(end, symmetric_tokens(end[:20], group))
+
+
+def test_cells_as_points_and_their_w2():
+    """validation.metrics.cell_points keeps the cells' mass and mean exactly;
+    wasserstein_points of a point set and its translate by v is |v| (the closed form)."""
+    from tpde.validation.metrics import cell_points, wasserstein_points
+
+    grid = Grid([-2.0, -1.0], [2.0, 1.0], [8, 4])
+    rho = gaussian(grid, np.array([0.3, -0.1]), np.diag([0.5, 0.2]))
+    mass, mean, cov = moments(rho, grid)
+    for sub in (1, 3):
+        x, w = cell_points(rho, grid, sub)
+        assert x.shape == (32 * sub**2, 2) and abs(w.sum() - mass) < 1e-15
+        assert np.abs(w @ x / w.sum() - mean).max() < 1e-14
+    rng = np.random.default_rng(0)
+    pts, wts = rng.normal(size=(40, 2)), rng.uniform(0.5, 1.0, 40)
+    shift = np.array([0.3, -0.4])
+    value = wasserstein_points(pts, wts, pts + shift, wts)
+    print(f"\nW2 of a translate: {value:.15f} (|v| = 0.5)")
+    assert abs(value - 0.5) < 1e-12

@@ -12,6 +12,18 @@ so xarray reads them as NaN / -1 and ParaView skips them):
     atom_parents(time, atom, pair)  the ids it merged from (-1: none)
     next_atom_id(time)         the number the next atom gets (a resumed run goes on from it)
 
+In the flat co-moving frame (docs/guide/atoms.md) the atoms are Gaussians in d dimensions:
+``atom_centre`` and ``atom_covariance`` are physical, ``m + L xi`` and ``L S L^T`` (with the
+record's ``frame_mean`` m and ``frame_matrix`` L), and the frame coordinates the run advances
+are kept exactly beside them for ``--resume``:
+
+    atom_centre(time, atom, dim)                 physical centre
+    atom_covariance(time, atom, dim, dim2)       physical covariance
+    atom_frame_centre(time, atom, dim)           xi, the centre in frame coordinates
+    atom_frame_covariance(time, atom, dim, dim2) S, the covariance in frame coordinates
+
+(``atom_id``, ``atom_mass``, ``atom_born``, ``atom_parents``, ``next_atom_id`` as above).
+
 An atom's track is its id across the records (positions and masses over time); births and
 merges are ``atom_born`` and ``atom_parents``, and the run's events name them too. A resumed
 run reads the last record back exactly (:func:`read_atoms`).
@@ -39,40 +51,65 @@ _VARIABLES = {
 }
 
 
-def _define(nc: Any) -> None:
+#: the d-dimensional Gaussian atoms of the flat co-moving frame: name -> (trailing dims,
+#: long name); ``atom_centre`` / ``atom_variance`` of the circle's layout are not written
+_FRAME_VARIABLES = {
+    "atom_centre": (("dim",), "atom centre (physical, m + L xi)"),
+    "atom_covariance": (("dim", "dim2"), "atom covariance (physical, L S L^T)"),
+    "atom_frame_centre": (("dim",), "atom centre xi in frame coordinates"),
+    "atom_frame_covariance": (("dim", "dim2"), "atom covariance S in frame coordinates"),
+}
+_SCALARS = ("atom_id", "atom_mass", "atom_born")
+
+
+def _define(nc: Any, framed: bool) -> None:
     nc.createDimension("atom", ATOM_SLOTS)
     nc.createDimension("pair", 2)
     for name, (kind, fill, long_name, units) in _VARIABLES.items():
+        if framed and name not in _SCALARS:
+            continue
         var = nc.createVariable(name, kind, ("time", "atom"), fill_value=fill)
         var.setncatts({"long_name": long_name, "units": units})
+    if framed:  # (the dim / dim2 dimensions are the file's, of mean and covariance)
+        for name, (dims, long_name) in _FRAME_VARIABLES.items():
+            var = nc.createVariable(name, "f8", ("time", "atom", *dims), fill_value=np.nan)
+            var.setncatts({"long_name": long_name})
     var = nc.createVariable("atom_parents", "i8", ("time", "atom", "pair"), fill_value=-1)
     var.setncatts({"long_name": "ids of the two atoms this one merged from (-1: none)"})
     var = nc.createVariable("next_atom_id", "i8", ("time",), fill_value=-1)
     var.setncatts({"long_name": "the number the next atom gets"})
 
 
-def write_atoms(nc: Any, i: int, atoms: Atoms, next_id: int) -> None:
-    """Record ``i`` of the atom variables (defined with the first record that has atoms)."""
+def write_atoms(nc: Any, i: int, atoms: Atoms, next_id: int, frame: Any = None) -> None:
+    """Record ``i`` of the atom variables (defined with the first record that has atoms);
+    ``frame``: the record's co-moving frame (an :class:`~tpde.schemes.frame.AffineFrame`),
+    whose atoms are d-dimensional Gaussians in frame coordinates, None for the circle's."""
     if atoms.count > ATOM_SLOTS:
         raise ValueError(
             f"atoms: {atoms.count} atoms at one time, the file holds {ATOM_SLOTS}; raise "
             "atoms.width (fewer, later conversions) or refine the grid"
         )
     if "atom_id" not in nc.variables:
-        _define(nc)
+        _define(nc, frame is not None)
     k = atoms.count
     ids = np.full(ATOM_SLOTS, -1, dtype=np.int64)
     ids[:k] = atoms.ids
     nc["atom_id"][i, :] = ids
-    for name, values in (
-        ("atom_mass", atoms.mass),
-        ("atom_centre", atoms.centre[:, 0]),
-        ("atom_variance", atoms.cov[:, 0, 0]),
-        ("atom_born", atoms.born),
-    ):
-        row = np.full(ATOM_SLOTS, np.nan)
+    rows: list[tuple[str, np.ndarray]] = [("atom_mass", atoms.mass), ("atom_born", atoms.born)]
+    if frame is None:
+        rows += [("atom_centre", atoms.centre[:, 0]), ("atom_variance", atoms.cov[:, 0, 0])]
+    else:
+        L = frame.matrix
+        rows += [
+            ("atom_centre", frame.physical(atoms.centre)),
+            ("atom_covariance", np.einsum("ij,kjl,ml->kim", L, atoms.cov, L)),
+            ("atom_frame_centre", atoms.centre),
+            ("atom_frame_covariance", atoms.cov),
+        ]
+    for name, values in rows:
+        row = np.full((ATOM_SLOTS, *values.shape[1:]), np.nan)
         row[:k] = values
-        nc[name][i, :] = row
+        nc[name][i, ...] = row
     parents = np.full((ATOM_SLOTS, 2), -1, dtype=np.int64)
     parents[:k] = atoms.parents
     nc["atom_parents"][i, :, :] = parents
@@ -88,13 +125,17 @@ def read_atoms(nc: Any, i: int) -> tuple[Atoms, int] | None:
     k = int(used.sum())
 
     def row(name: str) -> np.ndarray:
-        return np.asarray(nc[name][i, :], dtype=np.float64)[used]
+        return np.asarray(nc[name][i, ...], dtype=np.float64)[used]
 
     parents = np.asarray(nc["atom_parents"][i, :, :], dtype=np.int64)[used]
+    if "atom_frame_centre" in nc.variables:  # (the frame's d-D atoms, frame coordinates)
+        centre, cov = row("atom_frame_centre"), row("atom_frame_covariance")
+    else:
+        centre, cov = row("atom_centre").reshape(k, 1), row("atom_variance").reshape(k, 1, 1)
     atoms = Atoms(
         row("atom_mass"),
-        row("atom_centre").reshape(k, 1),
-        row("atom_variance").reshape(k, 1, 1),
+        centre,
+        cov,
         ids[used],
         row("atom_born"),
         parents.reshape(k, 2),
@@ -117,10 +158,14 @@ def atom_lines(ds: Any) -> list[str]:
     last = ids[-1] >= 0
     lines = [f"  atoms at t = {times[-1]:.6g}: {int(last.sum())}"]
     for j in np.flatnonzero(last):
-        lines.append(
-            f"    atom {int(ids[-1, j])}: centre {centre[-1, j]:.6f}, mass {mass[-1, j]:.6g}"
-        )
+        where = np.atleast_1d(centre[-1, j])
+        place = f"{float(where[0]):.6f}" if where.size == 1 else _point(where)
+        lines.append(f"    atom {int(ids[-1, j])}: centre {place}, mass {mass[-1, j]:.6g}")
     return lines + history_lines(ids, born, parents)
+
+
+def _point(x: np.ndarray) -> str:
+    return "(" + ", ".join(f"{float(v):.6f}" for v in x) + ")"
 
 
 def history_lines(ids: np.ndarray, born: np.ndarray, parents: np.ndarray) -> list[str]:

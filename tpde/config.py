@@ -72,6 +72,8 @@ from tpde.grid import (
     uniform_ball,
     uniform_box,
 )
+from tpde.schemes.atom_run import check_atom_run
+from tpde.schemes.atoms import AtomOptions
 from tpde.schemes.frame import AffineFrame, mixture_frame
 from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
@@ -857,11 +859,6 @@ def build(source: str | Path | Mapping) -> Config:
         raise ConfigError(f"grid.geometry: unknown {name!r}; choose one of {choices}")
     if geometry.build is not None:  # its own module builds it (tpde.geometries)
         return geometries.load(geometry.build)(raw)
-    if "atoms" in raw:  # (built and tested in Python, not yet in the file and the resume)
-        raise ConfigError(
-            "atoms: not in a flat config yet (the co-moving frame's atoms run from Python, "
-            "docs/user-guide.md, 'Atoms in the flat co-moving frame'); remove [atoms]"
-        )
     check_keys(raw)
     for section in ("grid", "attention", "run"):
         if section not in raw:
@@ -880,9 +877,32 @@ def build(source: str | Path | Mapping) -> Config:
     frame = None
     if scheme.frame == "affine":
         frame, initial = framed_initial(initial, grid.ndim, grid)
+    atoms = _flat_atoms(raw["atoms"], scheme) if "atoms" in raw else None
     density = build_initial(initial, grid, positions)
-    problem = make_problem(grid, density, velocity, scheme, run, positions, frame)
+    problem = make_problem(grid, density, velocity, scheme, run, positions, frame, atoms)
+    if atoms is not None:
+        try:
+            check_atom_run(problem)
+        except ValueError as exc:
+            raise ConfigError(str(exc).splitlines()[0]) from None
     return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)
+
+
+def _flat_atoms(table: Mapping, scheme: Scheme) -> AtomOptions:
+    """``[atoms]`` on the flat grid: Gaussian atoms in the co-moving frame (docs/guide/
+    atoms.md), the options checked here, what they need of the run by
+    :func:`~tpde.schemes.atom_run.check_atom_run` once the problem is built."""
+    if scheme.frame != "affine":
+        raise ConfigError(
+            'atoms: on the flat grid only in the co-moving frame; set scheme.frame = "affine" '
+            "or remove [atoms]"
+        )
+    try:
+        options = AtomOptions(**{key: table[key] for key in table})
+        options.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from None
+    return options
 
 
 #: the keys that hold paths: a relative one is relative to the config file's folder

@@ -53,6 +53,7 @@ SECTIONS = {
     "attention": set(),  # ATTENTION_KEYS, below: read from the variants
     "scheme": set(),  # the fields of tpde.schemes.solver.Scheme
     "run": set(FLAT["run"]),
+    "atoms": set(FLAT["atoms"]),
 }
 
 # ---- the attention schema, read from the variants ---------------------------------------------

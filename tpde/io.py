@@ -474,6 +474,8 @@ class SnapshotWriter(OutputWriter):
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
         if record.frame is not None:  # mean and covariance stay physical
+            if record.atoms is not None and record.atoms.count:  # the frame's: cells + atoms
+                mass, mean, cov = _with_atoms(mass, mean, cov, record.atoms)
             mean, cov = record.frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
         self._append(
@@ -498,7 +500,7 @@ class SnapshotWriter(OutputWriter):
             if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
                 from .atoms_io import write_atoms
 
-                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id)
+                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id, snapshot.frame)
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
@@ -683,6 +685,20 @@ def events(path: str | os.PathLike) -> list[str]:
     """The events a run in ``path`` (a NetCDF file or Zarr store) records (its ``events``
     attribute: one line each, "kind time message")."""
     return str(_stored_attributes(path).get("events", "")).splitlines()
+
+
+def _with_atoms(mass: float, mean: np.ndarray, cov: np.ndarray, atoms: Any):
+    """The moments (mass, mean (d,), covariance (d, d)) of cells plus atoms, all in the same
+    (frame) coordinates: the exact mixture moments (tpde.schemes.atoms.merge_moments)."""
+    from tpde.schemes.atoms import merge_moments
+
+    if not mass > 0:  # (every cell emptied into atoms: the cells' mean is undefined)
+        return merge_moments(atoms.mass, atoms.centre, atoms.cov)
+    return merge_moments(
+        np.concatenate([[mass], atoms.mass]),
+        np.vstack([np.asarray(mean)[None], atoms.centre]),
+        np.concatenate([np.asarray(cov)[None], atoms.cov]),
+    )
 
 
 # ---- results built in Python ------------------------------------------------------------------

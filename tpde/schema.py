@@ -182,6 +182,10 @@ CIRCLE: dict[str, dict[str, Entry]] = {
     },
 }
 
+# the flat geometry's atoms: Gaussian atoms in the co-moving frame (scheme.frame = "affine",
+# softmax or multi-head softmax), the same keys in cells of the frame's grid
+FLAT["atoms"] = CIRCLE["atoms"]
+
 SPHERE: dict[str, dict[str, Entry]] = {
     "grid": {
         "geometry": ('"sphere"', "the unit sphere S^2 as the equiangular cubed sphere"),
