@@ -736,7 +736,11 @@ class Solver(TimeLoop):
 
     def frame_tolerance(self, dt: float) -> float:
         """The frame's allowed local error in a step of ``dt``: the scheme's tolerance or the
-        cells' share (:func:`.frame.frame_step_tolerance`)."""
+        cells' share (:func:`.frame.frame_step_tolerance`). With atoms the scheme's tolerance
+        alone: the cells' error there is that of the clusters about to become atoms, whose
+        motion is exact, not an error of the measure the frame could hide in."""
+        if self.atom_run is not None:
+            return self.problem.scheme.frame_tolerance
         return frame_step_tolerance(self.problem.scheme.frame_tolerance, self._cells_rate, dt)
 
     def _initial_frame_dt(self, velocity: FaceVelocity) -> float:

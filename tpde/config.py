@@ -417,7 +417,8 @@ def framed_initial(table: dict, d: int, grid: Grid | None = None) -> tuple[Affin
     * gaussian / mixture: a mixture with components ``L^-1 (mu_k - m)``, ``L^-1 C_k L^-T``
       (``grid``, the frame's grid: a mixture whose narrowest component would have fewer
       than COMPONENT_CELLS cells per standard deviation gets a smaller frame unit,
-      :func:`~tpde.schemes.frame.mixture_frame`);
+      :func:`~tpde.schemes.frame.mixture_frame`; a run with atoms passes no grid, its narrow
+      components become atoms);
     * uniform: a box ``[lo, hi]`` has mean ``(lo + hi) / 2`` and covariance
       ``diag((hi - lo)^2 / 12)`` (L diagonal: the pushed box is ``[-sqrt 3, sqrt 3]^d``);
       a ball of radius r has covariance ``r^2 / (d + 2) I`` (pushed: radius ``sqrt(d + 2)``);
@@ -876,7 +877,9 @@ def build(source: str | Path | Mapping) -> Config:
     initial = raw.get("initial", {})
     frame = None
     if scheme.frame == "affine":
-        frame, initial = framed_initial(initial, grid.ndim, grid)
+        # (with atoms, components narrower than the cells become atoms: the frame keeps the
+        # whole law's units instead of shrinking them to the narrowest component's)
+        frame, initial = framed_initial(initial, grid.ndim, None if "atoms" in raw else grid)
     atoms = _flat_atoms(raw["atoms"], scheme) if "atoms" in raw else None
     density = build_initial(initial, grid, positions)
     problem = make_problem(grid, density, velocity, scheme, run, positions, frame, atoms)
