@@ -1,12 +1,16 @@
 """Tokens for examples/sphere/clusters_s2_atoms.toml: clusters, masses and energy over time.
 
-docs/validation.md, 'Atoms on the sphere'. ``python examples/sphere/run_atoms_s2.py SEED
-[T_END] [N] [DT]`` moves ``N`` (4 x 10^4) lattice tokens of the run's initial density
-(:func:`tpde.validation.sphere_atoms.lattice_tokens`, the lattice turned by ``SEED``) to
+docs/validation.md, 'Atoms on the sphere'. ``python examples/sphere/run_atoms_s2.py SEEDS
+[T_END] [N] [DT] [MATCH]`` moves ``N`` (4 x 10^4) lattice tokens of the run's initial density
+(:func:`tpde.validation.sphere_atoms.lattice_tokens`, the lattice turned by each of
+``SEEDS`` (a comma list, advanced in turn), the
+weights matched to the density's coefficients up to degree ``MATCH`` (76, 0: not) to
 ``T_END`` (200) with CF4 steps ``DT`` (0.1), and writes one JSON line per snapshot of the
-config (time, energy, cluster centres and masses) to ``tokens_s2_SEED.jsonl``; the grid run
-is ``tpde run examples/sphere/clusters_s2_atoms.toml``. ``compare(grid_file, token_files)``
-prints the table of docs/validation.md.
+config (time, energy, cluster centres and masses) to ``tokens_s2_SEED_nN_mMATCH.jsonl``;
+the grid run is
+``tpde run examples/sphere/clusters_s2_atoms.toml``; ``python
+examples/sphere/run_atoms_s2.py compare GRID.nc TOKENS.jsonl ...`` prints the table of
+docs/validation.md, the plateaus' largest gaps and the seeds' spread.
 """
 
 from __future__ import annotations
@@ -20,83 +24,90 @@ import numpy as np
 
 from tpde.config_core import parse_toml
 from tpde.sphere import build_sphere
-from tpde.validation.sphere_atoms import token_clusters
+from tpde.validation.sphere_atoms import (
+    cluster_table,
+    compare_clusters,
+    measure_clusters,
+    plateau_failures,
+    token_clusters,
+)
 
 CONFIG = Path(__file__).with_name("clusters_s2_atoms.toml")
 
 
-def tokens(seed: int, t_end: float = 200.0, n: int = 40_000, dt: float = 0.1) -> Path:
+def tokens(
+    seeds: list[int], t_end: float = 200.0, n: int = 40_000, dt: float = 0.1, match: int = 76
+) -> list[Path]:
+    """The seeds' token systems advanced in turn, one snapshot each (all reach the same time
+    when stopped early); one file per seed."""
     config = build_sphere(parse_toml(CONFIG.read_text(), "config"))
-    out = Path(f"tokens_s2_{seed}.jsonl")
+    tag = f"_n{n}_m{match}"
+    outs = [Path(f"tokens_s2_{seed}{tag}.jsonl") for seed in seeds]
     start = time.perf_counter()
     times = config.times[config.times <= t_end]
-    with out.open("w") as f:
-        for t, energy, centres, masses in token_clusters(config, seed, times, n, dt):
+    files = [out.open("w") for out in outs]
+    runs = [token_clusters(config, seed, times, n, dt, match) for seed in seeds]
+    for rows in zip(*runs, strict=True):
+        for f, (t, energy, centres, masses) in zip(files, rows, strict=True):
             line = {"t": t, "energy": energy, "centres": centres.tolist(),
                     "masses": masses.tolist(), "wall": time.perf_counter() - start}  # fmt: skip
             f.write(json.dumps(line) + "\n")
             f.flush()
-    return out
+    for f in files:
+        f.close()
+    return outs
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    tokens(int(args[0]), *(float(a) for a in args[1:2]), *(int(a) for a in args[2:3]),
-           *(float(a) for a in args[3:4]))  # fmt: skip
-
-
-def compare(grid_file: str | Path, token_files: list[str | Path], times=None) -> list[dict]:
-    """Rows of the table: per time the grid+atoms clusters (count, masses by decreasing
-    mass), the largest mass and position gaps to each token seed's clusters (matched
-    nearest first), the energies, and the seeds' own spread (their gaps to seed 0)."""
+def grid_clusters(grid_file: str | Path) -> tuple[list, float]:
+    """The grid+atoms run's clusters per snapshot ``(t, energy, centres, masses)`` (cells
+    plus atoms, :func:`tpde.validation.sphere_atoms.measure_clusters`) and its cell width."""
     import netCDF4
 
     from tpde.sphere import from_file, grid_of, read_sphere
     from tpde.sphere_atoms_io import read_sphere_atoms
-    from tpde.validation.sphere_atoms import match_clusters, measure_clusters
 
     ds = read_sphere(grid_file)
     grid = grid_of(ds)
-    seeds = [
-        {round(r["t"], 9): r for r in map(json.loads, Path(f).read_text().splitlines())}
-        for f in token_files
-    ]
-    rows = []
+    out = []
     with netCDF4.Dataset(grid_file) as nc:
         nc.set_auto_mask(False)
         for i, t in enumerate(ds["time"].values):
-            key = round(float(t), 9)
-            if (times is not None and key not in times) or not all(key in s for s in seeds):
-                continue
             found = read_sphere_atoms(nc, i)
             atoms = None if found is None else found[0]
-            grid_clusters = measure_clusters(grid, from_file(ds["density"].values[i]), atoms)
-            row = {"t": float(t), "grid": grid_clusters, "energy": float(
-                ds["energy_interaction"].values[i]), "atoms": 0 if atoms is None else atoms.count,
-                "tokens": []}  # fmt: skip
-            for s in seeds:
-                r = s[key]
-                tok = (np.asarray(r["centres"]).reshape(-1, 3), np.asarray(r["masses"]))
-                pairs = match_clusters(grid_clusters, tok)
-                row["tokens"].append({
-                    "count": tok[1].size,
-                    "energy": r["energy"],
-                    "mass_gap": max((abs(grid_clusters[1][a] - tok[1][b]) for a, b, _ in pairs),
-                                    default=np.nan),
-                    "angle": max((g for _, _, g in pairs), default=np.nan),
-                })  # fmt: skip
-            rows.append(row)
-    return rows
+            centres, masses = measure_clusters(grid, from_file(ds["density"].values[i]), atoms)
+            out.append((float(t), float(ds["energy_interaction"].values[i]), centres, masses))
+    return out, grid.h
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| t | atoms | clusters grid / seeds | E grid | E seeds - grid | mass gap | angle |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
-        counts = "/".join(str(s["count"]) for s in r["tokens"])
-        de = ", ".join(f"{s['energy'] - r['energy']:+.2e}" for s in r["tokens"])
-        gap = max(s["mass_gap"] for s in r["tokens"])
-        angle = max(s["angle"] for s in r["tokens"])
-        lines.append(f"| {r['t']:g} | {r['atoms']} | {r['grid'][1].size} / {counts} | "
-                     f"{r['energy']:.6g} | {de} | {gap:.1e} | {angle:.1e} |")  # fmt: skip
-    return "\n".join(lines)
+def token_file(path: str | Path) -> list:
+    """A seed's snapshots ``(t, energy, centres, masses)`` from its JSON lines."""
+    rows = map(json.loads, Path(path).read_text().splitlines())
+    return [(r["t"], r["energy"], np.asarray(r["centres"]).reshape(-1, 3),
+             np.asarray(r["masses"])) for r in rows]  # fmt: skip
+
+
+def compare(grid_file: str | Path, token_files: list[str | Path]) -> list[str]:
+    """Print the table of docs/validation.md and the plateaus' summary; return the
+    failures (:func:`tpde.validation.sphere_atoms.plateau_failures`)."""
+    grid, h = grid_clusters(grid_file)
+    rows = compare_clusters(grid, [token_file(f) for f in token_files])
+    print(cluster_table(rows))
+    on = [r for r in rows if r["plateau"]]
+    if on:
+        print(f"plateau rows {len(on)} of {len(rows)} (t = {rows[0]['t']:g} .. {rows[-1]['t']:g})")
+        print(f"largest mass gap {max(max(r['mass_gap']) for r in on):.2e}, largest seed "
+              f"spread {np.nanmax([r['spread'] for r in on]):.2e}, largest angle "
+              f"{max(max(r['angle']) for r in on) / h:.2f} h")  # fmt: skip
+    failures = plateau_failures(rows, h)
+    print("\n".join(failures) or "every plateau row within the tolerances")
+    return failures
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[0] == "compare":
+        compare(args[1], args[2:])
+    else:
+        tokens([int(a) for a in args[0].split(",")], *(float(a) for a in args[1:2]),
+               *(int(a) for a in args[2:3]), *(float(a) for a in args[3:4]),
+               *(int(a) for a in args[4:5]))  # fmt: skip
