@@ -58,6 +58,7 @@ __all__ = [
     "cell_index",
     "cell_list",
     "cell_panels",
+    "padded_panels",
     "clusters",
     "cubed_sphere",
     "halo_matrix",
@@ -221,18 +222,8 @@ class CubedSphere:
         """Coordinate averages ``values`` ``(6, n, n)`` with ``ghosts`` halo cells on every
         side of each panel ``(6, n + 2 ghosts, n + 2 ghosts)`` (:func:`halo_matrix`: the
         neighbours' cells interpolated onto the panel's extended grid lines); corners 0."""
-        n, g = self.n, int(ghosts)
-        q = np.asarray(values, float)
-        ghost = (halo_matrix(n, ghosts=g) @ q.ravel()).reshape(6, SIDES, g, n)
-        padded = np.zeros((6, n + 2 * g, n + 2 * g))
-        inner = slice(g, g + n)
-        padded[:, inner, inner] = q
-        for d in range(g):
-            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
-            padded[:, g + n + d, inner] = ghost[:, 1, d]
-            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
-            padded[:, inner, g + n + d] = ghost[:, 3, d]
-        return padded
+        g = int(ghosts)
+        return padded_panels(np.asarray(values, float), halo_matrix(self.n, ghosts=g), g)
 
     def describe(self) -> str:
         return f"cubed sphere: {self.n} x {self.n} cells a panel, {self.size} cells"
@@ -788,3 +779,21 @@ def point_histogram(grid: CubedSphere, points: np.ndarray) -> np.ndarray:
     flat = (p * grid.n + i) * grid.n + j
     counts = np.bincount(flat, minlength=6 * grid.n**2).reshape(grid.shape)
     return counts / (points.shape[0] * grid.areas)
+
+
+def padded_panels(q: np.ndarray, halo, ghosts: int) -> np.ndarray:
+    """``q (6, n, n)`` with ``ghosts`` halo cells on every side of each panel ``(6, n + 2g,
+    n + 2g)``, the ghost values ``halo @ q.ravel()`` (a :func:`halo_matrix` of that depth:
+    rows ordered panel, side (low/high along the first axis, then the second), depth, line
+    position); the corners stay 0 (no stencil reads them)."""
+    n, g = q.shape[-1], int(ghosts)
+    ghost = (halo @ q.ravel()).reshape(6, SIDES, g, n)
+    padded = np.zeros((6, n + 2 * g, n + 2 * g))
+    inner = slice(g, g + n)
+    padded[:, inner, inner] = q
+    for d in range(g):
+        padded[:, g - 1 - d, inner] = ghost[:, 0, d]
+        padded[:, g + n + d, inner] = ghost[:, 1, d]
+        padded[:, inner, g - 1 - d] = ghost[:, 2, d]
+        padded[:, inner, g + n + d] = ghost[:, 3, d]
+    return padded

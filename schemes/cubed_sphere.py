@@ -46,6 +46,7 @@ from tpde.grid.cubed_sphere import (
     coordinate_gradients,
     gauss_nodes,
     halo_matrix,
+    padded_panels,
     point_weights,
     to_sphere,
 )
@@ -344,19 +345,8 @@ class CubedSphereOperator:
     # ---- fluxes ----------------------------------------------------------------------------
     def _padded(self, q: np.ndarray, halo=None, g: int = GHOSTS) -> np.ndarray:
         """``q (6, n, n)`` with ``g`` halo cells on every side of each panel ``(6, n + 2g,
-        n + 2g)``, the ghosts from ``halo`` (the scheme's by default); corners stay 0."""
-        n = self.grid.n
-        halo = self.halo if halo is None else halo
-        ghost = (halo @ q.ravel()).reshape(6, SIDES, g, n)
-        padded = np.zeros((6, n + 2 * g, n + 2 * g))
-        inner = slice(g, g + n)
-        padded[:, inner, inner] = q
-        for d in range(g):
-            padded[:, g - 1 - d, inner] = ghost[:, 0, d]
-            padded[:, g + n + d, inner] = ghost[:, 1, d]
-            padded[:, inner, g - 1 - d] = ghost[:, 2, d]
-            padded[:, inner, g + n + d] = ghost[:, 3, d]
-        return padded
+        n + 2g)``, the ghosts from ``halo`` (the scheme's by default; :func:`padded_panels`)."""
+        return padded_panels(q, self.halo if halo is None else halo, g)
 
     def _neighbours(self, values: np.ndarray) -> np.ndarray:
         """``values (6, n, n)`` with one layer of the neighbours' actual cells, per family:

@@ -381,7 +381,24 @@ class CircleFFTSums:
 
 
 # ---- the sphere -------------------------------------------------------------------------------
-class SphereHarmonicSums:
+class _ShiftedSphereSums:
+    """The sphere's engines return ``(Z, G, shift)`` per target, ``Z e^shift`` the sum of
+    ``m_j e^{<c, y_j>}`` and ``G e^shift`` that of ``m_j y_j e^{<c, y_j>}``: the protocol's
+    log-partition ``log Z + shift`` and tilted means ``G / Z``."""
+
+    def _sums(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def log_partition(self, c: np.ndarray) -> np.ndarray:
+        z, _, shift = self._sums(c)
+        return np.log(z) + shift
+
+    def means(self, c: np.ndarray) -> np.ndarray:
+        z, g, _ = self._sums(c)
+        return g / z[:, None]
+
+
+class SphereHarmonicSums(_ShiftedSphereSums):
     """The sphere's harmonic sums (:class:`~.engines.sphere_harmonics.HarmonicSums`) of the
     measure ``masses_j delta_{sources_j}`` (``sources (S, 3)`` unit vectors): the engine built
     with ``A = I``, so its targets are the tilts themselves; ``log Z = log(e^{-r} Z) + r``,
@@ -398,21 +415,13 @@ class SphereHarmonicSums:
     def _sums(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.engine.sums(self.sources, self.masses, np.ascontiguousarray(c, float))
 
-    def log_partition(self, c: np.ndarray) -> np.ndarray:
-        z, _, shift = self._sums(c)
-        return np.log(z) + shift
-
-    def means(self, c: np.ndarray) -> np.ndarray:
-        z, g, _ = self._sums(c)
-        return g / z[:, None]
-
     def error(self) -> float:
         """The engine's own estimate of the tilted means (``HarmonicSums.estimate``)."""
         estimate = self.engine.estimate
         return float(estimate.max()) if estimate.size else float("nan")
 
 
-class SphereDirectSums:
+class SphereDirectSums(_ShiftedSphereSums):
     """The sphere's dense sums (:meth:`~.cubed_sphere.CubedSphereAttention._dense_sums`,
     engine ``"direct"``) of the measure ``masses_j delta_{sources_j}``, with ``A = I`` in the
     general form of the exponent (``<c, y> - |c|`` per row), so the targets are the tilts."""
@@ -428,14 +437,6 @@ class SphereDirectSums:
 
     def _sums(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.field._dense_sums(self.sources, self.masses, np.ascontiguousarray(c, float))
-
-    def log_partition(self, c: np.ndarray) -> np.ndarray:
-        z, _, shift = self._sums(c)
-        return np.log(z) + shift
-
-    def means(self, c: np.ndarray) -> np.ndarray:
-        z, g, _ = self._sums(c)
-        return g / z[:, None]
 
     def error(self) -> float:
         return 0.0
