@@ -233,10 +233,10 @@ def test_three_bumps_in_the_frame_end_typed_and_predict_within_one_percent():
     the tangent t* at BUMPS_STOP is within 1 %. Measured (load 13): the frame 40 steps,
     11.5 s, blowup at t = 0.556024; t* gap -5.00e-3 at BUMPS_STOP and -1.83e-2 at the
     frame's own stop (the bumps narrow in frame units as the frame follows the whole law:
-    printed, not met); the whole test 34 s. That gap is the frame's error, not the
-    estimator's: the reference's tangent from its covariances at the frame's 40 step times
-    alone is within 1e-3 of its own (measured 6.6e-5), while the covariances are 1.43e-2
-    apart."""
+    printed, not met); the whole test 34 s (64 s at load 12.8). That gap is the frame's
+    error, not the estimator's: the reference's tangent from its covariances at the frame's
+    40 step times alone is within 1e-3 of its own (measured 6.6e-5), while the covariances
+    are 1.43e-2 apart."""
     import time
 
     from tpde.schemes.frame import COMPONENT_CELLS
