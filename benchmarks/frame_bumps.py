@@ -10,7 +10,15 @@ on'; weights 0.4 / 0.3 / 0.3, covariances 0.2 I), as configured by a user: ``fra
 by itself (``blowup`` / ``box_limited``). The two runs alternate for ``--rounds`` rounds
 (a shared machine's load drifts); each wall time is the smallest of its rounds, and
 ``frame_over_fixed`` their ratio. Also reported: each run's steps, status, stop time and
-printed t*. Prints one JSON line.
+printed t*.
+
+Where a frame step's cost goes: the frame and a fixed +-6 box at the same 64^2 cells, run to
+``t = 0.342644`` (the tests' BUMPS_STOP) once each with the phase timers on
+(:mod:`tpde.grid.profile`, as ``tpde run --profile``): ``same_cells_*`` give each run's
+milliseconds per step and the self time per step of the kernel-sum tables
+(``velocity.tables``), the sheared passes (``velocity.interpolation.passes``) and the rest of
+the step (the frame's fit and step control among it), ``tables_nodes_*`` the mean number of
+table nodes per table formed. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -21,14 +29,22 @@ import sys
 import time
 import warnings
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import emit, loadavg  # noqa: E402
 
 from tpde.config import build  # noqa: E402
+from tpde.grid import profile  # noqa: E402
 from tpde.grid.threads import set_num_threads  # noqa: E402
 from tpde.schemes.solver import Problem, Solver  # noqa: E402
 
 RUNS = {"frame": (16.0, 64, "affine"), "fixed": (6.0, 96, "fixed")}
+#: the same-cells comparison: the frame's grid against a fixed +-6 box at 64^2, to SAME_STOP
+SAME_CELLS = {"frame": (16.0, 64, "affine"), "fixed": (6.0, 64, "fixed")}
+SAME_STOP = 0.342644
+#: the phases reported per step (self times): the tables and the sheared passes
+PHASES = {"tables": "velocity.tables", "passes": "velocity.interpolation.passes"}
 #: the three-bump law (docs/theory.md, 'When the frame cannot go on')
 THREE_BUMPS = {
     "kind": "mixture",
@@ -64,6 +80,41 @@ def once(name: str) -> tuple[float, object]:
     return time.perf_counter() - t0, result
 
 
+def per_step(name: str) -> dict[str, float]:
+    """One profiled run of SAME_CELLS[name] to SAME_STOP: ms per step, the self ms per step
+    of PHASES and of the rest, and the mean table nodes (the tables' size drives their cost:
+    one product per node and cell row)."""
+    from tpde.variants.engines import separable
+
+    nodes: list[int] = []
+    formed = separable.mgf_table
+
+    def counted(weights, grid, tilts, *args, **kwargs):  # (the benchmark's count only)
+        nodes.append(int(np.prod([len(t) for t in tilts])))
+        return formed(weights, grid, tilts, *args, **kwargs)
+
+    problem = three_bumps(*SAME_CELLS[name], t_end=SAME_STOP)
+    separable.mgf_table = counted  # type: ignore[assignment]
+    try:
+        with warnings.catch_warnings(), profile.profiling() as phases:
+            warnings.simplefilter("error")
+            t0 = time.perf_counter()
+            result = Solver(problem).run()
+            wall = time.perf_counter() - t0
+    finally:
+        separable.mgf_table = formed  # type: ignore[assignment]
+    steps = max(result.steps, 1)
+    out = {"ms_per_step": 1e3 * wall / steps, "steps": result.steps}
+    rest = wall
+    for key, phase in PHASES.items():
+        own = float(phases.get(phase, {}).get("self_s", 0.0))
+        out[f"{key}_ms_per_step"] = 1e3 * own / steps
+        rest -= own
+    out["rest_ms_per_step"] = 1e3 * rest / steps
+    out["tables_nodes"] = float(np.mean(nodes)) if nodes else 0.0
+    return {key: round(value, 1) for key, value in out.items()}
+
+
 def predicted(message: str) -> float | None:
     return float(message.split("t* = ")[1].split()[0]) if "t* = " in message else None
 
@@ -81,7 +132,15 @@ def main() -> int:
         for name in RUNS:
             wall, results[name] = once(name)
             walls[name].append(wall)
-    figures = {}
+    figures: dict[str, object] = {}
+    for name in SAME_CELLS:  # (one run each: the numba caches are warm from the rounds)
+        for key, value in per_step(name).items():
+            figures[f"same_cells_{name}_{key}"] = value
+    figures["same_cells_step_ratio"] = round(
+        float(figures["same_cells_frame_ms_per_step"])  # type: ignore[arg-type]
+        / float(figures["same_cells_fixed_ms_per_step"]),  # type: ignore[arg-type]
+        3,
+    )
     for name, result in results.items():
         figures[f"{name}_wall_s"] = round(min(walls[name]), 3)
         figures[f"{name}_steps"] = result.steps
