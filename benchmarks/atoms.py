@@ -8,8 +8,8 @@ One JSON line per case; in each the two runs advance alternately in one process 
 rounds, so both see the same load), and ``atoms_over_cells`` is the ratio of the shortest
 time per step of each over the rounds (the load only adds time); ``median_ratio`` the median
 of the rounds' ratios; ``atoms_over_cells_cpu`` the ratio of the shortest CPU times of the
-process (one thread: what the load's waits for a core leave out). ``load``: the one-minute
-load average at the end.
+process (one thread: what the load's waits for a core leave out) and ``median_ratio_cpu``
+the median of the rounds' CPU ratios. ``load``: the one-minute load average at the end.
 
 * ``atoms`` (``--case circle``): the metastability case of docs/theory.md, 'Cells plus atoms'
   (``A = 9 I``, modes 3, 4, 5 at 0.1, ``--cells`` cells): both runs go to ``t = 8`` (four
@@ -66,7 +66,8 @@ def ratios(per_step: dict[str, list[tuple[float, float]]]) -> dict:
     wall ms per step of each run, the ratio of the shortest (``atoms_over_cells``), the
     median of the rounds' ratios, and the same ratio of the shortest CPU times of the
     process (``atoms_over_cells_cpu``: on a machine with more runnable processes than cores
-    a round's wall time counts the waits for a core, its CPU time does not)."""
+    a round's wall time counts the waits for a core, its CPU time does not), and the median
+    of the rounds' CPU ratios (``median_ratio_cpu``)."""
     cells, atoms = np.array(per_step["cells"]), np.array(per_step["atoms"])
     return {
         "rounds": int(cells.shape[0]),
@@ -77,6 +78,7 @@ def ratios(per_step: dict[str, list[tuple[float, float]]]) -> dict:
         "cpu_ms_per_step_cells": round(1e3 * float(cells[:, 1].min()), 3),
         "cpu_ms_per_step_atoms": round(1e3 * float(atoms[:, 1].min()), 3),
         "atoms_over_cells_cpu": round(float(atoms[:, 1].min() / cells[:, 1].min()), 3),
+        "median_ratio_cpu": round(float(np.median(atoms[:, 1] / cells[:, 1])), 3),
     }
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from scipy.special import ndtr
 
@@ -100,6 +101,8 @@ def absorb(
         return rho, atoms
     h = cells.h
     reach = int(math.ceil(options.absorb)) + 1
+    if not _mass_near(rho, cells.lower, h, atoms.centre[:, 0], reach + 1, options.absorb * h):
+        return rho, atoms  # (the usual step: decided before any array of the windows)
     a = atoms.centre[:, 0]
     home = np.floor((a - cells.lower) / h).astype(int)
     near = home[:, None] + np.arange(-reach, reach + 1)[None, :]  # (K, 2 reach + 1)
@@ -171,6 +174,8 @@ def merge(
     events: list[AtomTransfer] = []
     while atoms.count > 1:
         a = atoms.centre[:, 0]
+        if not _pair_near(a, atoms.cov[:, 0, 0], cells.period, options.merge * cells.h):
+            break  # (the usual step: decided before the matrix of gaps)
         sd = np.sqrt(atoms.cov[:, 0, 0])
         o = cells.offset(a, 0.0)  # (once: the rows' and the columns' are the same)
         gap = np.abs(o[:, None] - o[None, :])
@@ -194,6 +199,43 @@ def merge(
         )
         next_id += 1
     return atoms, events, next_id
+
+
+#: the compiled pre-checks widen their tests by this (relative), so that every case the
+#: exact tests could take passes on to them: they only skip what is clearly nothing
+PRECHECK_MARGIN = 1e-9
+
+
+@numba.njit(cache=True)
+def _mass_near(rho, lower, h, a, reach, radius):  # pragma: no cover - compiled
+    """Whether any cell within ``radius`` (widened by :data:`PRECHECK_MARGIN`) of an atom's
+    centre ``a`` (K,) holds mass, looking ``reach`` cells either side of its home cell: False
+    only where :func:`absorb`'s windows have no cell with mass (its early return)."""
+    n = rho.size
+    wide = radius * (1.0 + PRECHECK_MARGIN)
+    for k in range(a.size):
+        home = int(math.floor((a[k] - lower) / h))
+        for w in range(-reach, reach + 1):
+            j = home + w
+            if abs(lower + (j + 0.5) * h - a[k]) <= wide and rho[j % n] > 0.0:
+                return True
+    return False
+
+
+@numba.njit(cache=True)
+def _pair_near(a, var, period, least):  # pragma: no cover - compiled
+    """Whether two atoms (centres ``a``, variances ``var``) may be within their merge reach
+    ``max(least, sd_i + sd_j)`` on the circle of ``period`` (the test widened by
+    :data:`PRECHECK_MARGIN`): False only where :func:`merge` finds no pair."""
+    K = a.size
+    for i in range(K):
+        for j in range(i + 1, K):
+            gap = abs(a[i] - a[j]) % period
+            gap = min(gap, period - gap)
+            reach = max(least, math.sqrt(var[i]) + math.sqrt(var[j]))
+            if gap < reach * (1.0 + PRECHECK_MARGIN) + PRECHECK_MARGIN * period:
+                return True
+    return False
 
 
 def convert(

@@ -174,44 +174,70 @@ def _plain_series_velocity(head, points, modes, order):
     return np.minimum(np.maximum(u, -bound), bound), du, d2u
 
 
-def test_any_head_sums_at_the_atoms_are_the_plain_form_bit_for_bit():
-    """:func:`series_velocity_at` (cached indices, nodes and ``||C||_2``, no stacking, the
-    normalised tail compiled) against its plain form, for two general heads at five atoms
-    and at 40 x 7 random angles: the same bits."""
+def _series_reference(monkeypatch, *args):
+    """:func:`_series_pass` run by the interpreter (its helpers too): the numpy form of the
+    compiled pass, the same real operations in the same order."""
+    from tpde.variants import circle_atoms as ca
+
+    monkeypatch.setattr(ca, "_linear_modes", ca._linear_modes.py_func)
+    monkeypatch.setattr(ca, "_product_modes", ca._product_modes.py_func)
+    try:
+        ca._series_pass.py_func(*args)
+    finally:
+        monkeypatch.undo()
+
+
+def test_any_head_sums_at_the_atoms_against_the_fft_form(monkeypatch):
+    """:func:`series_velocity_at` (one compiled pass: the integrands' modes in closed form,
+    the series sums and the quotients) against the form first written (the integrands at 8
+    nodes through an FFT, numpy's complex products), for two general heads at five atoms
+    and at 400 random angles: the same values to round-off (the closed form and the 8-node
+    FFT are both exact for these degree-3 integrands; they differ in the rounding of the
+    modes and of the series' products only), and the compiled pass against the same pass
+    run by the interpreter (:func:`_series_reference`): the same bits."""
+    from scipy.special import ive
+
     from tpde.grid.circle import von_mises_mixture
-    from tpde.variants.circle_atoms import (
-        mode_factor,
-        series_bound_order,
-        series_modes,
-        series_velocity_at,
-    )
+    from tpde.variants import circle_atoms as ca
     from tpde.variants.parameters import Head
 
     grid = circle_grid(N)
     rho = von_mises_mixture(grid, [(0.5, 1.0, 20.0), (0.5, 4.0, 3.0)])
     atoms = Atoms.of([0.1, 0.2, 0.05, 0.1, 0.15], [[0.3], [1.9], [2.5], [4.4], [6.0]],
                      [[[1e-4]], [[4e-4]], [[1e-6]], [[2e-3]], [[1e-12]]], range(5))  # fmt: skip
+    rng = np.random.default_rng(5)
     for A, C in [
         (np.diag([9.0, 6.0]), np.eye(2)),
         (np.array([[3.0, 1.0], [-0.5, 2.0]]), np.array([[1.0, 0.3], [0.2, -0.5]])),
     ]:
         head = Head(A, C)
-        order = series_bound_order(head)
-        factors = mode_factor(grid, N // 2)
-        modes = series_modes(rho, grid, atoms, order + 1, factors)
-        got = series_velocity_at(rho, grid, atoms, head, atoms.centre[:, 0], factors,
-                                 order=order, modes=modes)  # fmt: skip
-        want = _plain_series_velocity(head, atoms.centre[:, 0], modes, order)
-        for a, b in zip(got, want, strict=True):
-            print(f"order {order}: |d| {np.abs(a - b).max():.1e}")
-            assert np.array_equal(a, b)
-        rng = np.random.default_rng(5)
-        for _ in range(40):  # (many more values: the compiled tail against numpy's)
-            points = rng.uniform(0.0, 2 * np.pi, 7)
-            got = series_velocity_at(rho, grid, atoms, head, points, factors, order=order,
-                                     modes=modes)  # fmt: skip
+        order = ca.series_bound_order(head)
+        factors = ca.mode_factor(grid, N // 2)
+        modes = ca.series_modes(rho, grid, atoms, order + 1, factors)
+        for points in (atoms.centre[:, 0], rng.uniform(0.0, 2 * np.pi, 400)):
+            got = ca.series_velocity_at(rho, grid, atoms, head, points, factors, order=order,
+                                        modes=modes)  # fmt: skip
             want = _plain_series_velocity(head, points, modes, order)
-            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+            for name, a, b in zip(("u", "u'", "u''"), got, want, strict=True):
+                gap = float(np.abs(a - b).max() / np.abs(b).max())
+                print(f"order {order}, {points.size} points, {name}: |d| / max {gap:.1e}")
+                assert gap < 1e-13
+            # the compiled pass against the interpreter's, normalised and not
+            radius, angle = ca._series_tilts(points, A)
+            scaled = ive(np.arange(order + 1)[None, :], radius[:, None])
+            bound = float(np.linalg.norm(C, 2))
+            for normalised in (True, False):
+                out, ref = np.empty((3, points.size)), np.empty((3, points.size))
+                args = (points, radius, angle, scaled, modes, A, C, bound, normalised)
+                ca._series_pass(*args, out)
+                _series_reference(monkeypatch, *args, ref)
+                assert np.array_equal(out, ref)
+        # the tilts: the compiled hypot and atan2 of A x against numpy's
+        radius, angle = ca._series_tilts(points, A)
+        x = np.stack([np.cos(points), np.sin(points)], axis=1)
+        tilts = x @ A.T
+        assert np.abs(radius - np.hypot(tilts[:, 0], tilts[:, 1])).max() < 1e-14 * 9.0
+        assert np.abs(angle - np.arctan2(tilts[:, 1], tilts[:, 0])).max() < 1e-14
 
 
 def test_atom_modes_upto_is_atom_modes_bit_for_bit():
@@ -223,3 +249,77 @@ def test_atom_modes_upto_is_atom_modes_bit_for_bit():
                      [0, 1, 2])  # fmt: skip
     for count in (1, 30, 64, 200):
         assert np.array_equal(atom_modes_upto(atoms, count), atom_modes(atoms, np.arange(count)))
+
+
+def test_atom_modes_compiled_are_numpys_sums_bit_for_bit():
+    """:func:`atom_modes_upto`'s compiled pass (numpy's complex exp and pairwise row sums,
+    up to PAIRWISE_BLOCK atoms) against numpy's form, for 1 .. 70 atoms (past the block:
+    numpy serves) of random masses, centres and widths 1e-14 .. 0.1: the same bits."""
+    from tpde.variants.circle_atoms import _exponent_factors, atom_modes_upto
+
+    rng = np.random.default_rng(11)
+    for count in range(1, 71):
+        atoms = Atoms.of(rng.uniform(0.01, 1.0, count), rng.uniform(0.0, 2 * np.pi, (count, 1)),
+                         10.0 ** rng.uniform(-14, -1, (count, 1, 1)), range(count))  # fmt: skip
+        for modes in (1, 30, 200):
+            ik, half_k2 = _exponent_factors(modes)
+            a, s = atoms.centre[:, 0], atoms.cov[:, 0, 0]
+            want = np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1)
+            assert np.array_equal(atom_modes_upto(atoms, modes), want)
+
+
+def test_transfer_prechecks_skip_only_what_the_exact_tests_skip(monkeypatch):
+    """The compiled pre-checks of :func:`absorb` (mass near an atom) and :func:`merge` (a
+    pair within reach) against the transfers with the pre-checks off (every case to the
+    exact numpy tests): 3000 random cases each, a third of them with the atoms' cells empty
+    and the cells or pairs placed at the tests' edges (a cell centre ``absorb h`` from an
+    atom, two atoms ``merge h`` or ``sd_i + sd_j`` apart, to the last bit): the same
+    results bit for bit, and both outcomes (skipped, taken) occur."""
+    from tpde.schemes import atom_cells as ac
+
+    rng = np.random.default_rng(13)
+    cells, options = _cells(), AtomOptions()
+    h = cells.h
+    cases = []
+    for i in range(3000):
+        count = int(rng.integers(1, 5))
+        centre = rng.uniform(0.0, 2 * np.pi, count)
+        var = (h * 10.0 ** rng.uniform(-3, 0.5, count)) ** 2
+        edge = int(rng.integers(N))
+        if i % 3 == 0:  # an atom on the edges of the tests
+            centre[0] = cells.centres[edge] + options.absorb * h
+            if count > 1:
+                reach = max(options.merge * h, np.sqrt(var[0]) + np.sqrt(var[1]))
+                centre[1] = centre[0] + reach * (1.0 + float(rng.choice([-1, 0, 1])) * 2e-16)
+        centre = cells.wrap(centre)
+        atoms = Atoms(centre * 0 + 0.1, centre[:, None], var[:, None, None], np.arange(count),
+                      np.full(count, np.nan), np.full((count, 2), -1))  # fmt: skip
+        rho = rng.uniform(0.0, 1.0, N) * (rng.uniform(size=N) < 0.2)
+        if i % 3 != 2:  # the atoms' own cells emptied (a step after an absorption)
+            for a in centre:
+                rho[np.abs(cells.offset(cells.centres, a)) <= (options.absorb + 1.5) * h] = 0.0
+            if i % 6 == 0:  # mass in the cell at the absorption's edge only
+                rho[edge] = 0.5
+        cases.append((rho, atoms))
+    got = [
+        (ac.absorb(rho, cells, atoms, options), ac.merge(atoms, cells, options, 1.0, 9))
+        for rho, atoms in cases
+    ]
+    skipped = sum(
+        not ac._mass_near(rho, cells.lower, h, atoms.centre[:, 0], 4, options.absorb * h)
+        for rho, atoms in cases
+    )
+    monkeypatch.setattr(ac, "_mass_near", lambda *args: True)
+    monkeypatch.setattr(ac, "_pair_near", lambda *args: True)
+    merged = 0
+    for (rho, atoms), ((out, absorbed), (joined, events, _)) in zip(cases, got, strict=True):
+        ref_out, ref_absorbed = ac.absorb(rho, cells, atoms, options)
+        ref_joined, ref_events, _ = ac.merge(atoms, cells, options, 1.0, 9)
+        assert np.array_equal(out, ref_out)
+        for a, b in ((absorbed, ref_absorbed), (joined, ref_joined)):
+            assert np.array_equal(a.mass, b.mass) and np.array_equal(a.centre, b.centre)
+            assert np.array_equal(a.cov, b.cov) and np.array_equal(a.ids, b.ids)
+        assert events == ref_events
+        merged += bool(events)
+    print(f"absorption skipped in {skipped} of {len(cases)} cases; merges in {merged}")
+    assert 0 < skipped < len(cases) and 0 < merged < len(cases)

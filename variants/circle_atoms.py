@@ -34,7 +34,7 @@ from tpde.grid import Grid
 from tpde.grid.circle import TWO_PI, fourier_modes
 from tpde.schemes.atoms import Atoms
 
-from .engines.bessel import BesselSeries, series_order
+from .engines.bessel import series_order
 from .parameters import Head
 
 __all__ = [
@@ -80,10 +80,62 @@ def atom_modes(atoms: Atoms, k: np.ndarray) -> np.ndarray:
 def atom_modes_upto(atoms: Atoms, count: int) -> np.ndarray:
     """``atom_modes(atoms, np.arange(count))`` bit for bit, its exponent's factors kept per
     ``count`` (:func:`_exponent_factors`: the same products in the same order)."""
-    ik, half_k2 = _exponent_factors(int(count))
     a = atoms.centre[:, 0]
     s = atoms.cov[:, 0, 0]
+    if atoms.count <= PAIRWISE_BLOCK:  # (a stage's few atoms: one compiled pass)
+        out = np.empty(int(count), complex)
+        _atom_modes_pass(atoms.mass, a, s, out)
+        return out
+    ik, half_k2 = _exponent_factors(int(count))
     return np.add.reduce(atoms.mass * np.exp(ik * a - half_k2 * s), axis=-1)
+
+
+#: :func:`_atom_modes_pass` serves up to this many atoms (one block of numpy's pairwise sum)
+PAIRWISE_BLOCK = 64
+
+
+@numba.njit(cache=True)
+def _atom_modes_pass(mass, a, s, out):  # pragma: no cover - compiled
+    """``out[k] = sum_atoms m e^{-i k a - k^2 s / 2}``, ``k = 0 .. out.size - 1``, for at
+    most :data:`PAIRWISE_BLOCK` atoms: numpy's operations of :func:`atom_modes_upto` in
+    numpy's order, so its values bit for bit: the exponent ``(-k^2 / 2) s`` and ``-k a``,
+    ``e^x (cos y, sin y)`` (numpy's complex exp), the mass times it, and the row sums as
+    numpy's complex pairwise sum (below 4 terms one after another, else 4 accumulators over
+    the terms ``i mod 4`` added as ``(r_0 + r_1) + (r_2 + r_3)``, then the rest)."""
+    P = mass.size
+    tr, ti = np.empty(P), np.empty(P)
+    for k in range(out.size):
+        kk = float(k)
+        half = 0.5 * kk * kk
+        for p in range(P):
+            x = math.exp(-(half * s[p]))
+            y = -(kk * a[p])
+            tr[p] = mass[p] * (x * math.cos(y))
+            ti[p] = mass[p] * (x * math.sin(y))
+        if P < 4:
+            sr, si = -0.0, -0.0
+            for p in range(P):
+                sr += tr[p]
+                si += ti[p]
+        else:
+            r0, r1, r2, r3 = tr[0], tr[1], tr[2], tr[3]
+            i0, i1, i2, i3 = ti[0], ti[1], ti[2], ti[3]
+            top = P - P % 4
+            for p in range(4, top, 4):
+                r0 += tr[p]
+                r1 += tr[p + 1]
+                r2 += tr[p + 2]
+                r3 += tr[p + 3]
+                i0 += ti[p]
+                i1 += ti[p + 1]
+                i2 += ti[p + 2]
+                i3 += ti[p + 3]
+            sr = (r0 + r1) + (r2 + r3)
+            si = (i0 + i1) + (i2 + i3)
+            for p in range(top, P):
+                sr += tr[p]
+                si += ti[p]
+        out[k] = complex(0.0 + sr, 0.0 + si)
 
 
 def check_band(grid: Grid, head: Head) -> None:
@@ -379,60 +431,165 @@ def series_velocity_at(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(u, u', u'')`` of the angular velocity at ``points`` (P,) from cells plus atoms for
     any 2 x 2 head: per target the tilt ``c = A x``, the Bessel series of ``e^{c.y}`` read
-    against the measure's modes shifted by ``j = 0 .. 3`` (:func:`tilted_moments`), and each
-    of ``N, N', N'', Z, Z', Z''`` as ``f_0 E_0 + 2 Re sum_{j >= 1} f_j E_j``
-    (:func:`_integrands`; real measure: ``E_{-j} = conj(E_j)``). ``factors``: the cells'
-    :func:`mode_factor` below the Nyquist mode. Every sum carries the same ``e^{-|c|}``,
-    which cancels in ``u = N / Z`` and its derivatives (unnormalised: times ``e^{|c|}``).
-    ``order``: the series order (:func:`series_bound_order`; else each call finds it a
-    posteriori); ``modes``: the measure's ``c_m``, cells plus atoms, when already summed
-    (at least ``order + 1`` of them)."""
+    against the measure's modes shifted by ``j = 0 .. 3`` (the tilted moments ``E_j`` of
+    :func:`tilted_moments`), and each of ``N, N', N'', Z, Z', Z''`` as ``f_0 E_0 + 2 Re
+    sum_{j >= 1} f_j E_j`` with ``f_j`` the integrands' modes (:func:`_integrands`; real
+    measure: ``E_{-j} = conj(E_j)``). ``factors``: the cells' :func:`mode_factor` below the
+    Nyquist mode. Every sum carries the same ``e^{-|c|}``, which cancels in ``u = N / Z``
+    and its derivatives (unnormalised: times ``e^{|c|}``). ``order``: the series order
+    (:func:`series_bound_order`; else each call finds it a posteriori); ``modes``: the
+    measure's ``c_m``, cells plus atoms, when already summed (at least ``order + 1``).
+
+    One compiled pass (:func:`_series_pass`) after the scaled Bessel values: the integrands'
+    modes in closed form (products of the linear forms ``<v, y>``, whose modes are ``(v_1 -+
+    i v_2) / 2`` at ``j = +-1``) rather than an 8-node FFT, the series sums and the
+    quotients, in real arithmetic; the same sums as the FFT form to round-off
+    (``tests/test_atom_fast_paths.py``)."""
     theta = np.asarray(points, float).reshape(-1)
-    cos, sin = np.cos(theta), np.sin(theta)
-    frame = _frame(cos, sin)
-    tilts = frame[0] @ head.A.T
-    radius = np.hypot(tilts[:, 0], tilts[:, 1])
-    angle = np.arctan2(tilts[:, 1], tilts[:, 0])
+    A = np.asarray(head.A, float)
+    radius, angle = _series_tilts(theta, A)
     if order is None:
-        table = BesselSeries(radius, angle).table
+        scaled = series_order(radius)[1]
     else:
-        table = series_table(radius, angle, order)
-    K = (table.shape[1] - 1) // 2
+        scaled = ive(_table_indices(int(order))[1], radius[:, None])
+    K = scaled.shape[1] - 1
     if modes is None or modes.size < K + 1:
         modes = series_modes(density, grid, atoms, K + 1, factors)
-    moments = tilted_moments(table, modes)  # (P, 4)
-    f = _integrand_modes(head, cos, sin, frame)  # (6, P, 4)
-    if not normalised:
-        sums = f[..., 0].real * moments[None, :, 0].real
-        sums = sums + 2.0 * np.add.reduce((f[..., 1:] * moments[None, :, 1:]).real, axis=-1)
-        scale = np.exp(radius)
-        return sums[0] * scale, sums[1] * scale, sums[2] * scale
     out = np.empty((3, theta.size))
-    products = (f[..., 1:] * moments[None, :, 1:]).real  # (numpy's complex product)
-    _normalised_derivatives(f.real, moments.real, products, _clip_bound(head), out)
+    C = np.asarray(head.C, float)
+    _series_pass(theta, radius, angle, scaled, modes, A, C, _clip_bound(head), normalised, out)
     return out[0], out[1], out[2]
 
 
 @numba.njit(cache=True)
-def _normalised_derivatives(fr, mr, products, bound, out):  # pragma: no cover - compiled
-    """``u, u', u''`` (3, P) from the real parts of the integrands' modes ``fr`` (6, P, 4)
-    and of the tilted moments ``mr`` (P, 4) and ``products = Re f_j E_j``, ``j = 1 .. 3``
-    (6, P, 3): ``S = Re f_0 Re E_0 + 2 ((Re f_1 E_1 + Re f_2 E_2) + Re f_3 E_3)`` for the
-    six sums, then ``u = N / Z``, ``u' = N'/Z - N Z'/Z^2``, ``u'' = N''/Z - (2 N' Z' + N
-    Z'')/Z^2 + 2 N Z'^2/Z^3``, ``u`` clipped to ``+-bound``: numpy's operations in numpy's
-    order (the three-term sum left to right, ``z**2`` a product, ``z**3`` a ``pow``), so
-    its values bit for bit."""
-    P = mr.shape[0]
+def _series_tilts(theta, A):  # pragma: no cover - compiled
+    """``|A x|`` and its angle at the targets ``x = (cos theta, sin theta)`` (P,)."""
+    P = theta.size
+    radius, angle = np.empty(P), np.empty(P)
+    for p in range(P):
+        c, s = math.cos(theta[p]), math.sin(theta[p])
+        c1 = A[0, 0] * c + A[0, 1] * s
+        c2 = A[1, 0] * c + A[1, 1] * s
+        radius[p] = math.hypot(c1, c2)
+        angle[p] = math.atan2(c2, c1)
+    return radius, angle
+
+
+@numba.njit(cache=True)
+def _linear_modes(v1, v2, re, im):  # pragma: no cover - compiled
+    """The modes ``j = -3 .. 3`` (index ``j + 3``) of ``<v, y>``, ``y = (cos phi, sin
+    phi)``: ``(v_1 - i v_2) / 2`` at ``j = 1``, its conjugate at ``j = -1``."""
+    re[:] = 0.0
+    im[:] = 0.0
+    re[4], im[4] = 0.5 * v1, -0.5 * v2
+    re[2], im[2] = 0.5 * v1, 0.5 * v2
+
+
+@numba.njit(cache=True)
+def _product_modes(are, aim, bre, bim, re, im):  # pragma: no cover - compiled
+    """The modes ``j = -3 .. 3`` of the product of two trigonometric polynomials (their
+    degrees add to at most 3: nothing is cut), ``sum_k a_k b_{j - k}`` in ``k`` order."""
+    for j in range(-3, 4):
+        sr = 0.0
+        si = 0.0
+        for k in range(-3, 4):
+            l = j - k  # noqa: E741
+            if -3 <= l <= 3:
+                x, y = are[k + 3], aim[k + 3]
+                u, v = bre[l + 3], bim[l + 3]
+                sr += x * u - y * v
+                si += x * v + y * u
+        re[j + 3], im[j + 3] = sr, si
+
+
+@numba.njit(cache=True)
+def _series_pass(
+    theta, radius, angle, scaled, modes, A, C, bound, normalised, out
+):  # pragma: no cover - compiled
+    """``u, u', u''`` (3, P) at the targets ``theta`` (P,) from the tilts' ``radius`` and
+    ``angle``, the scaled Bessel values ``scaled[p, k] = ive(k, r_p)``, ``k = 0 .. K``, and
+    the measure's ``modes`` ``c_0 ..`` (those beyond ``c_K`` unread, ``c_{-l} = conj(c_l)``).
+    Per target: the integrands ``n``, ``n1 + n g1``, ``-n + 2 n1 g1 + n (g1^2 - g)``, ``1``,
+    ``g1``, ``g1^2 - g`` (``g = <A x, y>``, ``g1 = <A t, y>``, ``n = <C^T t, y>``, ``n1 =
+    -<C^T x, y>``) to their modes ``f_j`` exactly, the moments ``E_j = sum_{|m| <= K}
+    ive(|m|, r) e^{i m psi} c_{m - j}``, ``j = 0 .. 3``, the six sums ``Re f_0 Re E_0 + 2
+    ((Re f_1 E_1 + Re f_2 E_2) + Re f_3 E_3)``, and ``u = N / Z``, ``u' = N'/Z - N Z'/Z^2``,
+    ``u'' = N''/Z - (2 N' Z' + N Z'')/Z^2 + 2 N Z'^2/Z^3`` with ``u`` clipped to ``+-bound``
+    (unnormalised: ``N, N', N''`` times ``e^{r}``)."""
+    P = theta.size
+    K = scaled.shape[1] - 1
+    have = min(modes.size, K + 1)
+    width = 2 * K + 4  # c_l for l = -K - 3 .. K
+    cre, cim = np.zeros(width), np.zeros(width)
+    for l in range(have):  # noqa: E741
+        cre[K + 3 + l], cim[K + 3 + l] = modes[l].real, modes[l].imag
+        if l > 0:
+            cre[K + 3 - l], cim[K + 3 - l] = modes[l].real, -modes[l].imag
+    fre, fim = np.empty((6, 7)), np.empty((6, 7))
+    gre, gim, g1re, g1im = np.empty(7), np.empty(7), np.empty(7), np.empty(7)
+    nre, nim, n1re, n1im = np.empty(7), np.empty(7), np.empty(7), np.empty(7)
+    wre, wim, vre, vim = np.empty(7), np.empty(7), np.empty(7), np.empty(7)
+    ere, eim = np.empty(4), np.empty(4)
+    tre, tim = np.empty(2 * K + 1), np.empty(2 * K + 1)
     sums = np.empty(6)
     for p in range(P):
+        c, s = math.cos(theta[p]), math.sin(theta[p])
+        # x = (c, s), t = (-s, c): A x, A t, C^T t, -C^T x
+        _linear_modes(A[0, 0] * c + A[0, 1] * s, A[1, 0] * c + A[1, 1] * s, gre, gim)
+        _linear_modes(A[0, 1] * c - A[0, 0] * s, A[1, 1] * c - A[1, 0] * s, g1re, g1im)
+        _linear_modes(C[1, 0] * c - C[0, 0] * s, C[1, 1] * c - C[0, 1] * s, nre, nim)
+        _linear_modes(-(C[0, 0] * c + C[1, 0] * s), -(C[0, 1] * c + C[1, 1] * s), n1re, n1im)
+        _product_modes(g1re, g1im, g1re, g1im, wre, wim)  # g1^2
+        for j in range(7):
+            wre[j] -= gre[j]  # the curve g1^2 - g
+            wim[j] -= gim[j]
+        # N: n; N': n1 + n g1; N'': -n + 2 n1 g1 + n curve; Z: 1; Z': g1; Z'': curve
+        for j in range(7):
+            fre[0, j], fim[0, j] = nre[j], nim[j]
+            fre[3, j], fim[3, j] = 0.0, 0.0
+            fre[4, j], fim[4, j] = g1re[j], g1im[j]
+            fre[5, j], fim[5, j] = wre[j], wim[j]
+        fre[3, 3] = 1.0
+        _product_modes(nre, nim, g1re, g1im, vre, vim)  # n g1
+        for j in range(7):
+            fre[1, j], fim[1, j] = n1re[j] + vre[j], n1im[j] + vim[j]
+        _product_modes(n1re, n1im, g1re, g1im, vre, vim)  # n1 g1
+        for j in range(7):
+            fre[2, j], fim[2, j] = 2.0 * vre[j] - nre[j], 2.0 * vim[j] - nim[j]
+        _product_modes(nre, nim, wre, wim, vre, vim)  # n curve
+        for j in range(7):
+            fre[2, j] += vre[j]
+            fim[2, j] += vim[j]
+        # the series table of this target, T_m = ive(|m|, r) e^{i m psi}, m = -K .. K
+        for m in range(K + 1):
+            phase = angle[p] * m
+            a = scaled[p, m] * math.cos(phase)
+            b = scaled[p, m] * math.sin(phase)
+            tre[K + m], tim[K + m] = a, b
+            tre[K - m], tim[K - m] = a, -b
+        for j in range(4):  # E_j = sum_m T_m c_{m - j}
+            sr = 0.0
+            si = 0.0
+            for i in range(2 * K + 1):  # m = i - K: c_{m - j} at index i + 3 - j
+                x, y = tre[i], tim[i]
+                u, v = cre[i + 3 - j], cim[i + 3 - j]
+                sr += x * u - y * v
+                si += x * v + y * u
+            ere[j], eim[j] = sr, si
         for i in range(6):
-            tail = (products[i, p, 0] + products[i, p, 1]) + products[i, p, 2]
-            sums[i] = fr[i, p, 0] * mr[p, 0] + 2.0 * tail
+            tail = 0.0
+            for j in range(1, 4):
+                tail += fre[i, j + 3] * ere[j] - fim[i, j + 3] * eim[j]
+            sums[i] = fre[i, 3] * ere[0] + 2.0 * tail
         n0, n1, n2, z, z1, z2 = sums[0], sums[1], sums[2], sums[3], sums[4], sums[5]
+        if not normalised:
+            scale = math.exp(radius[p])
+            out[0, p], out[1, p], out[2, p] = n0 * scale, n1 * scale, n2 * scale
+            continue
         u = n0 / z
         zz = z * z
         du = n1 / z - n0 * z1 / zz
-        d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / zz + 2.0 * n0 * (z1 * z1) / math.pow(z, 3.0)
+        d2u = n2 / z - (2.0 * n1 * z1 + n0 * z2) / zz + 2.0 * n0 * (z1 * z1) / (zz * z)
         if u < -bound:
             u = -bound
         if u > bound:

@@ -52,10 +52,10 @@ FFT denominator is not positive (round-off far from all mass) the velocity is 0.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import ive
@@ -140,7 +140,20 @@ def _head(spec: ParamSpec, t: float) -> Head:
 def _fingerprint(rho: np.ndarray) -> tuple[float, float, int]:
     """A cheap identity of a density (its sum, a weighted sum, its size): the atoms' modes of
     a face evaluation are reused only for the same density."""
-    return (float(np.add.reduce(rho.reshape(-1))), float(rho @ _ramp(rho.size)), int(rho.size))
+    total, weighted = _density_sums(rho.reshape(-1))
+    return (total, weighted, int(rho.size))
+
+
+@numba.njit(cache=True)
+def _density_sums(flat):  # pragma: no cover - compiled
+    """``sum rho_j`` and ``sum j rho_j`` in one pass (an identity, not a value: both sides
+    of the comparison are this function's)."""
+    total = 0.0
+    weighted = 0.0
+    for j in range(flat.size):
+        total += flat[j]
+        weighted += j * flat[j]
+    return total, weighted
 
 
 def _summed_for(kept: tuple | None, atoms, rho: np.ndarray):
@@ -149,11 +162,6 @@ def _summed_for(kept: tuple | None, atoms, rho: np.ndarray):
     if kept is not None and kept[0] is atoms and kept[1] == _fingerprint(rho):
         return kept[2]
     return None
-
-
-@functools.lru_cache(maxsize=8)
-def _ramp(n: int) -> np.ndarray:
-    return np.arange(n, dtype=float)
 
 
 def _sinc(x: np.ndarray) -> np.ndarray:
