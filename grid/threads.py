@@ -147,5 +147,6 @@ def set_num_threads(threads: int | None = None) -> int:
 
 def ensure_policy() -> int:
     """Apply the default policy once, unless :func:`set_num_threads` already ran; returns
-    the number of threads in use. Called by the solver and the table products."""
+    the number of threads in use. Called by the solver, the table products and the token
+    integrator (:func:`tpde.validation.particles.simulate`)."""
     return _applied if _applied is not None else set_num_threads()
