@@ -34,8 +34,10 @@ from tpde.grid.circle import (
     full_circle,
     order_parameter,
 )
+from tpde.validation.figure_data import common_times
 
 from . import geometries
+from .plots import band, new_figure
 
 __all__ = [
     "cells_plus_atoms",
@@ -67,15 +69,6 @@ NEARLY_UNIFORM = 0.5
 TOKEN_COUNT_CELLS = 128
 #: more token files than this share one legend line in the staircase panels
 LABELLED_TOKEN_FILES = 4
-
-
-def _figure(width: float, height: float) -> Figure:
-    """A constrained-layout figure on its own Agg canvas (drawable and savable, no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _angle_ticks(ax) -> None:
@@ -138,7 +131,7 @@ def space_time_figure(
     atoms, the atoms' tracks (dots of area proportional to mass; counted in the title)."""
     s = circle_series(ds)
     theta, rho = full_circle(s["theta"], s["density"], s["copies"])
-    fig = _figure(6.4, 4.8)
+    fig = new_figure(6.4, 4.8)
     ax = fig.add_subplot()
     uniform = 1.0 / TWO_PI
     h = theta[1] - theta[0]
@@ -188,7 +181,7 @@ def ring_figure(
     s = circle_series(ds)
     theta, rho = full_circle(s["theta"], s["density"], s["copies"])
     picks = np.unique(np.linspace(0, len(s["time"]) - 1, count).round().astype(int))
-    fig = _figure(3.2 * len(picks), 3.4)
+    fig = new_figure(3.2 * len(picks), 3.4)
     closed = np.append(theta, theta[0] + TWO_PI)
     for i, index in enumerate(picks):
         ax = fig.add_subplot(1, len(picks), i + 1, projection="polar")
@@ -214,7 +207,7 @@ def modes_figure(ds: xr.Dataset | str | os.PathLike[str], k_max: int = 20) -> Fi
     top = min(k_max, s["copies"] * (grid.cells[0] // 2 - 1))
     modes = fourier_modes(s["density"], grid, top)
     amplitude = np.abs(modes) / np.abs(modes[..., :1])
-    fig = _figure(9.6, 3.8)
+    fig = new_figure(9.6, 3.8)
     ax = fig.add_subplot(1, 2, 1)
     ks = s["copies"] * np.arange(amplitude.shape[-1])
     colours = iter(np.linspace(0.0, 1.0, max(len(ks) - 1, 1)))
@@ -255,7 +248,7 @@ def snapshots_figure(
         picks = np.unique(np.linspace(0, t.size - 1, min(SNAPSHOTS, t.size)).round().astype(int))
     else:
         picks = np.unique([int(np.argmin(np.abs(t - w))) for w in np.atleast_1d(times)])
-    fig = _figure(7.0, 1.35 * len(picks) + 1.0)
+    fig = new_figure(7.0, 1.35 * len(picks) + 1.0)
     axes = fig.subplots(len(picks), 1, sharex=True, squeeze=False)[:, 0]
     uniform = 1.0 / TWO_PI
     for ax, index in zip(axes, picks, strict=True):
@@ -290,7 +283,7 @@ def order_figure(ds: xr.Dataset | str | os.PathLike[str], threshold: float = 2.0
     modes = fourier_modes(s["density"], grid, m * top)
     amplitude = np.abs(modes) / np.maximum(np.abs(modes[..., :1]), 1e-300)
     counts = [clusters(rho, grid, threshold)[0].size * m for rho in s["density"]]
-    fig = _figure(12.0, 3.8)
+    fig = new_figure(12.0, 3.8)
     ax_r, ax_k, ax_c = fig.subplots(1, 3)
     order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
     ax_r.plot(t, amplitude[:, 1], color="k")
@@ -410,7 +403,7 @@ def compare_figure(
             )
     index = int(np.argmin(np.abs(t - time))) if time is not None else t.size - 1
     at = float(t[index])
-    fig = _figure(12.0, 11.0)
+    fig = new_figure(12.0, 11.0)
     top, bottom, last = fig.subfigures(3, 1, height_ratios=[1.0, 1.0, 1.0])  # type: ignore[misc]
     ax = top.subplots()
     uniform = 1.0 / TWO_PI
@@ -451,12 +444,10 @@ def compare_figure(
     ax.grid(True, alpha=0.3)
     ax_r, ax_w = bottom.subplots(1, 2)
     ax_r.plot(t, order_parameter(whole, grid, m), color="C0", label=run_name)
-    common = [float(x) for x in t if all(np.isclose(one["time"], x).any() for one in sets)]
+    common, run_at, picks = common_times(t, [one["time"] for one in sets])
     orders, distances = [], []
-    for one in sets:
-        pick = [int(np.flatnonzero(np.isclose(one["time"], x))[0]) for x in common]
+    for one, pick in zip(sets, picks, strict=True):
         orders.append(order_parameter(one["density"][pick], grid, m))
-        run_at = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
         distances.append(
             [
                 wasserstein_circle(one["density"][a], whole[b], grid)
@@ -464,20 +455,8 @@ def compare_figure(
             ]
         )
     for axis, values, name in ((ax_r, orders, "tokens"), (ax_w, distances, "tokens - grid")):
-        if not values or not common:
-            continue
-        stack = np.asarray(values, dtype=float)
-        if len(values) > 1:
-            axis.fill_between(
-                common,
-                stack.min(axis=0),
-                stack.max(axis=0),
-                color="C1",
-                alpha=0.3,
-                label=f"{name}: min to max over {len(values)} seeds",
-            )
-        label = name if len(values) == 1 else f"{name}: median"
-        axis.plot(common, np.median(stack, axis=0), ":o", ms=3, color="C1", label=label)
+        if values and common:
+            band(axis, common, values, "C1", name, ":o", ms=3)
     order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
     ax_r.set_ylabel(order)
     ax_r.set_ylim(0.0, 1.05)
