@@ -37,7 +37,7 @@ from tpde.grid.circle import (
 from tpde.validation.figure_data import common_times
 
 from . import geometries
-from .plots import band, new_figure
+from .plots import band, new_figure, staircase_panels
 
 __all__ = [
     "cells_plus_atoms",
@@ -67,8 +67,6 @@ NEARLY_UNIFORM = 0.5
 #: that the sampling noise of i.i.d. tokens stays below the threshold; the metastability
 #: study's count, tpde.validation.circle_metastability)
 TOKEN_COUNT_CELLS = 128
-#: more token files than this share one legend line in the staircase panels
-LABELLED_TOKEN_FILES = 4
 
 
 def _angle_ticks(ax) -> None:
@@ -555,38 +553,3 @@ def token_staircase(
     label = f"tokens n = {theta.shape[1]} ({how})"
     return {"time": np.asarray(data["time"].values, float), "energy": energy,
             "clusters": counts, "label": label}  # fmt: skip
-
-
-def staircase_panels(ax_e, ax_c, run: dict[str, Any], references: Sequence[dict]) -> None:
-    """The energy staircase (energy over a point mass's) and the cluster count against t:
-    the grid run solid (``grid + atoms`` when it has atoms), each token file dotted in its
-    own colour beside it (:func:`grid_staircase`, :func:`token_staircase`)."""
-    name = "grid + atoms" if run["atoms"] else "grid run"
-    if run["energy"] is not None:
-        ax_e.plot(run["time"], run["energy"], color="C0", lw=1.6, label=name)
-    ax_c.step(run["time"], run["clusters"], where="post", color="C0", lw=1.6, label=name)
-    many = len(references) > LABELLED_TOKEN_FILES
-    for i, one in enumerate(references):
-        colour = "C1" if many else f"C{i + 1}"
-        label = one["label"] if not many else (f"{len(references)} token files" if i == 0 else None)
-        if one["energy"] is not None:
-            ax_e.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
-        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
-                  label=label)  # fmt: skip
-    if run["energy"] is None:
-        ax_e.set_title("interaction energy: not recorded (attention A is not beta I)",
-                       fontsize="medium")  # fmt: skip
-    else:
-        ax_e.set_title(
-            f"energy staircase (beta = {run['beta']:g}; 1: one point mass)", fontsize="medium"
-        )
-        ax_e.set_ylabel("E / (e^beta / (2 beta))")
-    ax_c.set_ylim(bottom=0)
-    ax_c.yaxis.get_major_locator().set_params(integer=True)
-    ax_c.set_ylabel("clusters")
-    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize="medium")
-    for axis in (ax_e, ax_c):
-        axis.set_xlabel("t")
-        axis.grid(True, alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize="small")

@@ -251,6 +251,58 @@ def band(
     ax.plot(t, np.median(stack, axis=0), style, color=colour, label=label, **line)
 
 
+#: more token files than this share one legend line in the staircase panels
+LABELLED_TOKEN_FILES = 4
+
+
+def staircase_panels(
+    ax_e: Axes,
+    ax_c: Axes,
+    run: Mapping[str, Any],
+    references: Sequence[Mapping[str, Any]],
+    *,
+    many: str = "token files",
+    missing: str = "interaction energy: not recorded (attention A is not beta I)",
+    fontsize: str | float = "medium",
+    ylabel: bool = True,
+) -> None:
+    """The energy staircase (energy over a point mass's) and the cluster count against t
+    (the circle's and the sphere's ``compare``): the grid run solid (``grid + atoms`` when it
+    has atoms), each token file dotted in its own colour beside it (its ``label``; more than
+    :data:`LABELLED_TOKEN_FILES` share one legend line, ``<count> <many>``). ``run`` and each
+    reference: ``time``, ``energy`` (None: not recorded), ``clusters``; the run's ``atoms``
+    and ``beta``."""
+    name = "grid + atoms" if run["atoms"] else "grid run"
+    if run["energy"] is not None:
+        ax_e.plot(run["time"], run["energy"], color="C0", lw=1.6, label=name)
+    ax_c.step(run["time"], run["clusters"], where="post", color="C0", lw=1.6, label=name)
+    shared = len(references) > LABELLED_TOKEN_FILES
+    for i, one in enumerate(references):
+        colour = "C1" if shared else f"C{i + 1}"
+        label = one["label"] if not shared else (f"{len(references)} {many}" if i == 0 else None)
+        if one["energy"] is not None:
+            ax_e.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
+        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
+                  label=label)  # fmt: skip
+    if run["energy"] is None:
+        ax_e.set_title(missing, fontsize=fontsize)
+    else:
+        ax_e.set_title(
+            f"energy staircase (beta = {run['beta']:g}; 1: one point mass)", fontsize=fontsize
+        )
+        ax_e.set_ylabel("E / (e^beta / (2 beta))")
+    ax_c.set_ylim(bottom=0)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)
+    if ylabel:
+        ax_c.set_ylabel("clusters")
+    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=fontsize)
+    for axis in (ax_e, ax_c):
+        axis.set_xlabel("t")
+        axis.grid(True, alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+
+
 def _plain(value: Any, limit: int = 120) -> str:
     """File attributes are untrusted text: one line, at most ``limit`` characters, and every
     ``$`` escaped, so matplotlib never parses them as mathtext (a crafted ``$\\frac{$``

@@ -26,7 +26,7 @@ import numpy as np
 from tpde.grid import cubed_sphere as cs
 from tpde.validation.figure_data import common_times
 
-from .plots import band, new_figure
+from .plots import band, new_figure, staircase_panels
 
 __all__ = [
     "compare_figure",
@@ -371,35 +371,19 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     ax_e.set_title("eigenvalues of int x x^T dmu", fontsize=10)
     ax_a.set_title("degree amplitudes A_l", fontsize=10)
     ax_w.set_title(f"W_2 on the sphere to the grid run{note}", fontsize=10)
-    name = "grid + atoms" if staircase["atoms"] else "grid run"
-    if staircase["energy"] is not None:
-        ax_s.plot(t, staircase["energy"], color="C0", lw=1.6, label=name)
-    ax_c.step(t, staircase["clusters"], where="post", color="C0", lw=1.6, label=name)
-    many = len(references) > 4  # (then one legend line for all)
-    for i, one in enumerate(references):
-        colour = "C1" if many else f"C{i + 1}"
-        label = (
-            (f"{len(references)} token runs" if i == 0 else None)
-            if many
-            else (
-                f"tokens n = {tokens[i].sizes['token']}"
-                + (f" (seed {int(tokens[i].attrs['seed'])})" if "seed" in tokens[i].attrs else "")
-            )
-        )
-        if one["energy"] is not None:
-            ax_s.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
-        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
-                  label=label)  # fmt: skip
-    if staircase["energy"] is None:
-        ax_s.set_title("interaction energy: not recorded", fontsize=10)
-    else:
-        ax_s.set_title(
-            f"energy staircase (beta = {staircase['beta']:g}; 1: one point mass)", fontsize=10
-        )
-        ax_s.set_ylabel("E / (e^beta / (2 beta))")
-    ax_c.set_ylim(bottom=0)
-    ax_c.yaxis.get_major_locator().set_params(integer=True)
-    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=10)
+    for one, ds in zip(references, tokens, strict=True):
+        seed = f" (seed {int(ds.attrs['seed'])})" if "seed" in ds.attrs else ""
+        one["label"] = f"tokens n = {ds.sizes['token']}{seed}"
+    staircase_panels(
+        ax_s,
+        ax_c,
+        staircase,
+        references,
+        many="token runs",
+        missing="interaction energy: not recorded",
+        fontsize=10,
+        ylabel=False,
+    )
     for ax in (ax_m, ax_e, ax_a, ax_w, ax_s, ax_c):
         ax.set_xlabel("t")
         ax.grid(alpha=0.3)
