@@ -292,7 +292,8 @@ def staircase_panels(
         )
         ax_e.set_ylabel("E / (e^beta / (2 beta))")
     ax_c.set_ylim(bottom=0)
-    ax_c.yaxis.get_major_locator().set_params(integer=True)
+    # (the default locator is a MaxNLocator, which takes integer; the stubs type Locator)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     if ylabel:
         ax_c.set_ylabel("clusters")
     ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=fontsize)
