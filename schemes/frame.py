@@ -168,6 +168,54 @@ def mixture_frame(
     )
 
 
+def uniform_ball_frame(center: np.ndarray, radius: float) -> tuple[AffineFrame, float]:
+    """The frame of the uniform law on the ball ``|x - c| <= r`` in R^d (covariance
+    ``r^2 / (d + 2) I``) and the pushed ball's radius ``sqrt(d + 2)`` (centred at 0)."""
+    d = len(center)
+    frame = AffineFrame.following(np.asarray(center, float), radius**2 / (d + 2) * np.eye(d))
+    return frame, math.sqrt(d + 2)
+
+
+def uniform_box_frame(lower: np.ndarray, upper: np.ndarray) -> tuple[AffineFrame, float]:
+    """The frame of the uniform law on the box ``[lo, hi]`` (mean ``(lo + hi) / 2``,
+    covariance ``diag((hi - lo)^2 / 12)``) and the pushed box's half-edge ``sqrt 3`` (the
+    pushed box is ``[-sqrt 3, sqrt 3]^d``: L is diagonal)."""
+    low, high = np.asarray(lower, float), np.asarray(upper, float)
+    frame = AffineFrame.following(0.5 * (low + high), np.diag((high - low) ** 2 / 12.0))
+    return frame, math.sqrt(3.0)
+
+
+def points_frame(points: np.ndarray, weights: np.ndarray) -> AffineFrame:
+    """The frame of weighted points (n, d), weights (n,) summing to 1: their mean
+    ``sum_i w_i x_i`` and covariance ``sum_i w_i (x_i - m)(x_i - m)^T``
+    (:meth:`AffineFrame.following`; ValueError where it is singular)."""
+    mean = weights @ points
+    centred = points - mean
+    return AffineFrame.following(mean, (centred * weights[:, None]).T @ centred)
+
+
+def to_frame(frame: AffineFrame, points: np.ndarray) -> np.ndarray:
+    """Points (n, d) in frame units: ``xi_i = L^-1 (x_i - m)``."""
+    return (points - frame.mean) @ frame.inverse.T
+
+
+def cell_subpoints(grid: Grid, density: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k^d`` evenly spaced points per cell of ``grid`` (the centres of the cell's ``k^d``
+    sub-cells, (N k^d, d)) and their weights (N k^d,): each the value of ``density`` (the
+    cell averages, ``grid.shape``) in its cell, so that they carry the cells' mass in equal
+    shares (to be normalised by the caller)."""
+    d = grid.ndim
+    axes = [
+        (grid.lower[a] + (np.arange(grid.cells[a] * k) + 0.5) * grid.spacing[a] / k)
+        for a in range(d)
+    ]
+    points = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
+    weights = np.repeat(density, k, axis=0) if d >= 1 else density
+    for a in range(1, d):
+        weights = np.repeat(weights, k, axis=a)
+    return points, weights.reshape(-1)
+
+
 def _component_scale(centres: list[np.ndarray], covs: list[np.ndarray], grid: Grid) -> float:
     """:func:`mixture_frame`'s ``c`` for components pushed to the whole law's units (1: no
     change, on a grid that does not hold 0 inside on every axis)."""

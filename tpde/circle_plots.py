@@ -34,8 +34,10 @@ from tpde.grid.circle import (
     full_circle,
     order_parameter,
 )
+from tpde.validation.figure_data import common_times
 
 from . import geometries
+from .plots import band, new_figure, staircase_panels
 
 __all__ = [
     "cells_plus_atoms",
@@ -65,17 +67,6 @@ NEARLY_UNIFORM = 0.5
 #: that the sampling noise of i.i.d. tokens stays below the threshold; the metastability
 #: study's count, tpde.validation.circle_metastability)
 TOKEN_COUNT_CELLS = 128
-#: more token files than this share one legend line in the staircase panels
-LABELLED_TOKEN_FILES = 4
-
-
-def _figure(width: float, height: float) -> Figure:
-    """A constrained-layout figure on its own Agg canvas (drawable and savable, no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _angle_ticks(ax) -> None:
@@ -138,7 +129,7 @@ def space_time_figure(
     atoms, the atoms' tracks (dots of area proportional to mass; counted in the title)."""
     s = circle_series(ds)
     theta, rho = full_circle(s["theta"], s["density"], s["copies"])
-    fig = _figure(6.4, 4.8)
+    fig = new_figure(6.4, 4.8)
     ax = fig.add_subplot()
     uniform = 1.0 / TWO_PI
     h = theta[1] - theta[0]
@@ -188,7 +179,7 @@ def ring_figure(
     s = circle_series(ds)
     theta, rho = full_circle(s["theta"], s["density"], s["copies"])
     picks = np.unique(np.linspace(0, len(s["time"]) - 1, count).round().astype(int))
-    fig = _figure(3.2 * len(picks), 3.4)
+    fig = new_figure(3.2 * len(picks), 3.4)
     closed = np.append(theta, theta[0] + TWO_PI)
     for i, index in enumerate(picks):
         ax = fig.add_subplot(1, len(picks), i + 1, projection="polar")
@@ -214,7 +205,7 @@ def modes_figure(ds: xr.Dataset | str | os.PathLike[str], k_max: int = 20) -> Fi
     top = min(k_max, s["copies"] * (grid.cells[0] // 2 - 1))
     modes = fourier_modes(s["density"], grid, top)
     amplitude = np.abs(modes) / np.abs(modes[..., :1])
-    fig = _figure(9.6, 3.8)
+    fig = new_figure(9.6, 3.8)
     ax = fig.add_subplot(1, 2, 1)
     ks = s["copies"] * np.arange(amplitude.shape[-1])
     colours = iter(np.linspace(0.0, 1.0, max(len(ks) - 1, 1)))
@@ -255,7 +246,7 @@ def snapshots_figure(
         picks = np.unique(np.linspace(0, t.size - 1, min(SNAPSHOTS, t.size)).round().astype(int))
     else:
         picks = np.unique([int(np.argmin(np.abs(t - w))) for w in np.atleast_1d(times)])
-    fig = _figure(7.0, 1.35 * len(picks) + 1.0)
+    fig = new_figure(7.0, 1.35 * len(picks) + 1.0)
     axes = fig.subplots(len(picks), 1, sharex=True, squeeze=False)[:, 0]
     uniform = 1.0 / TWO_PI
     for ax, index in zip(axes, picks, strict=True):
@@ -290,7 +281,7 @@ def order_figure(ds: xr.Dataset | str | os.PathLike[str], threshold: float = 2.0
     modes = fourier_modes(s["density"], grid, m * top)
     amplitude = np.abs(modes) / np.maximum(np.abs(modes[..., :1]), 1e-300)
     counts = [clusters(rho, grid, threshold)[0].size * m for rho in s["density"]]
-    fig = _figure(12.0, 3.8)
+    fig = new_figure(12.0, 3.8)
     ax_r, ax_k, ax_c = fig.subplots(1, 3)
     order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
     ax_r.plot(t, amplitude[:, 1], color="k")
@@ -410,7 +401,7 @@ def compare_figure(
             )
     index = int(np.argmin(np.abs(t - time))) if time is not None else t.size - 1
     at = float(t[index])
-    fig = _figure(12.0, 11.0)
+    fig = new_figure(12.0, 11.0)
     top, bottom, last = fig.subfigures(3, 1, height_ratios=[1.0, 1.0, 1.0])  # type: ignore[misc]
     ax = top.subplots()
     uniform = 1.0 / TWO_PI
@@ -451,12 +442,10 @@ def compare_figure(
     ax.grid(True, alpha=0.3)
     ax_r, ax_w = bottom.subplots(1, 2)
     ax_r.plot(t, order_parameter(whole, grid, m), color="C0", label=run_name)
-    common = [float(x) for x in t if all(np.isclose(one["time"], x).any() for one in sets)]
+    common, run_at, picks = common_times(t, [one["time"] for one in sets])
     orders, distances = [], []
-    for one in sets:
-        pick = [int(np.flatnonzero(np.isclose(one["time"], x))[0]) for x in common]
+    for one, pick in zip(sets, picks, strict=True):
         orders.append(order_parameter(one["density"][pick], grid, m))
-        run_at = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
         distances.append(
             [
                 wasserstein_circle(one["density"][a], whole[b], grid)
@@ -464,20 +453,8 @@ def compare_figure(
             ]
         )
     for axis, values, name in ((ax_r, orders, "tokens"), (ax_w, distances, "tokens - grid")):
-        if not values or not common:
-            continue
-        stack = np.asarray(values, dtype=float)
-        if len(values) > 1:
-            axis.fill_between(
-                common,
-                stack.min(axis=0),
-                stack.max(axis=0),
-                color="C1",
-                alpha=0.3,
-                label=f"{name}: min to max over {len(values)} seeds",
-            )
-        label = name if len(values) == 1 else f"{name}: median"
-        axis.plot(common, np.median(stack, axis=0), ":o", ms=3, color="C1", label=label)
+        if values and common:
+            band(axis, common, values, "C1", name, ":o", ms=3)
     order = "|<e^{i theta}>|" if m == 1 else f"|c_{m}| / c_0 (c_1 = 0: {m}-fold)"
     ax_r.set_ylabel(order)
     ax_r.set_ylim(0.0, 1.05)
@@ -576,38 +553,3 @@ def token_staircase(
     label = f"tokens n = {theta.shape[1]} ({how})"
     return {"time": np.asarray(data["time"].values, float), "energy": energy,
             "clusters": counts, "label": label}  # fmt: skip
-
-
-def staircase_panels(ax_e, ax_c, run: dict[str, Any], references: Sequence[dict]) -> None:
-    """The energy staircase (energy over a point mass's) and the cluster count against t:
-    the grid run solid (``grid + atoms`` when it has atoms), each token file dotted in its
-    own colour beside it (:func:`grid_staircase`, :func:`token_staircase`)."""
-    name = "grid + atoms" if run["atoms"] else "grid run"
-    if run["energy"] is not None:
-        ax_e.plot(run["time"], run["energy"], color="C0", lw=1.6, label=name)
-    ax_c.step(run["time"], run["clusters"], where="post", color="C0", lw=1.6, label=name)
-    many = len(references) > LABELLED_TOKEN_FILES
-    for i, one in enumerate(references):
-        colour = "C1" if many else f"C{i + 1}"
-        label = one["label"] if not many else (f"{len(references)} token files" if i == 0 else None)
-        if one["energy"] is not None:
-            ax_e.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
-        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
-                  label=label)  # fmt: skip
-    if run["energy"] is None:
-        ax_e.set_title("interaction energy: not recorded (attention A is not beta I)",
-                       fontsize="medium")  # fmt: skip
-    else:
-        ax_e.set_title(
-            f"energy staircase (beta = {run['beta']:g}; 1: one point mass)", fontsize="medium"
-        )
-        ax_e.set_ylabel("E / (e^beta / (2 beta))")
-    ax_c.set_ylim(bottom=0)
-    ax_c.yaxis.get_major_locator().set_params(integer=True)
-    ax_c.set_ylabel("clusters")
-    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize="medium")
-    for axis in (ax_e, ax_c):
-        axis.set_xlabel("t")
-        axis.grid(True, alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize="small")

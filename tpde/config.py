@@ -74,7 +74,15 @@ from tpde.grid import (
 )
 from tpde.schemes.atom_run import check_atom_run
 from tpde.schemes.atoms import AtomOptions
-from tpde.schemes.frame import AffineFrame, mixture_frame
+from tpde.schemes.frame import (
+    AffineFrame,
+    cell_subpoints,
+    mixture_frame,
+    points_frame,
+    to_frame,
+    uniform_ball_frame,
+    uniform_box_frame,
+)
 from tpde.schemes.solver import Problem, Scheme
 from tpde.variants import (
     ATTENTION,
@@ -89,120 +97,46 @@ from tpde.variants.engines.registry import check_engine
 from tpde.variants.parameters import ParameterError
 
 from . import geometries
-from .config_core import (  # shared with tpde.circle and tpde.sphere; re-exported
-    ATTENTION_OPTIONS as ATTENTION_OPTIONS,
+from .config_core import (  # noqa: F401  (shared with tpde.circle and tpde.sphere; re-exported)
+    ATTENTION_OPTIONS,
+    DEFAULT_POSITIONS,
+    DEFAULTS,
+    HEAD_CLASSES,
+    HEAD_FIELD_NAMES,
+    HEAD_KEYS,
+    LAYER_KEYS,
+    MAX_DEPTH,
+    MAX_SNAPSHOTS,
+    MAX_TEXT_BYTES,
+    MEMORY_FRACTION,
+    SECTIONS,
+    Config,
+    ConfigError,
+    _check_depth,
+    _choice,
+    _gib,
+    _matrix,
+    _number,
+    _run_settings,
+    _short,
+    _vector,
+    available_memory,
+    build_positions,
+    build_scheme,
+    canonical,
+    check_keys,
+    check_memory,
+    dumps,
+    load,
+    make_problem,
+    numbers,
+    parse_toml,
+    read_text,
+    resolved,
+    section_errors,
+    variant_keys,
 )
-from .config_core import (
-    DEFAULT_POSITIONS as DEFAULT_POSITIONS,
-)
-from .config_core import (
-    DEFAULTS as DEFAULTS,
-)
-from .config_core import (
-    HEAD_CLASSES as HEAD_CLASSES,
-)
-from .config_core import (
-    HEAD_FIELD_NAMES as HEAD_FIELD_NAMES,
-)
-from .config_core import (
-    HEAD_KEYS as HEAD_KEYS,
-)
-from .config_core import (
-    LAYER_KEYS as LAYER_KEYS,
-)
-from .config_core import (
-    MAX_DEPTH as MAX_DEPTH,
-)
-from .config_core import (
-    MAX_SNAPSHOTS as MAX_SNAPSHOTS,
-)
-from .config_core import (
-    MAX_TEXT_BYTES as MAX_TEXT_BYTES,
-)
-from .config_core import (
-    MEMORY_FRACTION as MEMORY_FRACTION,
-)
-from .config_core import (
-    SECTIONS as SECTIONS,
-)
-from .config_core import (
-    Config as Config,
-)
-from .config_core import (
-    ConfigError as ConfigError,
-)
-from .config_core import (
-    _check_depth as _check_depth,
-)
-from .config_core import (
-    _choice as _choice,
-)
-from .config_core import (
-    _gib as _gib,
-)
-from .config_core import (
-    _matrix as _matrix,
-)
-from .config_core import (
-    _number as _number,
-)
-from .config_core import (
-    _run_settings as _run_settings,
-)
-from .config_core import (
-    _short as _short,
-)
-from .config_core import (
-    _vector as _vector,
-)
-from .config_core import (
-    available_memory as available_memory,
-)
-from .config_core import (
-    build_positions as build_positions,
-)
-from .config_core import (
-    build_scheme as build_scheme,
-)
-from .config_core import (
-    canonical as canonical,
-)
-from .config_core import (
-    check_keys as check_keys,
-)
-from .config_core import (
-    check_memory as check_memory,
-)
-from .config_core import (
-    dumps as dumps,
-)
-from .config_core import (
-    load as load,
-)
-from .config_core import (
-    make_problem as make_problem,
-)
-from .config_core import (
-    numbers as numbers,
-)
-from .config_core import (
-    parse_toml as parse_toml,
-)
-from .config_core import (
-    read_text as read_text,
-)
-from .config_core import (
-    resolved as resolved,
-)
-from .config_core import (
-    same_config as core_same_config,
-)
-from .config_core import (
-    section_errors as section_errors,
-)
-from .config_core import (
-    variant_keys as variant_keys,
-)
+from .config_core import same_config as core_same_config
 
 
 def known_keys(prefix: Sequence[str | int]) -> frozenset[str]:
@@ -466,15 +400,14 @@ def _framed_uniform(table: dict, d: int) -> tuple[AffineFrame, dict]:
     if "radius" in table:
         center = _vector("initial.center", table.get("center", [0.0] * d), d)
         radius = _number("initial.radius", table["radius"], positive=True)
-        frame = AffineFrame.following(center, radius**2 / (d + 2) * np.eye(d))
-        return frame, {"kind": "uniform", "center": [0.0] * d, "radius": math.sqrt(d + 2)}
+        frame, pushed = uniform_ball_frame(center, radius)
+        return frame, {"kind": "uniform", "center": [0.0] * d, "radius": pushed}
     low = _vector("initial.lower", table.get("lower"), d)
     high = _vector("initial.upper", table.get("upper"), d)
     if not np.all(high > low):
         raise ConfigError(f"initial.upper: must exceed initial.lower, got {high} <= {low}")
-    frame = AffineFrame.following(0.5 * (low + high), np.diag((high - low) ** 2 / 12.0))
-    edge = [math.sqrt(3.0)] * d
-    return frame, {"kind": "uniform", "lower": [-e for e in edge], "upper": edge}
+    frame, half = uniform_box_frame(low, high)
+    return frame, {"kind": "uniform", "lower": [-half] * d, "upper": [half] * d}
 
 
 def _pushed_tokens(
@@ -488,19 +421,19 @@ def _pushed_tokens(
     covariance (or ``frame``) and the table that deposits them in frame units (``deposit``,
     else initial.deposit, default cic)."""
     if frame is None:
-        mean = weights @ points
-        centred = points - mean
-        cov = (centred * weights[:, None]).T @ centred
         try:
-            frame = AffineFrame.following(mean, cov)
+            frame = points_frame(points, weights)
         except ValueError:
             raise ConfigError(
                 "scheme.frame: the initial tokens' covariance is singular (they lie on a "
                 'lower-dimensional set); the frame needs a spread law, or scheme.frame = "fixed"'
             ) from None
-    xi = (points - frame.mean) @ frame.inverse.T
     deposit = deposit or table.get("deposit", "cic")
-    return frame, {"kind": "tokens", "deposit": deposit, FRAMED_TOKENS: (xi, weights)}
+    return frame, {
+        "kind": "tokens",
+        "deposit": deposit,
+        FRAMED_TOKENS: (to_frame(frame, points), weights),
+    }
 
 
 def _framed_tokens(table: dict, d: int) -> tuple[AffineFrame, dict]:
@@ -560,16 +493,7 @@ def _framed_file(table: dict, d: int) -> tuple[AffineFrame, dict]:
     if not mass > 0:
         raise ConfigError(f"initial.file: {path} holds no mass at snapshot {index}")
     # FILE_SUBPOINTS^d points per cell, each with its share of the cell's mass
-    k = FILE_SUBPOINTS
-    axes = [
-        (source.lower[a] + (np.arange(source.cells[a] * k) + 0.5) * source.spacing[a] / k)
-        for a in range(d)
-    ]
-    points = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, d)
-    weights = np.repeat(density, k, axis=0) if d >= 1 else density
-    for a in range(1, d):
-        weights = np.repeat(weights, k, axis=a)
-    weights = weights.reshape(-1)
+    points, weights = cell_subpoints(source, density, FILE_SUBPOINTS)
     keep = weights > 0
     frame = AffineFrame.following(mean, cov)
     return _pushed_tokens(table, points[keep], weights[keep] / weights[keep].sum(), frame, "ngp")

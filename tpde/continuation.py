@@ -39,6 +39,7 @@ from tpde.validation.continuation import (
     DEFAULT_EPS_MIN,
     continuation,
     critical_points,
+    diagram_dataset,
 )
 
 __all__ = [
@@ -152,74 +153,6 @@ def load(path: str | Path) -> dict:
     }
 
 
-def diagram_dataset(diagram: ct.Diagram):
-    """The branches as one ``xarray.Dataset``: dimension ``point`` (the uniform branch's
-    points then the clustered branch's; variable ``branch`` 0 / 1), ``cell`` (the grid's
-    centres: angle or z); eps, amplitude, free energy, unstable modes, leading rate,
-    density (point, cell); the located points as attributes."""
-    import xarray as xr
-
-    p = diagram.problem
-    parts = [diagram.uniform, diagram.clustered]
-
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate([np.asarray(getattr(b, name), float) for b in parts])
-
-    branch = np.concatenate([np.full(len(b.eps), i, np.int32) for i, b in enumerate(parts)])
-    states = np.concatenate([np.asarray(b.states).reshape(-1, p.cells) for b in parts])
-    threshold = st.linear_threshold(p.geometry, p.beta, p.model)
-    ds = xr.Dataset(
-        {
-            "branch": (
-                "point",
-                branch,
-                {"long_name": "0: uniform, 1: bifurcating (k = 1 / l = 1)"},
-            ),
-            "eps": ("point", cat("eps"), {"long_name": "noise eps"}),
-            "amplitude": (
-                "point",
-                cat("amplitude"),
-                {"long_name": "int rho cos theta (circle), int rho z (sphere)"},
-            ),
-            "free_energy": (
-                "point",
-                cat("free_energy"),
-                {"long_name": "eps int rho log rho - (1/(2 beta)) int rho K * rho (NaN: none)"},
-            ),
-            "unstable_modes": ("point", cat("unstable").astype(np.int32)),
-            "leading_rate": ("point", cat("leading"), {"long_name": "largest growth rate"}),
-            "density": (("point", "cell"), states),
-        },
-        coords={
-            "cell": (
-                "cell",
-                p.centres,
-                {"long_name": p.coordinate_name},
-            )
-        },
-    )
-    clustered = diagram.clustered
-    ds.attrs = {
-        "title": "tpde stationary branches",
-        "geometry": p.geometry,
-        "model": p.model,
-        "beta": p.beta,
-        "cells": np.int64(p.cells),
-        "eps_threshold": diagram.eps_threshold,
-        "eps_threshold_closed_form": threshold,
-        "curvature": diagram.curvature,
-        "transition": diagram.transition,
-        "eps_fold": diagram.eps_folds[0] if diagram.eps_folds else math.nan,
-        "amplitude_fold": diagram.amplitude_folds[0] if diagram.amplitude_folds else math.nan,
-        "eps_first_order": diagram.eps_first_order,
-        "amplitude_first_order": diagram.amplitude_first_order,
-        "status": clustered.status,
-        "status_eps": clustered.where,
-        "comment": "docs/theory.md, 'Stationary states and phase transitions'",
-    }
-    return ds
-
-
 def plot_diagram(datasets: Sequence, path: str | Path, titles: Sequence[str] | None = None) -> Path:
     """Amplitude against eps, one panel per dataset: stable solid, unstable dashed, the fold
     and the first-order point marked."""
@@ -291,7 +224,6 @@ def phase_diagram(
     address or a Client, as ``tpde sweep``) as a Dataset over ``beta``: the linear threshold,
     the fold, the first-order point (the threshold itself where the transition is
     continuous), the curvature and the transition type."""
-    import xarray as xr
 
     from tpde.sweep import _client
 
@@ -301,32 +233,7 @@ def phase_diagram(
     ]
     with _client(scheduler, workers, len(tasks)) as client:
         records = client.gather(client.map(critical_points, tasks, pure=False))
-    records = sorted(records, key=lambda r: r["beta"])
-
-    def column(name: str) -> np.ndarray:
-        return np.array([r.get(name, math.nan) for r in records], float)
-
-    ds = xr.Dataset(
-        {
-            name: ("beta", column(name))
-            for name in ("eps_threshold", "curvature", "eps_fold", "eps_first_order")
-        },
-        coords={"beta": ("beta", column("beta"))},
-    )
-    ds["transition"] = (
-        "beta",
-        np.array(["discontinuous" if c > 0 else "continuous" for c in column("curvature")]),
-    )
-    ds["status"] = ("beta", np.array([r.get("status", "error") for r in records]))
-    ds["error"] = ("beta", np.array([r["error"] for r in records]))
-    ds.attrs = {
-        "title": "tpde phase diagram",
-        "geometry": geometry,
-        "model": model,
-        "cells": np.int64(cells),
-        "beta_star_closed_form": st.critical_beta(geometry),
-    }
-    return ds
+    return ct.phase_dataset(records, geometry, model, cells)
 
 
 def plot_phase_diagram(ds, path: str | Path) -> Path:

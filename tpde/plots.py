@@ -28,11 +28,13 @@ in 1-D, the moment curves in :func:`moments_figure`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from tpde.validation import figure_data as fd
 
 from . import geometries
 
@@ -63,11 +65,11 @@ DPI = 110
 SIGMAS = (1.0, 2.0)
 # The three slice / projection planes of a 3-D density: (horizontal axis, vertical axis).
 PLANES = ((0, 1), (0, 2), (1, 2))
+ROUNDOFF = fd.ROUNDOFF  # zero to round-off (tpde.validation.figure_data)
 POSITION = "s"  # the position dimension of masked (causal) attention
 #: a record whose largest magnitude is at most this times its natural scale (the spread for a
 #: mean, the initial mass for a mass drift) is zero to round-off: said in words, not drawn
 #: (a 1e-14 curve on its own axis looks like an exponential blow-up)
-ROUNDOFF = 1e-10
 #: what an energy record is, in words (the panel's title) and as a formula (its axis label);
 #: docs/theory.md, 'Energies and Lyapunov functions'
 ENERGY_NAMES = {
@@ -177,10 +179,7 @@ def _positions(ds: xr.Dataset) -> np.ndarray:
 
 def _cell_volume(ds: xr.Dataset, spatial: tuple[str, ...]) -> np.ndarray:
     """Cell volumes, broadcastable to a snapshot indexed ``[x, y, z]``."""
-    widths = np.diff(_edges(ds, spatial[0]))
-    for name in spatial[1:]:
-        widths = np.multiply.outer(widths, np.diff(_edges(ds, name)))
-    return widths
+    return fd.cell_volumes([_edges(ds, name) for name in spatial])
 
 
 def _slice_stats(
@@ -193,81 +192,18 @@ def _slice_stats(
         mass = np.asarray(ds["slice_mass"].isel(time=index).values, dtype=float)
         stored = ds["slice_mean"].isel(time=index).transpose(POSITION, ...)
         return mass, np.asarray(stored.values, dtype=float).reshape(mass.size, d)
-    cells = _slices(ds, spatial, index) * _cell_volume(ds, spatial)
-    count = cells.shape[0]
-    mass = cells.reshape(count, -1).sum(axis=1)
-    mesh = np.meshgrid(*[_centres(ds, a) for a in spatial], indexing="ij")
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.stack([(cells * x).reshape(count, -1).sum(axis=1) / mass for x in mesh], axis=1)
-    mean[~(mass > 0)] = np.nan
-    return mass, mean
+    volumes = _cell_volume(ds, spatial)
+    return fd.slice_statistics(
+        _slices(ds, spatial, index), volumes, [_centres(ds, a) for a in spatial]
+    )
 
 
 def _pick(times: np.ndarray, wanted: Sequence[float] | None) -> list[int]:
     """Snapshot indices: up to 5 evenly spaced ones, or the nearest to each wanted time."""
-    n = times.size
-    if n == 0:
-        raise ValueError("plot: the dataset has no snapshots (time has length 0)")
-    if wanted is None:
-        k = min(DEFAULT_SNAPSHOTS, n)
-        return sorted({int(round(i)) for i in np.linspace(0, n - 1, k)})
-    targets = np.atleast_1d(np.asarray(wanted, dtype=float))
-    if targets.size == 0:
-        raise ValueError("plot: times is empty; give at least one time or None")
-    return [int(np.nanargmin(np.abs(times - t))) for t in targets]
-
-
-def _reference(reference: Mapping[str, Any] | None, d: int) -> dict[str, np.ndarray] | None:
-    """Validated reference moments as arrays ``time`` (m,), ``mean`` (m, d), ``cov`` (m, d, d)."""
-    if reference is None:
-        return None
-    if "mean" not in reference and "mean_position" in reference:  # a reference Dataset
-        reference = {
-            **{k: reference[k] for k in ("time", "covariance") if k in reference},
-            "mean": reference["mean_position"],
-        }
-    missing = [key for key in ("time", "mean", "covariance") if key not in reference]
-    if missing:
-        raise ValueError(
-            f"plot: reference needs arrays time, mean, covariance; missing {', '.join(missing)}"
-        )
-    time = np.atleast_1d(np.asarray(reference["time"], dtype=float))
-    mean = np.asarray(reference["mean"], dtype=float).reshape(time.size, -1)
-    cov = np.asarray(reference["covariance"], dtype=float)
-    if mean.shape[1] != d or cov.shape != (time.size, d, d):
-        raise ValueError(
-            f"plot: reference shapes mean {mean.shape}, covariance {cov.shape} do "
-            f"not match {time.size} times in d = {d}"
-        )
-    order = np.argsort(time)
-    return {"time": time[order], "mean": mean[order], "cov": cov[order]}
-
-
-def _interp(ref: dict[str, np.ndarray], t: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """Reference mean and covariance at time ``t`` (linear in time), None outside the
-    reference's times: a reference that blew up is not drawn after it did."""
-    rt = ref["time"]
-    slack = 1e-9 * max(1.0, abs(float(rt[-1])))
-    if not rt[0] - slack <= t <= rt[-1] + slack:
-        return None  # the reference stopped (a blow-up) or starts later: nothing to draw
-    mean = np.array([np.interp(t, rt, ref["mean"][:, i]) for i in range(ref["mean"].shape[1])])
-    d = mean.size
-    cov = np.array([[np.interp(t, rt, ref["cov"][:, i, j]) for j in range(d)] for i in range(d)])
-    return mean, 0.5 * (cov + cov.T)
+    return fd.pick_snapshots(times, wanted, DEFAULT_SNAPSHOTS)
 
 
 # ---- drawing helpers ------------------------------------------------------------------------
-def _roundoff(values: np.ndarray, scale: float) -> float | None:
-    """The largest finite ``|values|`` when it is at most ``ROUNDOFF * scale`` (the record is
-    zero to round-off), else None (also for a record with no finite value)."""
-    v = np.asarray(values, float)
-    finite = v[np.isfinite(v)]
-    if finite.size == 0 or not np.isfinite(scale):
-        return None
-    top = float(np.max(np.abs(finite)))
-    return top if top <= ROUNDOFF * abs(scale) else None
-
-
 def _roundoff_notice(ax: Axes, what: str, bound: float, y: float = 0.5) -> None:
     """Say on ``ax`` that ``what`` is zero to round-off, instead of drawing its noise."""
     ax.text(
@@ -282,7 +218,7 @@ def _roundoff_notice(ax: Axes, what: str, bound: float, y: float = 0.5) -> None:
     )
 
 
-def _figure(
+def new_figure(
     width: float, height: float, layout: Literal["constrained", "compressed"] = "constrained"
 ) -> Figure:
     """A new figure on its own Agg canvas (no pyplot, no global backend switch).
@@ -294,6 +230,78 @@ def _figure(
     fig = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(fig)
     return fig
+
+
+def band(
+    ax: Axes, t: Any, values: Sequence[Any], colour: str, name: str, style: str = ":", **line: Any
+) -> None:
+    """One reference over several seeds: the median of ``values`` (seeds, times) against
+    ``t`` drawn ``style``, and (several seeds) the band from their min to their max."""
+    stack = np.asarray(values, dtype=float)
+    if len(values) > 1:
+        ax.fill_between(
+            t,
+            stack.min(axis=0),
+            stack.max(axis=0),
+            color=colour,
+            alpha=0.3,
+            label=f"{name}: min to max over {len(values)} seeds",
+        )
+    label = name if len(values) == 1 else f"{name}: median"
+    ax.plot(t, np.median(stack, axis=0), style, color=colour, label=label, **line)
+
+
+#: more token files than this share one legend line in the staircase panels
+LABELLED_TOKEN_FILES = 4
+
+
+def staircase_panels(
+    ax_e: Axes,
+    ax_c: Axes,
+    run: Mapping[str, Any],
+    references: Sequence[Mapping[str, Any]],
+    *,
+    many: str = "token files",
+    missing: str = "interaction energy: not recorded (attention A is not beta I)",
+    fontsize: str | float = "medium",
+    ylabel: bool = True,
+) -> None:
+    """The energy staircase (energy over a point mass's) and the cluster count against t
+    (the circle's and the sphere's ``compare``): the grid run solid (``grid + atoms`` when it
+    has atoms), each token file dotted in its own colour beside it (its ``label``; more than
+    :data:`LABELLED_TOKEN_FILES` share one legend line, ``<count> <many>``). ``run`` and each
+    reference: ``time``, ``energy`` (None: not recorded), ``clusters``; the run's ``atoms``
+    and ``beta``."""
+    name = "grid + atoms" if run["atoms"] else "grid run"
+    if run["energy"] is not None:
+        ax_e.plot(run["time"], run["energy"], color="C0", lw=1.6, label=name)
+    ax_c.step(run["time"], run["clusters"], where="post", color="C0", lw=1.6, label=name)
+    shared = len(references) > LABELLED_TOKEN_FILES
+    for i, one in enumerate(references):
+        colour = "C1" if shared else f"C{i + 1}"
+        label = one["label"] if not shared else (f"{len(references)} {many}" if i == 0 else None)
+        if one["energy"] is not None:
+            ax_e.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
+        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
+                  label=label)  # fmt: skip
+    if run["energy"] is None:
+        ax_e.set_title(missing, fontsize=fontsize)
+    else:
+        ax_e.set_title(
+            f"energy staircase (beta = {run['beta']:g}; 1: one point mass)", fontsize=fontsize
+        )
+        ax_e.set_ylabel("E / (e^beta / (2 beta))")
+    ax_c.set_ylim(bottom=0)
+    # (the default locator is a MaxNLocator, which takes integer; the stubs type Locator)
+    ax_c.yaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
+    if ylabel:
+        ax_c.set_ylabel("clusters")
+    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=fontsize)
+    for axis in (ax_e, ax_c):
+        axis.set_xlabel("t")
+        axis.grid(True, alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
 
 
 def _plain(value: Any, limit: int = 120) -> str:
@@ -319,17 +327,9 @@ def _suptitle(fig: Figure, ds: xr.Dataset, what: str) -> None:
     fig.suptitle(text)
 
 
-def _ellipse(mean: np.ndarray, cov: np.ndarray, radius: float) -> np.ndarray:
-    """Points (2, 200) of the ellipse ``(x - m)^T cov^-1 (x - m) = radius^2``."""
-    angle = np.linspace(0.0, 2.0 * np.pi, 200)
-    values, vectors = np.linalg.eigh(cov)
-    circle = np.stack([np.cos(angle), np.sin(angle)])
-    return mean[:, None] + radius * vectors @ (np.sqrt(np.clip(values, 0, None))[:, None] * circle)
-
-
 def _draw_ellipses(ax: Axes, mean: np.ndarray, cov: np.ndarray, label: bool) -> None:
     for k, r in enumerate(SIGMAS):
-        xy = _ellipse(mean, cov, r)
+        xy = fd.ellipse(mean, cov, r)
         ax.plot(
             xy[0],
             xy[1],
@@ -338,24 +338,6 @@ def _draw_ellipses(ax: Axes, mean: np.ndarray, cov: np.ndarray, label: bool) -> 
             lw=0.9,
             label="reference 1, 2 sigma" if label and k == 0 else None,
         )
-
-
-def _slice_gaussian(
-    mean: np.ndarray, cov: np.ndarray, plane: tuple[int, int], fixed: int, value: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and covariance whose ellipses are the level sets of N(mean, cov) on a plane.
-
-    The restriction of a Gaussian to the plane ``x[fixed] = value`` is again Gaussian in the
-    two remaining coordinates, with the conditional mean and covariance (Schur complement).
-    """
-    p = list(plane)
-    s_pc = cov[p, fixed]
-    s_cc = cov[fixed, fixed]
-    if s_cc <= 0:
-        return mean[p], cov[np.ix_(p, p)]
-    cond_mean = mean[p] + s_pc * (value - mean[fixed]) / s_cc
-    cond_cov = cov[np.ix_(p, p)] - np.outer(s_pc, s_pc) / s_cc
-    return cond_mean, cond_cov
 
 
 def _image(
@@ -390,7 +372,7 @@ def _physical_density(ds, picks, snaps, edges, scale, ref) -> Figure:
     covs = np.asarray(ds["covariance"].values, float)
     xi = np.stack(np.meshgrid(edges[0], edges[1], indexing="ij"), axis=-1)
     ncol = len(picks)
-    fig = _figure(3.6 * ncol + 1.0, 3.8, "compressed")
+    fig = new_figure(3.6 * ncol + 1.0, 3.8, "compressed")
     axes = fig.subplots(1, ncol, squeeze=False)[0]
     mesh = None
     for k, (ax, i, rho) in enumerate(zip(axes, picks, snaps, strict=True)):
@@ -404,7 +386,7 @@ def _physical_density(ds, picks, snaps, edges, scale, ref) -> Figure:
         ax.set_xlabel("x (physical)")
         ax.set_ylabel("y (physical)" if k == 0 else "")
         ax.set_title(f"t = {times[i]:.4g}")
-        gaussian = None if ref is None else _interp(ref, times[i])
+        gaussian = None if ref is None else fd.interpolate_moments(ref, times[i])
         if gaussian is not None:
             _draw_ellipses(ax, *gaussian, label=k == 0)
     if ref is not None:
@@ -440,25 +422,6 @@ def _norm(
     if not low < high:
         raise ValueError(f"plot: vmin must be below vmax, got {low:g}, {high:g}")
     return Normalize(low, high)
-
-
-def _vmax(values: Iterable[np.ndarray]) -> float:
-    top = max((float(np.nanmax(v)) for v in values if np.isfinite(v).any()), default=1.0)
-    return top if top > 0 else 1.0
-
-
-def _max_index(rho: np.ndarray) -> tuple[int, ...]:
-    """Index of the density maximum (the box centre when the snapshot is all NaN)."""
-    if not np.isfinite(rho).any():
-        return tuple(n // 2 for n in rho.shape)
-    return tuple(int(i) for i in np.unravel_index(np.nanargmax(rho), rho.shape))
-
-
-def _plane_slice(rho: np.ndarray, plane: tuple[int, int], at: tuple[int, ...]) -> np.ndarray:
-    fixed = 3 - sum(plane)
-    index: list[Any] = [slice(None)] * 3
-    index[fixed] = at[fixed]
-    return rho[tuple(index)]
 
 
 # ---- figures --------------------------------------------------------------------------------
@@ -506,27 +469,26 @@ def density_figure(
         ds = ds.assign_attrs(title=title)
     spatial = _spatial_dims(ds)
     d = len(spatial)
-    ref = _reference(reference, d)
+    ref = fd.reference_moments(reference, d)
     all_times = _times(ds)
     picks = _pick(all_times, times)
     snaps = [_snapshot(ds, spatial, i) for i in picks]
     edges = [_edges(ds, a) for a in spatial]
 
     if d == 1:
-        fig = _figure(7.0, 4.2)
+        fig = new_figure(7.0, 4.2)
         ax = fig.add_subplot()
         x = _centres(ds, "x")
         mass = np.asarray(ds["mass"].values, float) if "mass" in ds else None
         for k, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
             colour = f"C{k % 10}"
             ax.plot(x, rho, color=colour, lw=1.4, label=f"t = {all_times[i]:.4g}")
-            gaussian = None if ref is None else _interp(ref, all_times[i])
+            gaussian = None if ref is None else fd.interpolate_moments(ref, all_times[i])
             if gaussian is not None:
                 m, c = gaussian
                 scale = mass[i] if mass is not None and np.isfinite(mass[i]) else 1.0
-                var = max(float(c[0, 0]), 1e-300)
                 xf = np.linspace(edges[0][0], edges[0][-1], 800)
-                pdf = scale * np.exp(-0.5 * (xf - m[0]) ** 2 / var) / np.sqrt(2 * np.pi * var)
+                pdf = fd.gaussian_pdf(xf, m[0], c[0, 0], scale)
                 ax.plot(
                     xf,
                     pdf,
@@ -536,7 +498,7 @@ def density_figure(
                     label="reference Gaussian" if k == 0 else None,
                 )
         ax.set_xlim(edges[0][0], edges[0][-1])
-        top = _vmax(snaps)
+        top = fd.top_value(snaps)
         norm = _norm(top, log, vmin, vmax)
         if log:
             ax.set_yscale("log")
@@ -551,18 +513,18 @@ def density_figure(
     if framed:  # the co-moving frame: the physical density, drawn where it is
         jacobian = np.asarray(ds["frame_jacobian"].values, float)
         snaps = [rho / jacobian[i] for i, rho in zip(picks, snaps, strict=True)]
-    scale = _norm(_vmax(snaps), log, vmin, vmax)
+    scale = _norm(fd.top_value(snaps), log, vmin, vmax)
     if framed:
         return _physical_density(ds, picks, snaps, edges, scale, ref)
     if d == 2:
         ncol = len(picks)
-        fig = _figure(3.6 * ncol + 1.0, 3.8, "compressed")
+        fig = new_figure(3.6 * ncol + 1.0, 3.8, "compressed")
         axes = fig.subplots(1, ncol, squeeze=False)[0]
         mesh = None
         for k, (ax, i, rho) in enumerate(zip(axes, picks, snaps, strict=True)):
             mesh = _image(ax, edges[0], edges[1], rho, scale, _label(ds, "x"), _label(ds, "y"))
             ax.set_title(f"t = {all_times[i]:.4g}")
-            gaussian = None if ref is None else _interp(ref, all_times[i])
+            gaussian = None if ref is None else fd.interpolate_moments(ref, all_times[i])
             if gaussian is not None:
                 _draw_ellipses(ax, *gaussian, label=k == 0)
                 ax.set_xlim(edges[0][0], edges[0][-1])
@@ -578,12 +540,12 @@ def density_figure(
 
     # d == 3
     centres = [_centres(ds, a) for a in spatial]
-    fig = _figure(11.0, 3.4 * len(picks) + 0.6, "compressed")
+    fig = new_figure(11.0, 3.4 * len(picks) + 0.6, "compressed")
     axes = fig.subplots(len(picks), 3, squeeze=False)
     mesh = None
     for row, (i, rho) in enumerate(zip(picks, snaps, strict=True)):
-        at = _max_index(rho)
-        gaussian = None if ref is None else _interp(ref, all_times[i])
+        at = fd.max_index(rho)
+        gaussian = None if ref is None else fd.interpolate_moments(ref, all_times[i])
         for col, plane in enumerate(PLANES):
             a, b = plane
             fixed = 3 - a - b
@@ -592,7 +554,7 @@ def density_figure(
                 ax,
                 edges[a],
                 edges[b],
-                _plane_slice(rho, plane, at),
+                fd.plane_slice(rho, plane, at),
                 scale,
                 _label(ds, spatial[a]),
                 _label(ds, spatial[b]),
@@ -602,7 +564,7 @@ def density_figure(
                 fontsize="medium",
             )
             if gaussian is not None:
-                sm, sc = _slice_gaussian(*gaussian, plane, fixed, centres[fixed][at[fixed]])
+                sm, sc = fd.conditional_gaussian(*gaussian, plane, fixed, centres[fixed][at[fixed]])
                 _draw_ellipses(ax, sm, sc, label=row == 0 and col == 0)
                 ax.set_xlim(edges[a][0], edges[a][-1])
                 ax.set_ylim(edges[b][0], edges[b][-1])
@@ -630,22 +592,17 @@ def projection_figure(
     spatial = _spatial_dims(ds)
     if len(spatial) != 3:
         raise ValueError(f"plot: projections need a 3-D density; {_source(ds)} is {len(spatial)}-D")
-    ref = _reference(reference, 3)
+    ref = fd.reference_moments(reference, 3)
     all_times = _times(ds)
     i = all_times.size - 1 if time is None else _pick(all_times, [time])[0]
     rho = _snapshot(ds, spatial, i)
     edges = [_edges(ds, a) for a in spatial]
-    widths = [np.diff(e) for e in edges]
-    shape = [(-1, 1, 1), (1, -1, 1), (1, 1, -1)]
-    projections = []
-    for a, b in PLANES:
-        fixed = 3 - a - b
-        projections.append(np.nansum(rho * widths[fixed].reshape(shape[fixed]), axis=fixed))
-    vmax = _norm(_vmax(projections))  # one scale object: the colour bar shows all three
-    fig = _figure(11.0, 3.9, "compressed")
+    projections = fd.projections(rho, [np.diff(e) for e in edges])
+    vmax = _norm(fd.top_value(projections))  # one scale object: the colour bar shows all three
+    fig = new_figure(11.0, 3.9, "compressed")
     axes = fig.subplots(1, 3)
     mesh = None
-    gaussian = None if ref is None else _interp(ref, all_times[i])
+    gaussian = None if ref is None else fd.interpolate_moments(ref, all_times[i])
     for k, ((a, b), proj) in enumerate(zip(PLANES, projections, strict=True)):
         ax = axes[k]
         mesh = _image(
@@ -682,7 +639,7 @@ def moments_figure(
     ds = _as_dataset(ds)
     spatial = _spatial_dims(ds)
     d = len(spatial)
-    ref = _reference(reference, d)
+    ref = fd.reference_moments(reference, d)
     for name in ("mean_position", "covariance"):
         if name not in ds:
             raise ValueError(f"plot: {_source(ds)} has no {name!r} variable")
@@ -690,19 +647,19 @@ def moments_figure(
     mean = np.asarray(ds["mean_position"].transpose("time", ...).values, float)
     mean = mean.reshape(t.size, d)
     cov = np.asarray(ds["covariance"].transpose("time", ...).values, float)
-    eigs = _eigenvalues(cov.reshape(t.size, d, d))
+    eigs = fd.eigenvalues(cov.reshape(t.size, d, d))
     traces = np.trace(cov.reshape(t.size, d, d), axis1=1, axis2=2)
     spread = float(np.sqrt(np.nanmax(traces))) if np.isfinite(traces).any() else np.nan
 
-    fig = _figure(11.0, 4.2)
+    fig = new_figure(11.0, 4.2)
     ax_mean, ax_eig = fig.subplots(1, 2)
     run_style = {"lw": 2.4, "alpha": 0.55, "zorder": 2}
     ref_style = {"lw": 1.1, "marker": "o", "ms": 3.5, "mfc": "none", "zorder": 3}
     zero: list[tuple[int, float]] = []
     for k in range(d):
-        bound = _roundoff(mean[:, k], spread)
+        bound = fd.roundoff_bound(mean[:, k], spread)
         if bound is not None and ref is not None:
-            ref_bound = _roundoff(ref["mean"][:, k], spread)
+            ref_bound = fd.roundoff_bound(ref["mean"][:, k], spread)
             bound = None if ref_bound is None else max(bound, ref_bound)
         if bound is None:
             ax_mean.plot(t, mean[:, k], "-", color=f"C{k}", label=f"mean {spatial[k]}", **run_style)
@@ -712,7 +669,7 @@ def moments_figure(
     if ref is not None:
         rt = ref["time"]
         every = max(1, rt.size // 12)
-        ref_eigs = _eigenvalues(ref["cov"])
+        ref_eigs = fd.eigenvalues(ref["cov"])
         drawn_mean = False
         for k in range(d):
             label = "reference (dashed)"
@@ -760,16 +717,6 @@ def moments_figure(
     return fig
 
 
-def _eigenvalues(cov: np.ndarray) -> np.ndarray:
-    """Ascending eigenvalues of each symmetric matrix in ``cov`` (m, d, d); NaN where not finite."""
-    out = np.full(cov.shape[:2], np.nan)
-    ok = np.isfinite(cov).all(axis=(1, 2))
-    if ok.any():
-        sym = 0.5 * (cov[ok] + np.swapaxes(cov[ok], 1, 2))
-        out[ok] = np.linalg.eigvalsh(sym)
-    return out
-
-
 def _energy_names(name: str, attrs: Mapping[str, Any]) -> tuple[str, str]:
     """(what it is in words, its formula) of the record ``energy_<name>``: tpde's own
     energies by :data:`ENERGY_NAMES`, others by their ``long_name`` and ``formula``."""
@@ -791,7 +738,7 @@ def energies_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     if not names:
         raise ValueError(f"plot: {_source(ds)} has no energy records (energy_<name>)")
     t = _times(ds)
-    fig = _figure(4.6 * len(names) + 0.6, 4.0)
+    fig = new_figure(4.6 * len(names) + 0.6, 4.0)
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names, strict=True):
         attrs = ds[name].attrs
@@ -805,7 +752,7 @@ def energies_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
         ax.set_ylabel(formula, fontsize="small")
         finite = values[np.isfinite(values)]
         if finite.size:
-            bound = _roundoff(finite - finite[0], float(np.max(np.abs(finite))))
+            bound = fd.roundoff_bound(finite - finite[0], float(np.max(np.abs(finite))))
             if bound is not None and finite.size > 1:
                 _roundoff_notice(ax, "change", bound, 0.2)
         ax.grid(True, alpha=0.3)
@@ -827,7 +774,7 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     mass = np.asarray(ds["mass"].values, float)
     outflow = np.asarray(ds["outflow"].values, float) if "outflow" in ds else np.zeros_like(mass)
     total = mass + outflow
-    fig = _figure(11.0, 4.2)
+    fig = new_figure(11.0, 4.2)
     ax, ax_drift = fig.subplots(1, 2)
     ax.plot(t, mass, "-", color="C0", label="mass in the box")
     ax.plot(t, outflow, "-", color="C1", label="outflow (cumulative)")
@@ -837,7 +784,7 @@ def mass_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     ax.set_title("mass and outflow")
     ax.legend(fontsize="small")
     drift = total - total[0]
-    bound = _roundoff(drift, float(abs(total[0])) if np.isfinite(total[0]) else np.nan)
+    bound = fd.roundoff_bound(drift, float(abs(total[0])) if np.isfinite(total[0]) else np.nan)
     if bound is None:
         ax_drift.plot(t, drift, "-", color="k")
     else:  # the conservative scheme's round-off: said, not drawn as a curve
@@ -886,7 +833,9 @@ def _draw_slice(
         return
     if len(spatial) == 3:
         values = values[:, :, values.shape[2] // 2]
-    mesh = _image(ax, edges[0], edges[1], values, _vmax([values]), _label(ds, "x"), _label(ds, "y"))
+    mesh = _image(
+        ax, edges[0], edges[1], values, fd.top_value([values]), _label(ds, "x"), _label(ds, "y")
+    )
     fig.colorbar(mesh, ax=ax, label="density", shrink=0.8)
 
 
@@ -909,7 +858,7 @@ def slices_figure(ds: xr.Dataset | str | os.PathLike[str], time: float | None = 
     mass, _ = _slice_stats(ds, spatial, i)
     picks = _slice_picks(rho.shape[0])
     d = len(spatial)
-    fig = _figure(3.8 * len(picks) + 0.6, 3.6 if d == 1 else 3.9, _layout(d))
+    fig = new_figure(3.8 * len(picks) + 0.6, 3.6 if d == 1 else 3.9, _layout(d))
     axes = fig.subplots(1, len(picks), squeeze=False)[0]
     for ax, k in zip(axes, picks, strict=True):
         _draw_slice(fig, ax, ds, spatial, rho[k])
@@ -940,7 +889,7 @@ def position_marginal_figure(ds: xr.Dataset | str | os.PathLike[str]) -> Figure:
     t = _times(ds)
     _pick(t, None)  # ValueError without snapshots
     s = _positions(ds)
-    fig = _figure(11.0, 4.2)
+    fig = new_figure(11.0, 4.2)
     ax_mass, ax_mean = fig.subplots(1, 2)
     styles = (
         {"ls": "--", "marker": "o", "mfc": "none", "lw": 1.0},
@@ -1001,9 +950,9 @@ def animate(
         path = path.with_suffix(".gif")
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    top = _vmax(_snapshot(ds, spatial, i) for i in range(t.size))
+    top = fd.top_value(_snapshot(ds, spatial, i) for i in range(t.size))
     edges = [_edges(ds, a) for a in spatial]
-    fig = _figure(6.0, 4.2 if d == 1 else 5.0)
+    fig = new_figure(6.0, 4.2 if d == 1 else 5.0)
     ax = fig.add_subplot()
     title = _plain(ds.attrs.get("title", ""))
     prefix = f"{title}: " if title else ""
@@ -1026,9 +975,9 @@ def animate(
             rho = _snapshot(ds, spatial, i)
             if d == 2:
                 return rho, ""
-            at = _max_index(rho)
+            at = fd.max_index(rho)
             assert centres_z is not None  # (d == 3)
-            return _plane_slice(rho, (0, 1), at), f", z = {centres_z[at[2]]:.3g}"
+            return fd.plane_slice(rho, (0, 1), at), f", z = {centres_z[at[2]]:.3g}"
 
         first, _ = frame(0)
         mesh = _image(ax, edges[0], edges[1], first, top, _label(ds, "x"), _label(ds, "y"))
@@ -1148,26 +1097,6 @@ def _marginal(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarra
     return _snapshot(ds, spatial, index)
 
 
-def _at(times: np.ndarray, t: float) -> int | None:
-    """The snapshot of ``times`` at ``t`` (within 1e-9 relative), None if there is none."""
-    if times.size == 0:
-        return None
-    i = int(np.argmin(np.abs(times - t)))
-    return i if abs(times[i] - t) <= 1e-9 * max(1.0, abs(t)) else None
-
-
-def _at_or_before(times: np.ndarray, t: float) -> int | None:
-    """The snapshot of ``times`` at ``t``; else, for a reference that goes on past ``t``, the
-    last one before it (a run that stopped between the references' snapshot times is drawn
-    beside their latest earlier one). None for a reference that ended before ``t`` (an ODE
-    past its blow-up: its panel says so)."""
-    exact = _at(times, t)
-    if exact is not None:
-        return exact
-    earlier = np.flatnonzero(times < t)
-    return int(earlier[-1]) if earlier.size and times.max() > t else None
-
-
 def _moments_of(ds: xr.Dataset, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = _times(ds)
     mean = np.asarray(ds["mean_position"].transpose("time", ...).values, float).reshape(t.size, d)
@@ -1179,8 +1108,7 @@ def _picture(ds: xr.Dataset, spatial: tuple[str, ...], index: int) -> np.ndarray
     """What a density panel draws: the density in 1-D and 2-D, the x-y marginal in 3-D."""
     rho = _marginal(ds, spatial, index)
     if len(spatial) == 3:
-        dz = np.diff(_edges(ds, "z"))
-        rho = np.nansum(rho * dz.reshape(1, 1, -1), axis=2)
+        rho = fd.xy_marginal(rho, np.diff(_edges(ds, "z")))
     return rho
 
 
@@ -1261,18 +1189,18 @@ def compare_figure(
     if ode_moments is not None:
         ode_ref = {"time": ode_moments[0], "mean": ode_moments[1], "cov": ode_moments[2]}
 
-    fig = _figure(13.0, 9.0 if d > 1 else 8.0)
+    fig = new_figure(13.0, 9.0 if d > 1 else 8.0)
     top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.15])  # type: ignore[misc]
     edges = [_edges(run, a) for a in spatial]
     pictures: dict[str, np.ndarray | None] = {}
     shown_at: dict[str, str] = {}  # a reference drawn at an earlier snapshot says when
     for name, ds in present.items():
-        j = _at_or_before(_times(ds), t)
+        j = fd.snapshot_at_or_before(_times(ds), t)
         pictures[name] = None if j is None else _picture(ds, spatial, j)
-        if j is not None and _at(_times(ds), t) is None:
+        if j is not None and fd.snapshot_at(_times(ds), t) is None:
             shown_at[name] = f" at t = {float(_times(ds)[j]):.4g}"
     drawn = [p for p in pictures.values() if p is not None]
-    scale = _norm(_vmax(drawn), log, vmin, vmax)
+    scale = _norm(fd.top_value(drawn), log, vmin, vmax)
     labels = {"grid": "grid run", "tokens": "token histogram", "ODE": "Gaussian ODE"}
     styles = {"grid": "-", "tokens": ":", "ODE": "--"}
     if d == 1:
@@ -1296,7 +1224,7 @@ def compare_figure(
             )
         if log:
             ax.set_yscale("log")
-        ax.set_ylim(scale.vmin, 1.05 * _vmax(drawn) if vmax is None else vmax)
+        ax.set_ylim(scale.vmin, 1.05 * fd.top_value(drawn) if vmax is None else vmax)
         ax.set_xlim(edges[0][0], edges[0][-1])
         ax.set_xlabel(_label(run, "x"))
         ax.set_ylabel("density")
@@ -1305,7 +1233,7 @@ def compare_figure(
     else:
         axes = top.subplots(1, len(pictures), squeeze=False)[0]
         mesh = None
-        gaussian_at = None if ode_ref is None else _interp(ode_ref, t)
+        gaussian_at = None if ode_ref is None else fd.interpolate_moments(ode_ref, t)
         for ax, (name, picture) in zip(axes, pictures.items(), strict=True):
             at = shown_at.get(name, f", t = {t:.4g}")
             ax.set_title(f"{labels[name]}{at}" + (", sum over z" if d == 3 else ""))
@@ -1348,10 +1276,10 @@ def compare_figure(
     curves = {name: _moments_of(ds, d) for name, ds in present.items()}
     zero: list[tuple[str, float]] = []  # (whose mean, bound): zero to round-off, not drawn
     for name, (tt, mean, cov) in curves.items():
-        eig = _eigenvalues(cov)
+        eig = fd.eigenvalues(cov)
         traces = np.trace(cov, axis1=1, axis2=2)
         spread = float(np.sqrt(np.nanmax(traces))) if np.isfinite(traces).any() else np.nan
-        bounds = [_roundoff(mean[:, k], spread) for k in range(d)]
+        bounds = [fd.roundoff_bound(mean[:, k], spread) for k in range(d)]
         if all(b is not None for b in bounds):
             zero.append((labels[name], max(b for b in bounds if b is not None)))
         for k in range(d):
@@ -1373,14 +1301,14 @@ def compare_figure(
                 ax_mean.set_xlim(run_times[0], run_times[-1])
     ax_mean.set_title("mean (colour: component)")
     ax_eig.set_title("covariance eigenvalues")
-    if np.all([np.nanmin(_eigenvalues(c[2])) > 0 for c in curves.values()]):
+    if np.all([np.nanmin(fd.eigenvalues(c[2])) > 0 for c in curves.values()]):
         ax_eig.set_yscale("log")
     t_run, mean_run, cov_run = curves["grid"]
     for name in ("tokens", "ODE"):
         if name not in curves:
             continue
         tt, mean, cov = curves[name]
-        common = [(i, j) for i, tv in enumerate(t_run) if (j := _at(tt, tv)) is not None]
+        common = fd.shared_snapshots(t_run, tt, t_run.size)
         if not common:
             continue
         ii, jj = (np.array(v) for v in zip(*common, strict=True))
@@ -1455,15 +1383,11 @@ def _distances(ax, run, sets, spatial, grid, curves, labels, styles, count) -> N
         if ds is None:
             continue
         tt = _times(ds)
-        common = [(i, j) for i, tv in enumerate(t_run) if (j := _at(tt, tv)) is not None]
-        if not common:
+        pairs = fd.shared_snapshots(t_run, tt, count)
+        if not pairs:
             continue
-        picks = sorted(
-            {int(round(k)) for k in np.linspace(0, len(common) - 1, min(count, len(common)))}
-        )
         ts, values = [], []
-        for k in picks:
-            i, j = common[k]
+        for i, j in pairs:
             rho = _marginal(run, spatial, i)
             if not (np.isfinite(rho).all() and rho.sum() > 0):
                 continue
@@ -1504,15 +1428,8 @@ def _relative_energies(ax: Axes, run: xr.Dataset, t: np.ndarray, energies: list[
     for k, name in enumerate(energies):
         values = np.asarray(run[name].values, float)
         words, _ = _energy_names(name, run[name].attrs)
-        first = values[np.isfinite(values)][:1]
-        start = float(first[0]) if first.size else np.nan
-        if np.isfinite(start) and start != 0.0:
-            values = (values - start) / abs(start)
-            if _roundoff(values, 1.0) is not None:  # constant: its round-off is not drawn
-                values = np.where(np.isfinite(values), 0.0, np.nan)
-                words += " (constant to round-off)"
-        else:
-            words += " (absolute)"
+        values, note = fd.relative_change(values)
+        words += note
         ax.plot(t, values, "-", color=f"C{k}", label=words)
     ax.set_title("energies of the grid run: relative change")
     if energies:

@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from tpde.grid import cubed_sphere as cs
+from tpde.validation.figure_data import common_times
+
+from .plots import band, new_figure, staircase_panels
 
 __all__ = [
     "compare_figure",
@@ -85,16 +88,6 @@ def draw_atoms(ax, atoms) -> tuple[int, int]:
     return atoms.count, circles
 
 
-def _figure(width: float, height: float):
-    """A constrained-layout figure on its own Agg canvas (no pyplot, no backend switch)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def density_map_figure(ds, times: Sequence[float] | None = None, title: str | None = None):
     """The density at up to four snapshots (or the nearest to each of ``times``) on
     Mollweide maps, each with its colour bar (density / uniform), the clusters of the last
@@ -116,7 +109,7 @@ def density_map_figure(ds, times: Sequence[float] | None = None, title: str | No
     uniform = 1.0 / cs.FOUR_PI
     columns = min(2, len(picks))
     rows = (len(picks) + columns - 1) // columns
-    fig = _figure(6.4 * columns, 3.6 * rows)
+    fig = new_figure(6.4 * columns, 3.6 * rows)
     for slot, k in enumerate(picks):
         ax = fig.add_subplot(rows, columns, slot + 1, projection="mollweide")
         lon, lat, values = raster(grid, rho[k])
@@ -152,7 +145,7 @@ def moments_figure(ds):
     all_times = ds["time"].values
     recorded = [name for name in ("energy_interaction", "harmonic_amplitude") if name in ds]
     rows = 2 if recorded else 1
-    fig = _figure(10, 3.6 * rows)
+    fig = new_figure(10, 3.6 * rows)
     axes = fig.subplots(rows, 2, squeeze=False)
     left, right = axes[0]
     mean = ds["mean_vector"].values
@@ -207,28 +200,6 @@ def plot_sphere(
         fig.savefig(target, dpi=110)
         fig.clear()
     return out
-
-
-def _band(ax, t, values: list, colour: str, name: str) -> None:
-    """One reference's curve: its median over the seeds, dotted, and (several seeds) the
-    band from their min to their max."""
-    stack = np.asarray(values, dtype=float)
-    if len(values) > 1:
-        ax.fill_between(
-            t,
-            stack.min(axis=0),
-            stack.max(axis=0),
-            color=colour,
-            alpha=0.3,
-            label=f"{name}: min to max over {len(values)} seeds",
-        )
-    ax.plot(
-        t,
-        np.median(stack, axis=0),
-        ":",
-        color=colour,
-        label=name if len(values) == 1 else f"{name}: median",
-    )
 
 
 def compare_runs(run, tokens: Sequence, gaussian, time: float | None, title: str | None):
@@ -314,13 +285,8 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
                 "or no tokens); write it with the run's config (tpde particles CONFIG)"
             )
     t = np.asarray(run["time"].values, float)
-    common = [x for x in t if all(np.isclose(one["time"].values, x).any() for one in tokens)]
+    common, at_run, picks = common_times(t, [one["time"].values for one in tokens])
     common = common if tokens else []  # (no reference: the run's curves alone)
-    at_run = [int(np.flatnonzero(np.isclose(t, x))[0]) for x in common]
-    picks = [
-        [int(np.flatnonzero(np.isclose(one["time"].values, x))[0]) for x in common]
-        for one in tokens
-    ]
     staircase = sphere_staircase(run)
     references = [sphere_staircase(one) for one in tokens]
     for one in references:
@@ -330,7 +296,7 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
                     f"compare: a token run has beta = {one['beta']:g}, the run "
                     f"{staircase['beta']:g}; write it with the run's config (tpde particles)"
                 )
-    fig = _figure(12.0, 11.0)
+    fig = new_figure(12.0, 11.0)
     (ax_m, ax_e), (ax_a, ax_w), (ax_s, ax_c) = fig.subplots(3, 2)
     ax_m.plot(t, np.linalg.norm(run["mean_vector"].values, axis=1), color="C0", label="grid run")
     eig = np.linalg.eigvalsh(run["second_moment"].values)
@@ -341,13 +307,13 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
             np.linalg.norm(one["mean_vector"].values[k], axis=1)
             for one, k in zip(tokens, picks, strict=True)
         ]
-        _band(ax_m, common, means, "C1", "tokens")
+        band(ax_m, common, means, "C1", "tokens")
         eigs = [
             np.linalg.eigvalsh(one["second_moment"].values[k])
             for one, k in zip(tokens, picks, strict=True)
         ]
-        _band(ax_e, common, [e[:, -1] for e in eigs], "C1", "tokens: largest")
-        _band(ax_e, common, [e[:, 0] for e in eigs], "C2", "tokens: smallest")
+        band(ax_e, common, [e[:, -1] for e in eigs], "C1", "tokens: largest")
+        band(ax_e, common, [e[:, 0] for e in eigs], "C2", "tokens: smallest")
     if "harmonic_amplitude" in run:
         amplitude = run["harmonic_amplitude"].values
         for degree in range(1, min(4, amplitude.shape[1])):
@@ -363,7 +329,7 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
                     np.maximum(one["harmonic_amplitude"].values[k, degree], 1e-300)
                     for one, k in zip(tokens, picks, strict=True)
                 ]
-                _band(ax_a, common, values, colour, f"tokens: l = {degree}")
+                band(ax_a, common, values, colour, f"tokens: l = {degree}")
     chosen = (
         np.unique(
             np.linspace(0, len(common) - 1, min(COMPARE_DISTANCES, len(common))).round().astype(int)
@@ -382,7 +348,7 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
         ]
         rows = grid_token_w2(grid, densities, sets, per_side)
         when = [common[i] for i in chosen]
-        _band(
+        band(
             ax_w,
             when,
             [[r["grid"][s] for r in rows] for s in range(len(tokens))],
@@ -405,35 +371,19 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     ax_e.set_title("eigenvalues of int x x^T dmu", fontsize=10)
     ax_a.set_title("degree amplitudes A_l", fontsize=10)
     ax_w.set_title(f"W_2 on the sphere to the grid run{note}", fontsize=10)
-    name = "grid + atoms" if staircase["atoms"] else "grid run"
-    if staircase["energy"] is not None:
-        ax_s.plot(t, staircase["energy"], color="C0", lw=1.6, label=name)
-    ax_c.step(t, staircase["clusters"], where="post", color="C0", lw=1.6, label=name)
-    many = len(references) > 4  # (then one legend line for all)
-    for i, one in enumerate(references):
-        colour = "C1" if many else f"C{i + 1}"
-        label = (
-            (f"{len(references)} token runs" if i == 0 else None)
-            if many
-            else (
-                f"tokens n = {tokens[i].sizes['token']}"
-                + (f" (seed {int(tokens[i].attrs['seed'])})" if "seed" in tokens[i].attrs else "")
-            )
-        )
-        if one["energy"] is not None:
-            ax_s.plot(one["time"], one["energy"], ":", color=colour, lw=1.4, label=label)
-        ax_c.step(one["time"], one["clusters"], ":", where="post", color=colour, lw=1.4,
-                  label=label)  # fmt: skip
-    if staircase["energy"] is None:
-        ax_s.set_title("interaction energy: not recorded", fontsize=10)
-    else:
-        ax_s.set_title(
-            f"energy staircase (beta = {staircase['beta']:g}; 1: one point mass)", fontsize=10
-        )
-        ax_s.set_ylabel("E / (e^beta / (2 beta))")
-    ax_c.set_ylim(bottom=0)
-    ax_c.yaxis.get_major_locator().set_params(integer=True)
-    ax_c.set_title("clusters (maxima above 2 x uniform)", fontsize=10)
+    for one, ds in zip(references, tokens, strict=True):
+        seed = f" (seed {int(ds.attrs['seed'])})" if "seed" in ds.attrs else ""
+        one["label"] = f"tokens n = {ds.sizes['token']}{seed}"
+    staircase_panels(
+        ax_s,
+        ax_c,
+        staircase,
+        references,
+        many="token runs",
+        missing="interaction energy: not recorded",
+        fontsize=10,
+        ylabel=False,
+    )
     for ax in (ax_m, ax_e, ax_a, ax_w, ax_s, ax_c):
         ax.set_xlabel("t")
         ax.grid(alpha=0.3)

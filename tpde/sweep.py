@@ -52,6 +52,14 @@ from typing import Any
 import numpy as np
 
 from tpde.grid.threads import THREADS_VARIABLE, parse_threads
+from tpde.validation.outcomes import (
+    DEFAULT_TOLERANCE,
+    OUTCOMES,
+    covariance_evidence,
+)
+from tpde.validation.outcomes import (
+    outcome as outcome_of,
+)
 
 from . import geometries, io
 from .config import (
@@ -86,12 +94,9 @@ __all__ = [
 
 TOP_KEYS = ("base", "output", "parameters", "rank", "phase")
 TERMINAL = io.RESULTS  # statuses a rerun skips: results of the dynamics
-OUTCOMES = ("converged", "blowup", "mass_left", "box_limited", "failed", "under_resolved")
-DEFAULT_TOLERANCE = 0.05
 #: the most runs a sweep may hold without --force (force=True): a bigger grid is usually a
 #: mistake (one more parameter list than meant) and takes minutes to even enumerate
 MAX_RUNS = 10_000
-BLOWUP_GROWTH = 1e3  # a completed run whose trace grew by more than this is a blow-up
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -393,15 +398,6 @@ def _runs(base: dict, parameters: dict[str, list]) -> list[Run]:
 
 
 # ---- outcomes -------------------------------------------------------------------------------
-#: the run file's status (tpde.io.RESULTS) -> the sweep's outcome; any other status
-#: (``error``, ``interrupted``, a file still ``running``) is ``failed``
-OUTCOME_OF_STATUS = {
-    "completed": "converged",
-    "blowup": "blowup",
-    "mass_left_domain": "mass_left",
-    "box_limited": "box_limited",
-    "under_resolved": "under_resolved",
-}
 #: reasons of a failed run beyond the file's (tpde.io.ERROR_REASONS): a run that ended
 #: without a result of the dynamics (``interrupted``, ``running``), a task the cluster lost
 SWEEP_REASONS = ("interrupted", "running", "lost")
@@ -417,86 +413,22 @@ def classify(
     reason: str = "",
 ) -> dict:
     """The outcome of one run from its typed status (``status``, ``status_time``, the
-    ``reason`` of an ``error``: tpde.io.Outcome) and its covariance record ``(time, d, d)``.
-    The message is carried, never read.
-
-    - ``completed`` -> ``converged`` with ``rank``: 0 when tr(Sigma) at the last snapshot is
-      at most ``tolerance`` times its initial value (collapse to a point), otherwise the
-      number of eigenvalues of Sigma / tr(Sigma) at the last snapshot above ``tolerance``.
-      A completed run whose trace grew by more than ``BLOWUP_GROWTH`` (1e3) or whose last
-      covariance is not finite is a ``blowup`` instead, at the first such snapshot.
-    - ``blowup`` (the monitor's prediction), ``mass_left_domain`` -> ``mass_left``,
-      ``box_limited`` (the box stopped holding the dynamics), ``under_resolved``: that
-      outcome at ``status_time`` (:data:`OUTCOME_OF_STATUS`).
-    - ``error`` -> ``failed`` at ``status_time`` with its ``reason``
-      (tpde.io.ERROR_REASONS), except a non-finite value (reason ``non_finite``) after
-      the recorded trace grew by more than ``BLOWUP_GROWTH``: that is the evidence of a
-      ``blowup``, at ``status_time``. A non-finite value without that growth is a failure
-      of the numerics, not a measured blow-up.
-    - anything else (``interrupted``, ``running``) -> ``failed``, reason the status.
-    """
-    time = np.asarray(time, dtype=float)
-    cov = np.asarray(covariance, dtype=float)
-    d = int(round(math.sqrt(cov.size / len(time)))) if cov.size else 0
-    cov = cov.reshape(len(time), d, d)
-    finite = np.isfinite(cov).all(axis=(1, 2)) if d else np.zeros(len(time), bool)
-    traces = np.where(finite, np.trace(np.nan_to_num(cov), axis1=1, axis2=2), np.nan)
-    last = int(np.nonzero(finite)[0][-1]) if finite.any() else None
-    tr0 = float(traces[0]) if len(traces) else math.nan
-    grown = np.nonzero(finite & (traces > BLOWUP_GROWTH * tr0))[0] if tr0 > 0 else np.zeros(0)
-    out: dict[str, Any] = {
+    ``reason`` of an ``error``: tpde.io.Outcome) and its covariance record ``(time, d, d)``:
+    :func:`tpde.validation.outcomes.outcome` of :func:`~tpde.validation.outcomes.
+    covariance_evidence` (the rules there; the message is carried, never read), with the
+    status and the covariance's trace, eigenvalues and last matrix."""
+    evidence = covariance_evidence(time, covariance)
+    verdict = outcome_of(status, status_time, message, evidence, tolerance, reason)
+    return {
         "status": str(status),
         "status_time": float(status_time),
-        "message": message,
-        "outcome": "failed",
-        "reason": "",
-        "rank": -1,
-        "event_time": math.nan,
-        "trace_initial": tr0,
-        "trace_final": math.nan,
-        "eigenvalues": [],
-        "covariance": [],
+        "message": verdict["message"],
+        "outcome": verdict["outcome"],
+        "reason": verdict["reason"],
+        "rank": verdict["rank"],
+        "event_time": verdict["event_time"],
+        **{k: evidence[k] for k in ("trace_initial", "trace_final", "eigenvalues", "covariance")},
     }
-    if last is not None:
-        sigma = 0.5 * (cov[last] + cov[last].T)
-        trace = float(np.trace(sigma))
-        eig = (
-            np.sort(np.linalg.eigvalsh(sigma))[::-1] / trace if trace > 0 else np.full(d, math.nan)
-        )
-        out.update(trace_final=trace, eigenvalues=eig.tolist(), covariance=sigma.tolist())
-    last_time = float(time[last]) if last is not None else math.nan
-    outcome = OUTCOME_OF_STATUS.get(str(status))
-    if outcome == "converged":
-        if len(time) and not finite[-1]:
-            out.update(
-                outcome="blowup", event_time=last_time, message=message or "non-finite covariance"
-            )
-        elif len(grown):
-            out.update(
-                outcome="blowup",
-                event_time=float(time[grown[0]]),
-                message=message or f"tr(Sigma) grew by more than {BLOWUP_GROWTH:g}",
-            )
-        elif last is None:
-            out.update(message=message or "no finite snapshot in the output")
-        else:
-            eig = np.asarray(out["eigenvalues"])
-            collapsed = tr0 > 0 and out["trace_final"] <= tolerance * tr0
-            out.update(outcome="converged", rank=0 if collapsed else int(np.sum(eig > tolerance)))
-    elif outcome is not None:
-        t = status_time if math.isfinite(status_time) or outcome != "blowup" else last_time
-        out.update(outcome=outcome, event_time=float(t))
-    elif status == "error":
-        why = reason or "exception"
-        out.update(reason=why, event_time=float(status_time))
-        if why == "non_finite" and len(grown):
-            out.update(outcome="blowup")
-        else:
-            out["message"] = message or f"run ended with an error ({why})"
-    else:  # interrupted, running: the run gave no result of the dynamics
-        out.update(reason=str(status), event_time=float(status_time))
-        out["message"] = message or f"run ended with status {status!r}"
-    return out
 
 
 def outcome_counts(attrs: Mapping[str, Any], ranks: str = "") -> str:

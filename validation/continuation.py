@@ -29,7 +29,7 @@ above (discontinuous). ``c_2`` comes from three amplitude-parametrised solutions
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,8 @@ __all__ = [
     "DEFAULT_EPS_MIN",
     "continuation",
     "critical_points",
+    "diagram_dataset",
+    "phase_dataset",
     "Branch",
     "Diagram",
     "amplitude_state",
@@ -447,3 +449,107 @@ def critical_points(task: Mapping[str, Any]) -> dict:
         "status": d.clustered.status,
         "error": "",
     }
+
+
+def diagram_dataset(diagram: Diagram):
+    """The branches as one ``xarray.Dataset``: dimension ``point`` (the uniform branch's
+    points then the clustered branch's; variable ``branch`` 0 / 1), ``cell`` (the grid's
+    centres: angle or z); eps, amplitude, free energy, unstable modes, leading rate,
+    density (point, cell); the located points as attributes."""
+    import xarray as xr
+
+    p = diagram.problem
+    parts = [diagram.uniform, diagram.clustered]
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(b, name), float) for b in parts])
+
+    branch = np.concatenate([np.full(len(b.eps), i, np.int32) for i, b in enumerate(parts)])
+    states = np.concatenate([np.asarray(b.states).reshape(-1, p.cells) for b in parts])
+    threshold = st.linear_threshold(p.geometry, p.beta, p.model)
+    ds = xr.Dataset(
+        {
+            "branch": (
+                "point",
+                branch,
+                {"long_name": "0: uniform, 1: bifurcating (k = 1 / l = 1)"},
+            ),
+            "eps": ("point", cat("eps"), {"long_name": "noise eps"}),
+            "amplitude": (
+                "point",
+                cat("amplitude"),
+                {"long_name": "int rho cos theta (circle), int rho z (sphere)"},
+            ),
+            "free_energy": (
+                "point",
+                cat("free_energy"),
+                {"long_name": "eps int rho log rho - (1/(2 beta)) int rho K * rho (NaN: none)"},
+            ),
+            "unstable_modes": ("point", cat("unstable").astype(np.int32)),
+            "leading_rate": ("point", cat("leading"), {"long_name": "largest growth rate"}),
+            "density": (("point", "cell"), states),
+        },
+        coords={
+            "cell": (
+                "cell",
+                p.centres,
+                {"long_name": p.coordinate_name},
+            )
+        },
+    )
+    clustered = diagram.clustered
+    ds.attrs = {
+        "title": "tpde stationary branches",
+        "geometry": p.geometry,
+        "model": p.model,
+        "beta": p.beta,
+        "cells": np.int64(p.cells),
+        "eps_threshold": diagram.eps_threshold,
+        "eps_threshold_closed_form": threshold,
+        "curvature": diagram.curvature,
+        "transition": diagram.transition,
+        "eps_fold": diagram.eps_folds[0] if diagram.eps_folds else math.nan,
+        "amplitude_fold": diagram.amplitude_folds[0] if diagram.amplitude_folds else math.nan,
+        "eps_first_order": diagram.eps_first_order,
+        "amplitude_first_order": diagram.amplitude_first_order,
+        "status": clustered.status,
+        "status_eps": clustered.where,
+        "comment": "docs/theory.md, 'Stationary states and phase transitions'",
+    }
+    return ds
+
+
+def phase_dataset(records: Sequence[Mapping[str, Any]], geometry: str, model: str, cells: int):
+    """The phase diagram as an ``xarray.Dataset`` over ``beta`` from the records of
+    :func:`critical_points` (any order): the linear threshold, the curvature, the fold and
+    the first-order eps (NaN where a record has none), the transition (``discontinuous``
+    where the curvature is positive), each task's status and error, and the closed-form
+    beta* of the geometry."""
+    import xarray as xr
+
+    records = sorted(records, key=lambda r: r["beta"])
+
+    def column(name: str) -> np.ndarray:
+        return np.array([r.get(name, math.nan) for r in records], float)
+
+    ds = xr.Dataset(
+        {
+            name: ("beta", column(name))
+            for name in ("eps_threshold", "curvature", "eps_fold", "eps_first_order")
+        },
+        coords={"beta": ("beta", column("beta"))},
+    )
+    ds["transition"] = (
+        "beta",
+        np.array(["discontinuous" if c > 0 else "continuous" for c in column("curvature")]),
+    )
+    ds["status"] = ("beta", np.array([r.get("status", "error") for r in records]))
+    ds["error"] = ("beta", np.array([r["error"] for r in records]))
+    ds.attrs = {
+        "title": "tpde phase diagram",
+        "geometry": geometry,
+        "model": model,
+        "cells": np.int64(cells),
+        "beta_star_closed_form": st.critical_beta(geometry),
+    }
+    return ds
