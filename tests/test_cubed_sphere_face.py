@@ -341,8 +341,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text
     old = cut.read_bytes()
     write = SphereWriter.write
 
-    def interrupting(self, t, density, *step):
-        done = write(self, t, density, *step)
+    def interrupting(self, *args, **kwargs):
+        done = write(self, *args, **kwargs)
         if self.snapshots == 2:
             os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
         return done
