@@ -771,11 +771,11 @@ class SphereWriter(io.OutputWriter):
 
     def last_atoms(self):
         """The atoms and next id of the last complete snapshot, or None (no atoms)."""
-        from .sphere_atoms_io import read_sphere_atoms
+        from .atoms_io import read_atoms
 
         with io._opened(self.file, "r", self.lock_timeout) as nc:
             nc.set_auto_mask(False)
-            return read_sphere_atoms(nc, self._count - 1)
+            return read_atoms(nc, self._count - 1)
 
     def write(self, snapshot: io.SnapshotLike) -> bool:
         """Append a snapshot (``density`` of shape ``(6, n, n)`` at ``time``; the optional
@@ -801,7 +801,7 @@ class SphereWriter(io.OutputWriter):
             from tpde.schemes.sphere_atoms import deficit
             from tpde.variants.cubed_sphere import energy_with_atoms
 
-            from .sphere_atoms_io import write_sphere_atoms
+            from .atoms_io import write_atoms
 
             mass += atoms.total_mass
             first = (1.0 - deficit(atoms.kappa)) * atoms.mass
@@ -818,7 +818,7 @@ class SphereWriter(io.OutputWriter):
         def store(i: int) -> None:
             if atoms is not None:
                 with io._opened(self.file, "a", self.lock_timeout) as nc:
-                    write_sphere_atoms(nc, i, atoms, next_id)
+                    write_atoms(nc, i, atoms, next_id, layout="sphere")
             with io._opened(self.file, "a", self.lock_timeout) as nc:
                 nc["density"][i, :] = _to_file(rho)
                 nc["mass"][i] = mass
@@ -1064,9 +1064,9 @@ def sphere_info(path: str | Path) -> list[str]:
         lines.append(
             f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
         )
-        from .sphere_atoms_io import sphere_atom_lines
+        from .atoms_io import atom_lines
 
-        lines.extend(sphere_atom_lines(ds))
+        lines.extend(atom_lines(ds))
         last = from_file(ds["density"].values[-1])
         held = ""
         if "atom_id" in ds:  # cells plus atoms (an atom's mass in the cell of its centre)
