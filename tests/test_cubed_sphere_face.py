@@ -571,3 +571,31 @@ def test_resumed_run_keeps_the_monitor_state(tmp_path, capsys, monkeypatch):
     assert sorted(resumed) == sorted(reference)
     for name, values in reference.items():
         np.testing.assert_array_equal(resumed[name], values, err_msg=name)
+
+
+@pytest.mark.slow
+def test_killed_run_keeps_the_monitor_state(tmp_path, capsys):
+    """As :func:`test_resumed_run_keeps_the_monitor_state` after ``kill -9`` (two records
+    written): the resumed segment gives no second ``under_resolved`` (the killed segment's
+    events die with it: a kill closes nothing) and ends with the uninterrupted run's
+    monitor state and variables, bit for bit."""
+    import json
+
+    import netCDF4
+    from exact import kill_after
+
+    config = tmp_path / "narrow.toml"
+    config.write_text(NARROW_RUN)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
+    kill_after(["run", str(config), "-o", str(cut), "--threads", "1"], 2)
+    assert cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")[0] == 0
+    with netCDF4.Dataset(cut) as a, netCDF4.Dataset(full) as b:
+        a.set_auto_mask(False)
+        b.set_auto_mask(False)
+        print(f"\nkilled and resumed: events {str(a.events)!r}, state {a.monitor_state}")
+        assert "under_resolved" not in str(a.events)
+        assert json.loads(a.monitor_state) == json.loads(b.monitor_state)
+        assert sorted(a.variables) == sorted(b.variables)
+        for name in b.variables:
+            np.testing.assert_array_equal(a[name][...], b[name][...], err_msg=name)
