@@ -69,9 +69,8 @@ class StatusLine:
 
 
 class Progress(Callback):
-    """One status line per snapshot: t, dt, CFL-limited speed, min density, mass, outflow;
-    at the end the run's events, one line each. A callback of the time loop (every
-    geometry's).
+    """One status line per snapshot: t, dt, CFL-limited speed, min density, mass, outflow.
+    A callback of the time loop (every geometry's).
 
     On a terminal the line is redrawn in place (a progress bar); otherwise one log line per
     snapshot; ``quiet`` prints nothing.
@@ -102,10 +101,7 @@ class Progress(Callback):
             self.status.close()
 
     def end(self, loop: Any, result: Any) -> None:
-        self.done()
-        if self.status.enabled:
-            for event in getattr(result, "events", ()):
-                self.status.show(f"{event.kind} t = {event.time:.6g}: {event.message}")
+        self.done()  # (the events: tpde run's warnings, read from the file)
 
     def done(self) -> None:
         self.status.close()
