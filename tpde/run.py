@@ -35,6 +35,7 @@ __all__ = [
     "Progress",
     "Recorder",
     "RunSession",
+    "check_resumable",
     "profiled",
     "refuse_result",
     "run_config",
@@ -336,21 +337,35 @@ def result_outcome(result) -> io.Outcome:
     return io.Outcome(result.status, result.status_time, result.status_message)
 
 
-def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
-    """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
-    ``config``; returns its state plus the snapshot times still to come."""
+def check_resumable(output: Path, found: dict, config: Any, times: Any) -> None:
+    """Refuse, in one line (ConfigError), to continue ``found`` (what
+    :func:`tpde.io.reopen_output` hands ``accept``) with ``config`` and its snapshot
+    ``times``: a run that ended with a result, a different config (:func:`same_config`:
+    defaults filled in on both sides), no complete snapshot, nothing left to run. Every
+    geometry's resume asks it."""
     refuse_result(output, found["outcome"])
     if not same_config(found["config"], config):
         raise ConfigError(
             f"run.output: {output} was written with a different config; "
             "resume with the config stored in the file (tpde info shows it)"
         )
+    if not found["snapshots"]:
+        raise ConfigError(
+            f"run.output: {output} holds no complete snapshot; start a new run with --overwrite"
+        )
+    if not any(t > found["time"] * (1 + 1e-14) + 1e-300 for t in times):
+        raise ConfigError(
+            f"run.output: {output} is already complete (t = {found['time']:.6g}); nothing to resume"
+        )
+
+
+def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
+    """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
+    ``config`` (:func:`check_resumable`); returns its state plus the snapshot times still
+    to come."""
+    check_resumable(output, found, config, problem.times)
     state = _resume_state(Path(found["file"]))
     remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
-    if not remaining:
-        raise ConfigError(
-            f"run.output: {output} is already complete (t = {state['time']:.6g}); nothing to resume"
-        )
     return {**state, "remaining": remaining}
 
 

@@ -63,10 +63,8 @@ from .config_core import (
     _number,
     check_keys,
     dumps,
-    load,
     numbers,
     parse_toml,
-    same_config,
     section_errors,
 )
 
@@ -79,7 +77,6 @@ __all__ = [
     "particle_reference",
     "read_sphere",
     "SphereSession",
-    "same_sphere_config",
     "sphere_dataset",
     "sphere_info",
     "write_dataset",
@@ -839,14 +836,6 @@ class SphereWriter(io.OutputWriter):
         return f"SphereWriter({self.path!r}, n={self.grid.n}, snapshots={self._count})"
 
 
-def same_sphere_config(stored: str, config: SphereConfig) -> bool:
-    """Whether the config text stored in a sphere file has the values of ``config``, the
-    sphere's defaults filled in on both sides (:func:`tpde.config_core.same_config` with
-    :func:`build_sphere`, the function every geometry's resume uses; ``run.output`` does
-    not count)."""
-    return same_config(stored, config, lambda source: build_sphere(load(source)))
-
-
 class SphereSession:
     """The run of a :class:`SphereConfig` in :func:`tpde.run.run_config` (a
     :class:`tpde.run.RunSession`): :class:`tpde.schemes.cubed_sphere.SphereSolver` with its
@@ -878,27 +867,12 @@ class SphereSession:
         )
 
     def resume_writer(self, output: Path) -> SphereWriter:
+        from .run import check_resumable
+
         times = self.times
 
         def accept(found: dict) -> None:
-            from .lifecycle import refuse_result
-
-            refuse_result(output, found["outcome"])
-            if not same_sphere_config(found["config"], self.config):
-                raise ConfigError(
-                    f"run.output: {output} was written with a different config; "
-                    "resume with the config stored in the file (tpde info shows it)"
-                )
-            if not found["snapshots"]:
-                raise ConfigError(
-                    f"run.output: {output} holds no complete snapshot; start a new run "
-                    "with --overwrite"
-                )
-            if not np.any(times > found["time"] * (1 + 1e-14) + 1e-300):
-                raise ConfigError(
-                    f"run.output: {output} is already complete (t = {found['time']:.6g}); "
-                    "nothing to resume"
-                )
+            check_resumable(output, found, self.config, times)
 
         writer = SphereWriter.resume(output, accept=accept)
         assert writer.last_time is not None  # (accept refused a file without records)
