@@ -30,13 +30,22 @@ run reads the last record back exactly (:func:`read_atoms`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tpde.schemes.atoms import Atoms
 
-__all__ = ["ATOM_SLOTS", "COLUMNS", "atom_lines", "atoms_of_record", "read_atoms", "write_atoms"]
+__all__ = [
+    "ATOM_SLOTS",
+    "COLUMNS",
+    "AtomLayout",
+    "atom_lines",
+    "atoms_of_record",
+    "read_atoms",
+    "write_atoms",
+]
 
 #: the length of the ``atom`` dimension: the most atoms a record holds
 ATOM_SLOTS = 64
@@ -47,66 +56,92 @@ _COMMON = {
     "atom_mass": ("f8", np.nan, "atom mass", "1"),
     "atom_born": ("f8", np.nan, "time the atom was born or merged", "1"),
 }
-#: each geometry's own float columns: layout -> name -> (trailing dims, long name, units;
-#: None: no units attribute)
-COLUMNS: dict[str, dict[str, tuple[tuple[str, ...], str, str | None]]] = {
-    "circle": {
-        "atom_centre": ((), "atom centre (angle)", "radian"),
-        "atom_variance": ((), "atom variance (of the wrapped normal)", "radian2"),
-    },
-    "frame": {
-        "atom_centre": (("dim",), "atom centre (physical, m + L xi)", None),
-        "atom_covariance": (("dim", "dim2"), "atom covariance (physical, L S L^T)", None),
-        "atom_frame_centre": (("dim",), "atom centre xi in frame coordinates", None),
-        "atom_frame_covariance": (("dim", "dim2"), "atom covariance S in frame coordinates", None),
-    },
-    "sphere": {
-        "atom_lat": ((), "atom mean direction, latitude", "degrees_north"),
-        "atom_lon": ((), "atom mean direction, longitude", "degrees_east"),
-        "atom_spread": ((), "atom spread 1 / kappa (von Mises-Fisher)", "radian2"),
-        "atom_centre": (("xyz",), "atom mean direction (unit vector)", "1"),
-    },
+
+
+def _circle_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    return {"atom_centre": atoms.centre[:, 0], "atom_variance": atoms.cov[:, 0, 0]}
+
+
+def _frame_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    L = frame.matrix
+    return {
+        "atom_centre": frame.physical(atoms.centre),
+        "atom_covariance": np.einsum("ij,kjl,ml->kim", L, atoms.cov, L),
+        "atom_frame_centre": atoms.centre,
+        "atom_frame_covariance": atoms.cov,
+    }
+
+
+def _sphere_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    from tpde.grid.cubed_sphere import lat_lon
+
+    lat, lon = lat_lon(atoms.centre)
+    rows = {"atom_lat": lat, "atom_lon": lon, "atom_spread": atoms.spread}
+    return {**rows, "atom_centre": atoms.centre}
+
+
+@dataclass(frozen=True)
+class AtomLayout:
+    """One geometry's own float columns: name -> (trailing dims, long name, units; None: no
+    units attribute), ``rows(atoms, frame)`` their values (rows: the atoms), and the
+    dimensions it adds where the file lacks them (name -> size)."""
+
+    columns: dict[str, tuple[tuple[str, ...], str, str | None]]
+    rows: Callable[[Any, Any], dict[str, np.ndarray]]
+    dimensions: dict[str, int] = field(default_factory=dict)
+
+
+#: layout name (the writer's) -> its columns
+COLUMNS: dict[str, AtomLayout] = {
+    "circle": AtomLayout(
+        {
+            "atom_centre": ((), "atom centre (angle)", "radian"),
+            "atom_variance": ((), "atom variance (of the wrapped normal)", "radian2"),
+        },
+        _circle_rows,
+    ),
+    "frame": AtomLayout(
+        {
+            "atom_centre": (("dim",), "atom centre (physical, m + L xi)", None),
+            "atom_covariance": (("dim", "dim2"), "atom covariance (physical, L S L^T)", None),
+            "atom_frame_centre": (("dim",), "atom centre xi in frame coordinates", None),
+            "atom_frame_covariance": (
+                ("dim", "dim2"),
+                "atom covariance S in frame coordinates",
+                None,
+            ),
+        },
+        _frame_rows,
+    ),
+    "sphere": AtomLayout(
+        {
+            "atom_lat": ((), "atom mean direction, latitude", "degrees_north"),
+            "atom_lon": ((), "atom mean direction, longitude", "degrees_east"),
+            "atom_spread": ((), "atom spread 1 / kappa (von Mises-Fisher)", "radian2"),
+            "atom_centre": (("xyz",), "atom mean direction (unit vector)", "1"),
+        },
+        _sphere_rows,
+        {"xyz": 3},
+    ),
 }
 
 
-def _define(nc: Any, layout: str) -> None:
+def _define(nc: Any, layout: AtomLayout) -> None:
     nc.createDimension("atom", ATOM_SLOTS)
     nc.createDimension("pair", 2)
-    if layout == "sphere" and "xyz" not in nc.dimensions:
-        nc.createDimension("xyz", 3)
+    for dim, size in layout.dimensions.items():
+        if dim not in nc.dimensions:
+            nc.createDimension(dim, size)
     for name, (kind, fill, long_name, units) in _COMMON.items():
         var = nc.createVariable(name, kind, ("time", "atom"), fill_value=fill)
         var.setncatts({"long_name": long_name, "units": units})
-    for name, (dims, long_name, unit) in COLUMNS[layout].items():
+    for name, (dims, long_name, unit) in layout.columns.items():
         var = nc.createVariable(name, "f8", ("time", "atom", *dims), fill_value=np.nan)
         var.setncatts({"long_name": long_name, **({} if unit is None else {"units": unit})})
     var = nc.createVariable("atom_parents", "i8", ("time", "atom", "pair"), fill_value=-1)
     var.setncatts({"long_name": "ids of the two atoms this one merged from (-1: none)"})
     var = nc.createVariable("next_atom_id", "i8", ("time",), fill_value=-1)
     var.setncatts({"long_name": "the number the next atom gets"})
-
-
-def _columns(layout: str, atoms: Any, frame: Any) -> dict[str, np.ndarray]:
-    """The layout's own columns of ``atoms`` (rows: the atoms)."""
-    if layout == "circle":
-        return {"atom_centre": atoms.centre[:, 0], "atom_variance": atoms.cov[:, 0, 0]}
-    if layout == "frame":
-        L = frame.matrix
-        return {
-            "atom_centre": frame.physical(atoms.centre),
-            "atom_covariance": np.einsum("ij,kjl,ml->kim", L, atoms.cov, L),
-            "atom_frame_centre": atoms.centre,
-            "atom_frame_covariance": atoms.cov,
-        }
-    from tpde.grid.cubed_sphere import lat_lon
-
-    lat, lon = lat_lon(atoms.centre)
-    return {
-        "atom_lat": lat,
-        "atom_lon": lon,
-        "atom_spread": atoms.spread,
-        "atom_centre": atoms.centre,
-    }
 
 
 def write_atoms(
@@ -117,19 +152,19 @@ def write_atoms(
     frame, an :class:`~tpde.schemes.frame.AffineFrame` whose atoms are d-dimensional
     Gaussians in frame coordinates, else ``circle``); the sphere's writer names ``sphere``
     (``atoms`` a :class:`tpde.schemes.sphere_atoms.VMFAtoms`)."""
-    layout = layout or ("circle" if frame is None else "frame")
+    chosen = COLUMNS[layout or ("circle" if frame is None else "frame")]
     if atoms.count > ATOM_SLOTS:
         raise ValueError(
             f"atoms: {atoms.count} atoms at one time, the file holds {ATOM_SLOTS}; raise "
             "atoms.width (fewer, later conversions) or refine the grid"
         )
     if "atom_id" not in nc.variables:
-        _define(nc, layout)
+        _define(nc, chosen)
     k = atoms.count
     ids = np.full(ATOM_SLOTS, -1, dtype=np.int64)
     ids[:k] = atoms.ids
     nc["atom_id"][i, :] = ids
-    rows = {"atom_mass": atoms.mass, "atom_born": atoms.born, **_columns(layout, atoms, frame)}
+    rows = {"atom_mass": atoms.mass, "atom_born": atoms.born, **chosen.rows(atoms, frame)}
     for name, values in rows.items():
         row = np.full((ATOM_SLOTS, *np.shape(values)[1:]), np.nan)
         row[:k] = values

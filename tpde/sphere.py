@@ -59,6 +59,7 @@ from tpde.variants.engines.registry import check_engine
 from . import geometries, io
 from .config_core import (
     ConfigError,
+    _choice,
     _matrix,
     _number,
     check_keys,
@@ -271,12 +272,6 @@ def _attention(table: Mapping) -> CubedSphereAttention:
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown {value!r}; choose one of {', '.join(choices)}")
-    return str(value)
 
 
 def _scheme(table: Mapping) -> dict:
