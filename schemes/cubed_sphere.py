@@ -30,9 +30,9 @@ Euler step has a negative cell. The low-order step is non-negative when
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numba as nb
 import numpy as np
@@ -598,7 +598,8 @@ class SphereSolver(TimeLoop):
         self.diffusion = SphereDiffusion(grid, noise)
         self.atoms = atoms
         self.watch = None
-        if atoms is None and pinning and hasattr(velocity, "probe_tangent"):
+        self._pinning = atoms is None and pinning and hasattr(velocity, "probe_tangent")
+        if self._pinning:
             from .atoms import AtomOptions
 
             self.watch = SphereAtomRun(grid, velocity, AtomOptions())
@@ -799,9 +800,28 @@ class SphereSolver(TimeLoop):
             max_speed=float("nan"),
             dt=self.last_dt,
             step=self.steps,
+            state=self.monitor_state(),
         )
+        if self.atoms is not None:  # (the mass of the state: cells plus atoms, as flat)
+            snap.atoms, snap.next_atom_id = self.atoms.atoms, self.atoms.next_id
+            snap.mass += self.atoms.atoms.total_mass
         self.handed(snap)
         return snap
+
+    def monitor_state(self) -> dict[str, float | bool | int]:
+        """The resolution estimate and its warned flag; whether the pinning watch has
+        spoken (it is dropped then)."""
+        return {
+            "reconstruction_error": float(self.estimate),
+            "resolution_warned": bool(self.warned),
+            "pinning_warned": self._pinning and self.watch is None,
+        }
+
+    def restore_monitor_state(self, state: Mapping[str, Any]) -> None:
+        self.estimate = float(state.get("reconstruction_error", self.estimate))
+        self.warned = bool(state.get("resolution_warned", self.warned))
+        if state.get("pinning_warned", False):
+            self.watch = None
 
     def new_result(self) -> SphereResult:
         return SphereResult(self.grid, self.times)

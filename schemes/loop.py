@@ -32,7 +32,7 @@ record per snapshot (tpde.io).
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,6 +252,17 @@ class TimeLoop:
 
     def finish(self, result: Any, wall_time: float) -> None:
         """What the run adds to its result at the end (counts, events, estimates)."""
+
+    def monitor_state(self) -> dict[str, float | bool | int]:
+        """What the callbacks have found so far that a run resumed from the snapshot being
+        taken must know to go on as this one does: the resolution monitor's estimate and
+        the flags of the warnings already given (each is given once a run). Stored with
+        every snapshot (``Snapshot.state``), handed back by :meth:`restore_monitor_state`."""
+        return {}
+
+    def restore_monitor_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a stored :meth:`monitor_state` (a resumed run, before it starts);
+        a key missing (a file of an earlier tpde) keeps the fresh run's value."""
 
     # ---- the callbacks ---------------------------------------------------------------------
     def _hooked(self) -> list[Callback]:

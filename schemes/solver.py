@@ -23,9 +23,10 @@ resolution monitor, the atom transfers, :class:`OutflowGuard`, :class:`BoxMonito
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -343,6 +344,9 @@ class Snapshot:
     #: the atoms (None: atoms off) and the id the next atom will get
     atoms: Atoms | None = None
     next_atom_id: int = 0
+    #: the loop's :meth:`.loop.TimeLoop.monitor_state` at this snapshot (what a run resumed
+    #: from it restores: the resolution estimate, the warnings already given)
+    state: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -781,8 +785,38 @@ class Solver(TimeLoop):
             snap.atoms = self.atom_run.atoms
             snap.next_atom_id = self.atom_run.next_id
             snap.mass += snap.atoms.total_mass
+        snap.state = self.monitor_state()
         self.handed(snap)
         return snap
+
+    def monitor_state(self) -> dict[str, float | bool | int]:
+        """The resolution estimate and warned flag, the box's ``warn`` flag, the frame
+        atoms' ``atom_closure`` flag and the pinning watch's flag and step count."""
+        monitor = self.monitor
+        state: dict[str, float | bool | int] = {
+            "reconstruction_error": float(monitor.reconstruction_error),
+            "resolution_warned": bool(monitor.resolution_warned),
+            "box_warned": bool(monitor.warned),
+        }
+        if self.atom_run is not None:
+            state["atom_closure_warned"] = bool(self.atom_run.closure_warned)
+        if self.pin_watch is not None:
+            state["pinning_warned"] = bool(self.pin_watch.warned)
+            state["pinning_steps"] = int(self.pin_watch.steps)
+        return state
+
+    def restore_monitor_state(self, state: Mapping[str, Any]) -> None:
+        monitor = self.monitor
+        monitor.reconstruction_error = float(
+            state.get("reconstruction_error", monitor.reconstruction_error)
+        )
+        monitor.resolution_warned = bool(state.get("resolution_warned", False))
+        monitor.warned = bool(state.get("box_warned", False))
+        if self.atom_run is not None:
+            self.atom_run.closure_warned = bool(state.get("atom_closure_warned", False))
+        if self.pin_watch is not None:
+            self.pin_watch.warned = bool(state.get("pinning_warned", False))
+            self.pin_watch.steps = int(state.get("pinning_steps", 0))
 
     def advance_to(self, t_target: float) -> str:
         """Step until t == t_target exactly. Returns a status (``completed`` when reached).

@@ -76,8 +76,8 @@ def print_table(title: str, cells, errors, extra: dict | None = None) -> None:
 
 def kill_after(args: list[str], lines: int, prefix: str = "[") -> None:
     """Run ``python -m tpde.cli ARGS`` and SIGKILL it once it has printed ``lines`` stderr
-    lines starting with ``prefix`` (one per snapshot written: the progress line, or the
-    sphere's ``t = ``); fails if the run ends first."""
+    lines starting with ``prefix`` (one per snapshot written: the progress line of every
+    geometry); fails if the run ends first."""
     import os
     import signal
     import subprocess

@@ -341,8 +341,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text
     old = cut.read_bytes()
     write = SphereWriter.write
 
-    def interrupting(self, t, density, *step):
-        done = write(self, t, density, *step)
+    def interrupting(self, *args, **kwargs):
+        done = write(self, *args, **kwargs)
         if self.snapshots == 2:
             os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
         return done
@@ -493,3 +493,109 @@ def test_user_guide_snippet_reads_the_diagnostics(tmp_path, capsys):
     assert a.shape == (4, 9) and a[:, 1:].max() < 1e-6
     assert names["masses"].size == 0 and names["centres"].shape == (0, 3)
     assert 0.01 < names["w2"] < 0.5
+
+
+#: a law a few cells wide on 6 cells a panel: the resolution monitor's ``under_resolved``
+#: comes at the first step (estimate 0.8 by t = 0.6 against the tolerance 1e-3)
+NARROW_RUN = """
+[grid]
+geometry = "sphere"
+cells = 6
+
+[initial]
+kind = "von_mises_fisher"
+mean = [0.0, 0.0, 1.0]
+kappa = 40.0
+
+[attention]
+beta = 4.0
+
+[scheme]
+dt_max = 0.1
+
+[run]
+t_end = 0.6
+snapshots = 4
+"""
+
+
+def test_resumed_run_keeps_the_monitor_state(tmp_path, capsys, monkeypatch):
+    """A run whose ``under_resolved`` warning came before it was interrupted (SIGINT after
+    two snapshots) and resumed: the warning is not given again (one in the file's events,
+    as in the uninterrupted run), the resolution estimate is continued exactly (the stored
+    ``monitor_state`` equals the uninterrupted run's, its estimate > the tolerance), and
+    every variable is bit for bit the uninterrupted run's. Before the state was stored the
+    resumed run started from estimate 0 and warned a second time."""
+    import json
+    import os
+    import signal
+
+    import netCDF4
+
+    from tpde.schemes.monitor import RESOLUTION_TOLERANCE
+    from tpde.sphere import SphereWriter
+
+    config = tmp_path / "narrow.toml"
+    config.write_text(NARROW_RUN)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
+    write = SphereWriter.write
+
+    def interrupting(self, *args, **kwargs):
+        done = write(self, *args, **kwargs)
+        if self.snapshots == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
+        return done
+
+    monkeypatch.setattr(SphereWriter, "write", interrupting)
+    assert cli(capsys, "run", config, "-o", cut, "--quiet")[0] == 130
+    monkeypatch.undo()
+    with netCDF4.Dataset(cut) as nc:
+        assert str(nc.events).count("under_resolved") == 1, nc.events  # (before the cut)
+    assert cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")[0] == 0
+
+    def contents(path):
+        with netCDF4.Dataset(path) as nc:
+            nc.set_auto_mask(False)
+            return (
+                {name: np.asarray(var[...]) for name, var in nc.variables.items()},
+                str(nc.events),
+                json.loads(nc.monitor_state),
+            )
+
+    (resumed, events, state), (reference, ref_events, ref_state) = contents(cut), contents(full)
+    print(f"\nresumed: events {events.splitlines()}\nmonitor state {state} vs {ref_state}")
+    assert events.count("under_resolved") == ref_events.count("under_resolved") == 1
+    assert state == ref_state and state["resolution_warned"] is True
+    assert state["reconstruction_error"] > RESOLUTION_TOLERANCE
+    assert sorted(resumed) == sorted(reference)
+    for name, values in reference.items():
+        np.testing.assert_array_equal(resumed[name], values, err_msg=name)
+
+
+@pytest.mark.slow
+def test_killed_run_keeps_the_monitor_state(tmp_path, capsys):
+    """As :func:`test_resumed_run_keeps_the_monitor_state` after ``kill -9`` (two records
+    written): the resumed segment gives no second ``under_resolved`` (the killed segment's
+    events die with it: a kill closes nothing) and ends with the uninterrupted run's
+    monitor state and variables, bit for bit."""
+    import json
+
+    import netCDF4
+    from exact import kill_after
+
+    config = tmp_path / "narrow.toml"
+    config.write_text(NARROW_RUN)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
+    kill_after(["run", str(config), "-o", str(cut), "--threads", "1"], 2)
+    assert cli(capsys, "run", config, "-o", cut, "--resume", "--quiet")[0] == 0
+    with netCDF4.Dataset(cut) as a, netCDF4.Dataset(full) as b:
+        a.set_auto_mask(False)
+        b.set_auto_mask(False)
+        print(f"\nkilled and resumed: events {str(a.events)!r}, state {a.monitor_state}")
+        assert "under_resolved" not in str(a.events)
+        assert json.loads(a.monitor_state) == json.loads(b.monitor_state)
+        assert sorted(a.variables) == sorted(b.variables)
+        for name in b.variables:
+            np.testing.assert_array_equal(a[name][...], b[name][...], err_msg=name)

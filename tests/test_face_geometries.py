@@ -85,7 +85,7 @@ def test_killed_sphere_example_resumes_bit_for_bit(tmp_path, capsys):
     config.write_text(dumps(raw))
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli(capsys, "run", config, "-o", full, "--quiet", "--threads", 1)[0] == 0
-    kill_after(["run", str(config), "-o", str(cut), "--threads", "1"], 4, prefix="t = ")
+    kill_after(["run", str(config), "-o", str(cut), "--threads", "1"], 4)
     code, _, err = cli(capsys, "run", config, "-o", cut, "--resume", "--quiet", "--threads", 1)
     assert code == 0, err
     with xr.open_dataset(cut) as resumed, xr.open_dataset(full) as reference:

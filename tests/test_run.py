@@ -128,3 +128,69 @@ def test_gaussian_and_particle_references_match_the_run(tmp_path):
     assert grid_err <= 1e-3 and token_err <= 5 * 2 / np.sqrt(tokens_n)
     assert tokens["tokens"].shape == (6, tokens_n, 2)
     assert main(["gaussian", str(config), "-o", str(paths["gaussian"])]) == 2
+
+
+#: 32 cells for a Gaussian of variance 0.3 against run.resolution_tolerance = 1e-7: the
+#: resolution monitor's ``under_resolved`` at the first step (estimate 1.35e-4 by t = 0.1)
+NARROW_FLAT = """
+[grid]
+lower = [-4.0]
+upper = [4.0]
+cells = [32]
+
+[initial]
+kind = "gaussian"
+mean = [0.0]
+covariance = [[0.3]]
+
+[attention]
+variant = "softmax"
+A = [[1.0]]
+V = [[0.5]]
+
+[run]
+t_end = 0.4
+snapshots = 5
+resolution_tolerance = 1e-7
+"""
+
+
+def test_resumed_flat_run_keeps_the_monitor_state(tmp_path, monkeypatch):
+    """A flat run whose ``under_resolved`` came at its first step, interrupted (SIGINT)
+    after two snapshots and resumed: one ``under_resolved`` in the file's events (before,
+    the resumed run warned again), the stored ``monitor_state`` (the estimate exactly, the
+    warned flag) and every variable as the uninterrupted run's."""
+    import json
+    import os
+    import signal
+
+    import netCDF4
+
+    from tpde.io import SnapshotWriter
+
+    config = tmp_path / "narrow.toml"
+    config.write_text(NARROW_FLAT)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert main(["run", str(config), "-o", str(full), "--quiet"]) == 0
+    write = SnapshotWriter.write
+
+    def interrupting(self, *args, **kwargs):
+        done = write(self, *args, **kwargs)
+        if self.snapshots == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
+        return done
+
+    monkeypatch.setattr(SnapshotWriter, "write", interrupting)
+    assert main(["run", str(config), "-o", str(cut), "--quiet"]) == 130
+    monkeypatch.undo()
+    assert main(["run", str(config), "-o", str(cut), "--resume", "--quiet"]) == 0
+    with netCDF4.Dataset(cut) as a, netCDF4.Dataset(full) as b:
+        a.set_auto_mask(False)
+        b.set_auto_mask(False)
+        state, reference = json.loads(a.monitor_state), json.loads(b.monitor_state)
+        print(f"\nresumed flat run: events {str(a.events).splitlines()}, state {state}")
+        assert str(a.events).count("under_resolved") == 1 == str(b.events).count("under_res")
+        assert state == reference and state["resolution_warned"] is True
+        assert sorted(a.variables) == sorted(b.variables)
+        for name in b.variables:
+            np.testing.assert_array_equal(a[name][...], b[name][...], err_msg=name)

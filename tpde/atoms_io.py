@@ -1,28 +1,26 @@
-"""The atoms in the output file: a fill-valued ``atom`` dimension per record.
+"""The atoms in the output file: a fill-valued ``atom`` dimension per record, one layout for
+every geometry.
 
-docs/user-guide.md, 'Atoms'. A run with atoms (``[atoms]``) writes, per snapshot, up to
-:data:`ATOM_SLOTS` atoms along a fixed ``atom`` dimension (unused slots hold the fill value,
-so xarray reads them as NaN / -1 and ParaView skips them):
+docs/user-guide.md, 'Atoms'; docs/guide/sphere.md, 'Atoms'. A run with atoms (``[atoms]``)
+writes, per snapshot, up to :data:`ATOM_SLOTS` atoms along a fixed ``atom`` dimension (unused
+slots hold the fill value, so xarray reads them as NaN / -1 and ParaView skips them). Every
+geometry writes
 
     atom_id(time, atom)        the atom's number (-1: empty slot)
     atom_mass(time, atom)      its mass
-    atom_centre(time, atom)    its centre (the angle, radians)
-    atom_variance(time, atom)  its variance
     atom_born(time, atom)      when it was born or merged (NaN: given at the start)
     atom_parents(time, atom, pair)  the ids it merged from (-1: none)
     next_atom_id(time)         the number the next atom gets (a resumed run goes on from it)
 
-In the flat co-moving frame (docs/guide/atoms.md) the atoms are Gaussians in d dimensions:
-``atom_centre`` and ``atom_covariance`` are physical, ``m + L xi`` and ``L S L^T`` (with the
-record's ``frame_mean`` m and ``frame_matrix`` L), and the frame coordinates the run advances
-are kept exactly beside them for ``--resume``:
-
-    atom_centre(time, atom, dim)                 physical centre
-    atom_covariance(time, atom, dim, dim2)       physical covariance
-    atom_frame_centre(time, atom, dim)           xi, the centre in frame coordinates
-    atom_frame_covariance(time, atom, dim, dim2) S, the covariance in frame coordinates
-
-(``atom_id``, ``atom_mass``, ``atom_born``, ``atom_parents``, ``next_atom_id`` as above).
+and its own columns (:data:`COLUMNS`, the writer names its layout): the circle's wrapped
+normals ``atom_centre(time, atom)`` (the angle, radians) and ``atom_variance(time, atom)``;
+the flat co-moving frame's d-dimensional Gaussians (docs/guide/atoms.md), physical
+``atom_centre(time, atom, dim)`` = m + L xi and ``atom_covariance(time, atom, dim, dim2)`` =
+L S L^T (the record's ``frame_mean`` m and ``frame_matrix`` L) with the frame coordinates the
+run advances kept exactly beside them for ``--resume`` (``atom_frame_centre``,
+``atom_frame_covariance``); the sphere's von Mises-Fisher atoms, ``atom_centre(time, atom,
+xyz)`` (the mean direction, a unit vector), ``atom_lat``, ``atom_lon`` (degrees) and
+``atom_spread`` (1 / kappa, radian^2).
 
 An atom's track is its id across the records (positions and masses over time); births and
 merges are ``atom_born`` and ``atom_parents``, and the run's events name them too. A resumed
@@ -31,83 +29,144 @@ run reads the last record back exactly (:func:`read_atoms`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tpde.schemes.atoms import Atoms
 
-__all__ = ["ATOM_SLOTS", "atom_lines", "read_atoms", "write_atoms"]
+__all__ = [
+    "ATOM_SLOTS",
+    "COLUMNS",
+    "AtomLayout",
+    "atom_lines",
+    "atoms_of_record",
+    "read_atoms",
+    "write_atoms",
+]
 
 #: the length of the ``atom`` dimension: the most atoms a record holds
 ATOM_SLOTS = 64
 
-_VARIABLES = {
+#: the columns every layout has: name -> (type, fill value, long name, units)
+_COMMON = {
     "atom_id": ("i8", -1, "atom number (its track across records; -1: empty slot)", "1"),
     "atom_mass": ("f8", np.nan, "atom mass", "1"),
-    "atom_centre": ("f8", np.nan, "atom centre (angle)", "radian"),
-    "atom_variance": ("f8", np.nan, "atom variance (of the wrapped normal)", "radian2"),
     "atom_born": ("f8", np.nan, "time the atom was born or merged", "1"),
 }
 
 
-#: the d-dimensional Gaussian atoms of the flat co-moving frame: name -> (trailing dims,
-#: long name); ``atom_centre`` / ``atom_variance`` of the circle's layout are not written
-_FRAME_VARIABLES = {
-    "atom_centre": (("dim",), "atom centre (physical, m + L xi)"),
-    "atom_covariance": (("dim", "dim2"), "atom covariance (physical, L S L^T)"),
-    "atom_frame_centre": (("dim",), "atom centre xi in frame coordinates"),
-    "atom_frame_covariance": (("dim", "dim2"), "atom covariance S in frame coordinates"),
+def _circle_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    return {"atom_centre": atoms.centre[:, 0], "atom_variance": atoms.cov[:, 0, 0]}
+
+
+def _frame_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    L = frame.matrix
+    return {
+        "atom_centre": frame.physical(atoms.centre),
+        "atom_covariance": np.einsum("ij,kjl,ml->kim", L, atoms.cov, L),
+        "atom_frame_centre": atoms.centre,
+        "atom_frame_covariance": atoms.cov,
+    }
+
+
+def _sphere_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    from tpde.grid.cubed_sphere import lat_lon
+
+    lat, lon = lat_lon(atoms.centre)
+    rows = {"atom_lat": lat, "atom_lon": lon, "atom_spread": atoms.spread}
+    return {**rows, "atom_centre": atoms.centre}
+
+
+@dataclass(frozen=True)
+class AtomLayout:
+    """One geometry's own float columns: name -> (trailing dims, long name, units; None: no
+    units attribute), ``rows(atoms, frame)`` their values (rows: the atoms), and the
+    dimensions it adds where the file lacks them (name -> size)."""
+
+    columns: dict[str, tuple[tuple[str, ...], str, str | None]]
+    rows: Callable[[Any, Any], dict[str, np.ndarray]]
+    dimensions: dict[str, int] = field(default_factory=dict)
+
+
+#: layout name (the writer's) -> its columns
+COLUMNS: dict[str, AtomLayout] = {
+    "circle": AtomLayout(
+        {
+            "atom_centre": ((), "atom centre (angle)", "radian"),
+            "atom_variance": ((), "atom variance (of the wrapped normal)", "radian2"),
+        },
+        _circle_rows,
+    ),
+    "frame": AtomLayout(
+        {
+            "atom_centre": (("dim",), "atom centre (physical, m + L xi)", None),
+            "atom_covariance": (("dim", "dim2"), "atom covariance (physical, L S L^T)", None),
+            "atom_frame_centre": (("dim",), "atom centre xi in frame coordinates", None),
+            "atom_frame_covariance": (
+                ("dim", "dim2"),
+                "atom covariance S in frame coordinates",
+                None,
+            ),
+        },
+        _frame_rows,
+    ),
+    "sphere": AtomLayout(
+        {
+            "atom_lat": ((), "atom mean direction, latitude", "degrees_north"),
+            "atom_lon": ((), "atom mean direction, longitude", "degrees_east"),
+            "atom_spread": ((), "atom spread 1 / kappa (von Mises-Fisher)", "radian2"),
+            "atom_centre": (("xyz",), "atom mean direction (unit vector)", "1"),
+        },
+        _sphere_rows,
+        {"xyz": 3},
+    ),
 }
-_SCALARS = ("atom_id", "atom_mass", "atom_born")
 
 
-def _define(nc: Any, framed: bool) -> None:
+def _define(nc: Any, layout: AtomLayout) -> None:
     nc.createDimension("atom", ATOM_SLOTS)
     nc.createDimension("pair", 2)
-    for name, (kind, fill, long_name, units) in _VARIABLES.items():
-        if framed and name not in _SCALARS:
-            continue
+    for dim, size in layout.dimensions.items():
+        if dim not in nc.dimensions:
+            nc.createDimension(dim, size)
+    for name, (kind, fill, long_name, units) in _COMMON.items():
         var = nc.createVariable(name, kind, ("time", "atom"), fill_value=fill)
         var.setncatts({"long_name": long_name, "units": units})
-    if framed:  # (the dim / dim2 dimensions are the file's, of mean and covariance)
-        for name, (dims, long_name) in _FRAME_VARIABLES.items():
-            var = nc.createVariable(name, "f8", ("time", "atom", *dims), fill_value=np.nan)
-            var.setncatts({"long_name": long_name})
+    for name, (dims, long_name, unit) in layout.columns.items():
+        var = nc.createVariable(name, "f8", ("time", "atom", *dims), fill_value=np.nan)
+        var.setncatts({"long_name": long_name, **({} if unit is None else {"units": unit})})
     var = nc.createVariable("atom_parents", "i8", ("time", "atom", "pair"), fill_value=-1)
     var.setncatts({"long_name": "ids of the two atoms this one merged from (-1: none)"})
     var = nc.createVariable("next_atom_id", "i8", ("time",), fill_value=-1)
     var.setncatts({"long_name": "the number the next atom gets"})
 
 
-def write_atoms(nc: Any, i: int, atoms: Atoms, next_id: int, frame: Any = None) -> None:
-    """Record ``i`` of the atom variables (defined with the first record that has atoms);
-    ``frame``: the record's co-moving frame (an :class:`~tpde.schemes.frame.AffineFrame`),
-    whose atoms are d-dimensional Gaussians in frame coordinates, None for the circle's."""
+def write_atoms(
+    nc: Any, i: int, atoms: Any, next_id: int, frame: Any = None, layout: str | None = None
+) -> None:
+    """Record ``i`` of the atom variables (defined with the first record that has atoms).
+    ``layout``: one of :data:`COLUMNS` (None: ``frame`` when the record has a co-moving
+    frame, an :class:`~tpde.schemes.frame.AffineFrame` whose atoms are d-dimensional
+    Gaussians in frame coordinates, else ``circle``); the sphere's writer names ``sphere``
+    (``atoms`` a :class:`tpde.schemes.sphere_atoms.VMFAtoms`)."""
+    chosen = COLUMNS[layout or ("circle" if frame is None else "frame")]
     if atoms.count > ATOM_SLOTS:
         raise ValueError(
             f"atoms: {atoms.count} atoms at one time, the file holds {ATOM_SLOTS}; raise "
             "atoms.width (fewer, later conversions) or refine the grid"
         )
     if "atom_id" not in nc.variables:
-        _define(nc, frame is not None)
+        _define(nc, chosen)
     k = atoms.count
     ids = np.full(ATOM_SLOTS, -1, dtype=np.int64)
     ids[:k] = atoms.ids
     nc["atom_id"][i, :] = ids
-    rows: list[tuple[str, np.ndarray]] = [("atom_mass", atoms.mass), ("atom_born", atoms.born)]
-    if frame is None:
-        rows += [("atom_centre", atoms.centre[:, 0]), ("atom_variance", atoms.cov[:, 0, 0])]
-    else:
-        L = frame.matrix
-        rows += [
-            ("atom_centre", frame.physical(atoms.centre)),
-            ("atom_covariance", np.einsum("ij,kjl,ml->kim", L, atoms.cov, L)),
-            ("atom_frame_centre", atoms.centre),
-            ("atom_frame_covariance", atoms.cov),
-        ]
-    for name, values in rows:
-        row = np.full((ATOM_SLOTS, *values.shape[1:]), np.nan)
+    rows = {"atom_mass": atoms.mass, "atom_born": atoms.born, **chosen.rows(atoms, frame)}
+    for name, values in rows.items():
+        row = np.full((ATOM_SLOTS, *np.shape(values)[1:]), np.nan)
         row[:k] = values
         nc[name][i, ...] = row
     parents = np.full((ATOM_SLOTS, 2), -1, dtype=np.int64)
@@ -116,31 +175,48 @@ def write_atoms(nc: Any, i: int, atoms: Atoms, next_id: int, frame: Any = None) 
     nc["next_atom_id"][i] = int(next_id)
 
 
-def read_atoms(nc: Any, i: int) -> tuple[Atoms, int] | None:
-    """The atoms of record ``i`` and the next id, or None when the file has no atoms."""
-    if "atom_id" not in nc.variables:
-        return None
-    ids = np.asarray(nc["atom_id"][i, :], dtype=np.int64)
+def _atoms_of(names: Any, get: Callable[[str], np.ndarray]) -> Any:
+    """The atoms of one record, ``get(name)`` its values of a variable (fill values as -1
+    or NaN): :class:`~tpde.schemes.atoms.Atoms` (the circle's, the frame's in frame
+    coordinates) or the sphere's :class:`~tpde.schemes.sphere_atoms.VMFAtoms`."""
+    ids = np.nan_to_num(np.asarray(get("atom_id"), float), nan=-1).astype(np.int64)
     used = ids >= 0
     k = int(used.sum())
 
     def row(name: str) -> np.ndarray:
-        return np.asarray(nc[name][i, ...], dtype=np.float64)[used]
+        return np.asarray(get(name), dtype=np.float64)[used]
 
-    parents = np.asarray(nc["atom_parents"][i, :, :], dtype=np.int64)[used]
-    if "atom_frame_centre" in nc.variables:  # (the frame's d-D atoms, frame coordinates)
+    parents = np.nan_to_num(np.asarray(get("atom_parents"), float), nan=-1).astype(np.int64)
+    parents = parents[used].reshape(k, 2)
+    if "atom_spread" in names:  # (the sphere's von Mises-Fisher atoms)
+        from tpde.schemes.sphere_atoms import VMFAtoms
+
+        centre = row("atom_centre").reshape(k, 3)
+        return VMFAtoms(
+            row("atom_mass"), centre, row("atom_spread"), ids[used], row("atom_born"), parents
+        )
+    if "atom_frame_centre" in names:  # (the frame's d-D atoms, frame coordinates)
         centre, cov = row("atom_frame_centre"), row("atom_frame_covariance")
     else:
         centre, cov = row("atom_centre").reshape(k, 1), row("atom_variance").reshape(k, 1, 1)
-    atoms = Atoms(
-        row("atom_mass"),
-        centre,
-        cov,
-        ids[used],
-        row("atom_born"),
-        parents.reshape(k, 2),
-    )
+    return Atoms(row("atom_mass"), centre, cov, ids[used], row("atom_born"), parents)
+
+
+def read_atoms(nc: Any, i: int) -> tuple[Any, int] | None:
+    """The atoms of record ``i`` of an open file and the next id, or None when the file has
+    no atoms (every layout; what a resumed run continues from, exactly)."""
+    if "atom_id" not in nc.variables:
+        return None
+    atoms = _atoms_of(nc.variables, lambda name: nc[name][i, ...])
     return atoms, int(nc["next_atom_id"][i])
+
+
+def atoms_of_record(ds: Any, i: int) -> Any:
+    """The atoms of record ``i`` of a file read by xarray (the integer fill value -1 reads
+    as NaN), or None when it has no atoms (``tpde plot``'s markers)."""
+    if "atom_id" not in ds.variables:
+        return None
+    return _atoms_of(ds.variables, lambda name: ds[name].values[i])
 
 
 def atom_lines(ds: Any) -> list[str]:
@@ -158,6 +234,11 @@ def atom_lines(ds: Any) -> list[str]:
     last = ids[-1] >= 0
     lines = [f"  atoms at t = {times[-1]:.6g}: {int(last.sum())}"]
     for j in np.flatnonzero(last):
+        if "atom_lat" in ds.variables:  # (on the sphere: where, in degrees)
+            lat, lon = float(ds["atom_lat"].values[-1, j]), float(ds["atom_lon"].values[-1, j])
+            spot = f"lat {lat:7.2f}  lon {lon:8.2f} "
+            lines.append(f"    atom {int(ids[-1, j])}: {spot} mass {mass[-1, j]:.6g}")
+            continue
         where = np.atleast_1d(centre[-1, j])
         place = f"{float(where[0]):.6f}" if where.size == 1 else _point(where)
         lines.append(f"    atom {int(ids[-1, j])}: centre {place}, mass {mass[-1, j]:.6g}")

@@ -110,11 +110,11 @@ class Config:
     particles: Callable[[int, int, bool], Any] | None = None
     #: what ``tpde gaussian`` says where the geometry has no Gaussian closure (None: it has)
     no_gaussian: str | None = None
-    #: a geometry with its own time loop and file (tpde.sphere's SphereConfig sets these; a
-    #: Config runs through tpde.run and tpde.io): ``runner(config, output, overwrite,
-    #: resume, quiet, history) -> Path``, ``reader(path) -> Dataset``, and
-    #: ``reference_writer(ds, path, overwrite) -> Path`` for tpde particles / gaussian
-    runner: Callable[..., Any] | None = None
+    #: a geometry with its own solver and file layout (tpde.sphere's SphereConfig sets
+    #: these): ``session(config) -> tpde.run.RunSession`` (the writer and solver that
+    #: tpde.run.run_config drives; None: tpde.run.FlatSession), ``reader(path) -> Dataset``,
+    #: and ``reference_writer(ds, path, overwrite) -> Path`` for tpde particles / gaussian
+    session: Callable[[Any], Any] | None = None
     reader: Callable[[Any], Any] | None = None
     reference_writer: Callable[..., Any] | None = None
 

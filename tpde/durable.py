@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import errno
+import json
 import math
 import os
 import time as _time
@@ -414,10 +415,34 @@ COUNTERS = ("steps", "rejected_steps", "wall_time")
 #: every record, added to ``steps`` at close, or at resume when a kill left it unclosed (a
 #: resumed run repeats only what came after that snapshot)
 UNCLOSED_STEPS = "steps_since_resume"
+#: what the loop's callbacks had found at the last complete snapshot (JSON text of
+#: ``tpde.schemes.loop.TimeLoop.monitor_state``: the resolution estimate, the warnings
+#: already given), rewritten with every record: a resumed run restores it and goes on as the
+#: uninterrupted one (no warning given twice, the estimate continued exactly)
+MONITOR_STATE = "monitor_state"
 #: run records kept as text (``events``: "kind t message" per line, tpde.schemes.monitor) or
 #: as the largest over resumed segments (``largest_truncation``; ``reconstruction_error``, the
 #: monitor's running estimate, which a resumed run continues from the file's value)
 RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
+
+
+def write_run_state(nc: Any, step: int | None, state: Mapping[str, Any] | None) -> None:
+    """With a record: the segment's steps so far (:data:`UNCLOSED_STEPS`) and the loop's
+    monitor state (:data:`MONITOR_STATE`), each where given."""
+    if step is not None:
+        nc.setncattr(UNCLOSED_STEPS, np.int64(step))
+    if state:
+        nc.setncattr(MONITOR_STATE, json.dumps(dict(state), sort_keys=True))
+
+
+def read_run_state(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`MONITOR_STATE` of a file's attributes ({} when absent or not a JSON
+    object: attributes are untrusted, a fresh run's values are used then)."""
+    try:
+        state = json.loads(str(attrs.get(MONITOR_STATE, "{}")))
+    except ValueError:
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any]:

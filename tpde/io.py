@@ -99,6 +99,7 @@ from .durable import (
     COUNTERS,
     ERROR_REASONS,
     LOCK_TIMEOUT,
+    MONITOR_STATE,
     OUTCOMES,
     RESERVE_MARGIN,
     RESULTS,
@@ -120,7 +121,9 @@ from .durable import (
     is_zarr,
     netcdf_to_zarr,
     open_output,
+    read_run_state,
     staged_name,
+    write_run_state,
     zarr_staging,
 )
 from .durable import (
@@ -180,6 +183,7 @@ __all__ = [
     "ERROR_REASONS",
     "LOCK_TIMEOUT",
     "MEAN",
+    "MONITOR_STATE",
     "OUTCOMES",
     "RESERVE_MARGIN",
     "RESULTS",
@@ -213,6 +217,7 @@ __all__ = [
     "physical_density",
     "positions_from_dataset",
     "read",
+    "read_run_state",
     "renamed",
     "reopen_output",
     "reordered",
@@ -221,6 +226,7 @@ __all__ = [
     "to_dataset",
     "to_netcdf",
     "write",
+    "write_run_state",
     "xyz_order",
     "zarr_staging",
 ]
@@ -246,8 +252,9 @@ class Record:
     (:meth:`of`): the fields of :class:`SnapshotLike` and the optional ones of
     ``tpde.schemes.solver.Snapshot``: ``frame`` (a co-moving frame: the moments are
     mapped back through it), ``atoms`` and ``next_atom_id`` (tpde.atoms_io), ``step`` (the
-    solver's step count, recorded for a resume). A SnapshotLike without them (one built in
-    Python, a ``SimpleNamespace``) has no frame, no atoms and no step."""
+    solver's step count, recorded for a resume), ``state`` (the loop's monitor state,
+    :data:`MONITOR_STATE`). A SnapshotLike without them (one built in Python, a
+    ``SimpleNamespace``) has no frame, no atoms, no step and no state."""
 
     time: float
     density: np.ndarray
@@ -258,6 +265,8 @@ class Record:
     atoms: Any = None
     next_atom_id: int = 0
     step: int | None = None
+    #: the loop's monitor state at the snapshot (:data:`MONITOR_STATE`), or None
+    state: Mapping[str, Any] | None = None
 
     @classmethod
     def of(cls, snapshot: SnapshotLike) -> Record:
@@ -273,6 +282,7 @@ class Record:
             atoms=getattr(snapshot, "atoms", None),
             next_atom_id=int(getattr(snapshot, "next_atom_id", 0) or 0),
             step=int(step) if isinstance(step, int | np.integer) else None,
+            state=getattr(snapshot, "state", None) or None,
         )
 
 
@@ -504,8 +514,7 @@ class SnapshotWriter(OutputWriter):
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)
-            if snapshot.step is not None:
-                nc.setncattr(UNCLOSED_STEPS, np.int64(snapshot.step))
+            write_run_state(nc, snapshot.step, snapshot.state)
             # the record on disk before its time: HDF5 flushes cached chunks in its own order
             # at close, so a kill there could leave a time without its data (seen: a NaN
             # mass); after the sync it can only lose the time, and a record without time

@@ -28,6 +28,7 @@ from .durable import (
     _OutputLock,
     _reserve,
     _source,
+    read_run_state,
     staged_name,
 )
 from .layout import (
@@ -167,6 +168,9 @@ def resume_state(path: str | os.PathLike, lock_timeout: float = 10.0) -> dict:
             # the resolution monitor's estimate when the last segment ended (at or after
             # this snapshot: a resumed run continues from at least the true value)
             "reconstruction_error": float(attrs.get("reconstruction_error", 0.0)),
+            # what the callbacks had found at the last snapshot (the estimate exactly, the
+            # warnings given); {} in files of tpde before it
+            "monitor_state": read_run_state(attrs),
             "mass": float(nc["mass"][last]),
             "snapshots": n,
             "times": np.array(nc["time"][:n], dtype=np.float64),

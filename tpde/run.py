@@ -14,10 +14,11 @@ import time as _time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tpde.grid import profile
 from tpde.schemes.frame import AffineFrame
+from tpde.schemes.loop import Callback
 from tpde.schemes.solver import Snapshot, Solver
 from tpde.variants.energies import run_energies
 
@@ -29,8 +30,12 @@ from .lifecycle import RunSignals as _Signals
 from .lifecycle import open_writer as _writer
 
 __all__ = [
+    "FlatSession",
     "Interrupted",
     "Progress",
+    "Recorder",
+    "RunSession",
+    "check_resumable",
     "profiled",
     "refuse_result",
     "run_config",
@@ -64,8 +69,9 @@ class StatusLine:
             self.stream.flush()
 
 
-class Progress:
+class Progress(Callback):
     """One status line per snapshot: t, dt, CFL-limited speed, min density, mass, outflow.
+    A callback of the time loop (every geometry's).
 
     On a terminal the line is redrawn in place (a progress bar); otherwise one log line per
     snapshot; ``quiet`` prints nothing.
@@ -75,16 +81,18 @@ class Progress:
         self.t_end = t_end
         self.status = StatusLine(not quiet, stream)
 
+    def on_snapshot(self, loop: Any, snapshot: Any) -> None:
+        self(snapshot)
+
     def __call__(self, snap: Snapshot) -> None:
         if not self.status.enabled:
             return
         fraction = snap.time / self.t_end if self.t_end else 1.0
         bar = "#" * int(20 * fraction) + "." * (20 - int(20 * fraction))
-        # the first snapshot comes before any step: no dt or speed to show yet
-        stepped = math.isfinite(snap.dt)
-        step = (
-            f"dt {snap.dt:.2e}  max|u| {snap.max_speed:.3g}" if stepped else "before the first step"
-        )
+        # the first snapshot comes before any step: no dt or speed to show yet (the cubed
+        # sphere's snapshots have no face speed)
+        speed = f"  max|u| {snap.max_speed:.3g}" if math.isfinite(snap.max_speed) else ""
+        step = f"dt {snap.dt:.2e}{speed}" if math.isfinite(snap.dt) else "before the first step"
         self.status.show(
             f"[{bar}] t = {snap.time:.4g}/{self.t_end:.4g}  {step}  min rho "
             f"{float(snap.density.min()):.1e}  mass {snap.mass:.9f}  outflow "
@@ -93,8 +101,132 @@ class Progress:
         if fraction >= 1.0:
             self.status.close()
 
+    def end(self, loop: Any, result: Any) -> None:
+        self.done()  # (the events: tpde run's warnings, read from the file)
+
     def done(self) -> None:
         self.status.close()
+
+
+class Recorder(Callback):
+    """The writer (an :class:`tpde.io.OutputWriter` with ``write(snapshot)``) as a callback
+    of the time loop: every snapshot one durable record
+    (``writer.write``, the signals held while it is written: a SIGINT or SIGTERM then ends
+    the run between records), the first one skipped on a resumed run (the state it starts
+    from is the file's last record). ``last_step``: the steps at the last snapshot."""
+
+    def __init__(self, writer: Any, signals: _Signals, skip_first: bool):
+        self.writer = writer
+        self.signals = signals
+        self.skip_first = skip_first
+        self.last_step = 0
+
+    def on_snapshot(self, loop: Any, snapshot: Any) -> None:
+        self.last_step = int(snapshot.step)
+        if self.skip_first:
+            self.skip_first = False
+            return
+        with self.signals.held():
+            self.writer.write(snapshot)
+
+
+class RunSession(Protocol):
+    """What a geometry's run hands :func:`run_config` (``Config.session(config)``; the flat
+    grid and the circle: :class:`FlatSession`, the cubed sphere: ``tpde.sphere.
+    SphereSession``): the writer of a new or a resumed run (``resume_writer`` checks the
+    file and keeps the state to continue from), the solver (a ``tpde.schemes.loop.
+    TimeLoop``) with the given callbacks, the file's outcome of its result and what the
+    file records of the segment."""
+
+    t_start: float
+    t_end: float
+    #: whether an output ending in .zarr can be written (through a staged NetCDF file)
+    zarr: bool
+
+    def new_writer(self, output: Path, overwrite: bool, history: str) -> Any: ...
+
+    def resume_writer(self, output: Path) -> Any: ...
+
+    def solver(self, callbacks: list) -> Any: ...
+
+    def outcome(self, result: Any) -> io.Outcome: ...
+
+    def provenance(self, solver: Any, recorder: Recorder) -> dict[str, Any]: ...
+
+
+class FlatSession:
+    """The run of a :class:`tpde.config.Config` on the grid (flat, frame, masked, circle):
+    :class:`tpde.schemes.solver.Solver`, :class:`tpde.io.SnapshotWriter` and the energies
+    of :func:`tpde.variants.energies.run_energies` at every snapshot."""
+
+    zarr = True
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.problem = config.problem
+        self.t_start, self.t_end = self.problem.t_start, self.problem.t_end
+        # the same energies on new and resumed runs; none in the co-moving frame, whose
+        # density lives in frame coordinates (the energies' kernels are written for physical
+        # ones)
+        self.energies = None if self.problem.frame is not None else run_energies(config)
+        self.state: dict = {}
+
+    def new_writer(self, output: Path, overwrite: bool, history: str) -> io.SnapshotWriter:
+        return io.SnapshotWriter(
+            output,
+            self.problem.grid,
+            config_text=self.config.text,
+            overwrite=overwrite,
+            history=history,
+            positions=self.problem.positions,
+            energies=self.energies,
+        )
+
+    def resume_writer(self, output: Path) -> io.SnapshotWriter:
+        state = self.state
+
+        def accept(found: dict) -> None:
+            state.update(_resumable(output, found, self.config, self.problem))
+
+        writer = io.SnapshotWriter.resume(output, energies=self.energies, accept=accept)
+        problem = replace(
+            self.problem,
+            density=state["density"],
+            t_start=state["time"],
+            snapshots=[state["time"]] + state["remaining"],
+            initial_outflow=state["outflow"],
+            initial_reconstruction_error=state["reconstruction_error"],
+            frame=(
+                self.problem.frame if state.get("frame") is None else AffineFrame(*state["frame"])
+            ),
+        )
+        if problem.atoms is not None and state.get("atoms") is not None:
+            problem.initial_atoms, problem.next_atom_id = state["atoms"]
+        self.problem, self.t_start = problem, problem.t_start
+        return writer
+
+    def solver(self, callbacks: list) -> Solver:
+        solver = Solver(self.problem, on_snapshot=callbacks)
+        solver.restore_monitor_state(self.state.get("monitor_state", {}))
+        return solver
+
+    def outcome(self, result: Any) -> io.Outcome:
+        return result_outcome(result)
+
+    def provenance(self, solver: Solver, recorder: Recorder) -> dict[str, Any]:
+        """What the file records of this run segment (:data:`tpde.io.COUNTERS` are summed
+        over resumes): its steps, rejected steps, threads, the monitor's records."""
+        from tpde.grid.threads import ensure_policy
+
+        monitor = solver.monitor  # what the box and the covariance did (schemes.monitor)
+        return {
+            "steps": solver.steps,
+            "rejected_steps": solver.rejected,
+            "threads": ensure_policy(),
+            "largest_truncation": monitor.largest,
+            "reconstruction_error": monitor.reconstruction_error,
+            "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in monitor.events),
+        }
 
 
 def run_config(
@@ -107,95 +239,59 @@ def run_config(
 ) -> Path:
     """Run ``config`` writing every snapshot to ``output`` (NetCDF); returns the path.
 
-    resume: continue the file ``output`` (its stored config must have the same values as
-    this one; a run that ended with a result, :data:`tpde.io.RESULTS`, is not resumed).
-    The file records how the run ended (:class:`tpde.io.Outcome`): the solver's status
-    (completed, mass_left_domain, box_limited, blowup) with its time and message;
-    ``interrupted`` for SIGINT, SIGTERM and SIGHUP (:class:`Interrupted` is raised after
-    the file says so; its time is the last complete snapshot's); ``error`` for any
-    exception, raised again after the file says so (its time is the time the run had
-    reached). :class:`tpde.io.DiskFull` ends a run as ``error`` with every earlier snapshot
-    readable and resumable. With ``overwrite`` an existing file is replaced only by a run
-    that ends with a result (:class:`tpde.io.SnapshotWriter`). The energies of
-    :func:`tpde.variants.energies.run_energies` are written at every snapshot (``energy_<name>``).
+    The one run path of every geometry: the config's :class:`RunSession` supplies the
+    writer and the solver, whose time loop runs the writer (:class:`Recorder`) and the
+    progress line (:class:`Progress`) as callbacks. resume: continue the file ``output``
+    (its stored config must have the same values as this one; a run that ended with a
+    result, :data:`tpde.io.RESULTS`, is not resumed; the monitor state stored with its last
+    snapshot, :data:`tpde.io.MONITOR_STATE`, is restored). The file records how the run
+    ended (:class:`tpde.io.Outcome`): the solver's status (completed, mass_left_domain,
+    box_limited, blowup) with its time and message; ``interrupted`` for SIGINT, SIGTERM and
+    SIGHUP (:class:`Interrupted` is raised after the file says so; its time is the last
+    complete snapshot's); ``error`` for any exception, raised again after the file says so
+    (its time is the time the run had reached). :class:`tpde.io.DiskFull` ends a run as
+    ``error`` with every earlier snapshot readable and resumable. With ``overwrite`` an
+    existing file is replaced only by a run that ends with a result
+    (:class:`tpde.io.SnapshotWriter`). On the grid the energies of
+    :func:`tpde.variants.energies.run_energies` are written at every snapshot
+    (``energy_<name>``).
 
     An ``output`` ending in ``.zarr`` is a Zarr store: the run writes the NetCDF file
     :func:`tpde.io.zarr_staging` and copies it into the store when it ends with a result
     (:func:`tpde.io.netcdf_to_zarr`); an interrupted or failed run leaves that file. Not
     resumable (:func:`tpde.io.check_zarr_output` refuses ``resume`` in one line).
     """
-    if config.runner is not None:  # a geometry with its own solver and file (tpde.sphere)
-        return config.runner(config, output, overwrite, resume, quiet, history)
+    session: RunSession = (config.session or FlatSession)(config)
     if io.is_zarr(output):
+        if not session.zarr:
+            raise ConfigError(
+                f"run.output: {output}: this geometry writes NetCDF only; choose a name "
+                "ending in .nc"
+            )
         staging = io.check_zarr_output(output, overwrite, resume)
         run_config(config, staging, overwrite=overwrite, quiet=quiet, history=history)
         io.netcdf_to_zarr(staging, output)
         return Path(output)
     output = Path(output)
-    problem = config.problem
-    # the same energies on new and resumed runs; none in the co-moving frame, whose density
-    # lives in frame coordinates (the energies' kernels are written for physical ones)
-    energies = None if problem.frame is not None else run_energies(config)
-    skip_first = False
     signals = _Signals()
     with signals:
         if resume:
-            state: dict = {}
-
-            def accept(found: dict) -> None:
-                state.update(_resumable(output, found, config, problem))
-
-            writer = _writer(
-                lambda: io.SnapshotWriter.resume(output, energies=energies, accept=accept)
-            )
-            problem = replace(
-                problem,
-                density=state["density"],
-                t_start=state["time"],
-                snapshots=[state["time"]] + state["remaining"],
-                initial_outflow=state["outflow"],
-                initial_reconstruction_error=state["reconstruction_error"],
-                frame=(
-                    problem.frame if state.get("frame") is None else AffineFrame(*state["frame"])
-                ),
-            )
-            if problem.atoms is not None and state.get("atoms") is not None:
-                problem.initial_atoms, problem.next_atom_id = state["atoms"]
-            skip_first = True
+            writer = _writer(lambda: session.resume_writer(output))
         else:
-            writer = _writer(
-                lambda: io.SnapshotWriter(
-                    output,
-                    problem.grid,
-                    config_text=config.text,
-                    overwrite=overwrite,
-                    history=history,
-                    positions=problem.positions,
-                    energies=energies,
-                )
-            )
-        progress = Progress(problem.t_end, quiet=quiet)
-
-        def on_snapshot(snap: Snapshot) -> None:
-            nonlocal skip_first
-            if skip_first:  # the state the resumed run starts from is already stored
-                skip_first = False
-                return
-            with signals.held():
-                writer.write(snap)
-            progress(snap)
-
+            writer = _writer(lambda: session.new_writer(output, overwrite, history))
+        recorder = Recorder(writer, signals, skip_first=resume)
+        progress = Progress(session.t_end, quiet=quiet)
         solver = None
-        outcome = io.Outcome("error", problem.t_start, "the run did not start")
+        t_start = session.t_start
+        outcome = io.Outcome("error", t_start, "the run did not start")
         start = _time.perf_counter()
         try:
-            solver = Solver(problem, on_snapshot=on_snapshot)
-            result = solver.run()
-            outcome = result_outcome(result)
+            solver = session.solver([recorder, progress])
+            outcome = session.outcome(solver.run())
         except KeyboardInterrupt as exc:
             name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-            last = writer.last_time if writer.last_time is not None else problem.t_start
-            reached = solver.t if solver is not None else problem.t_start
+            last = writer.last_time if writer.last_time is not None else t_start
+            reached = solver.t if solver is not None else t_start
             outcome = io.Outcome(
                 "interrupted",
                 last,
@@ -204,7 +300,7 @@ def run_config(
             )
             raise
         except BaseException as exc:
-            reached = solver.t if solver is not None else problem.t_start
+            reached = solver.t if solver is not None else t_start
             last = writer.last_time
             if isinstance(exc, io.DiskFull) and last is not None:
                 reached = last  # resumable from there, like an interruption
@@ -219,8 +315,11 @@ def run_config(
             raise
         finally:
             progress.done()
+            provenance = {"wall_time": _time.perf_counter() - start}
+            if solver is not None:
+                provenance.update(session.provenance(solver, recorder))
             with signals.held(deliver=False):
-                writer.close(outcome, provenance=_provenance(solver, start))
+                writer.close(outcome, provenance=provenance)
     return output
 
 
@@ -238,36 +337,35 @@ def result_outcome(result) -> io.Outcome:
     return io.Outcome(result.status, result.status_time, result.status_message)
 
 
-def _provenance(solver: Solver | None, start: float) -> dict[str, Any]:
-    """What the file records of this run segment (:data:`tpde.io.COUNTERS` are summed over
-    resumes): wall time, and once the solver exists its steps, rejected steps, threads."""
-    out: dict[str, Any] = {"wall_time": _time.perf_counter() - start}
-    if solver is not None:
-        from tpde.grid.threads import ensure_policy
-
-        out.update(steps=solver.steps, rejected_steps=solver.rejected, threads=ensure_policy())
-        monitor = solver.monitor  # what the box and the covariance did (schemes.monitor)
-        out["largest_truncation"] = monitor.largest
-        out["reconstruction_error"] = monitor.reconstruction_error
-        out["events"] = "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in monitor.events)
-    return out
-
-
-def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
-    """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
-    ``config``; returns its state plus the snapshot times still to come."""
+def check_resumable(output: Path, found: dict, config: Any, times: Any) -> None:
+    """Refuse, in one line (ConfigError), to continue ``found`` (what
+    :func:`tpde.io.reopen_output` hands ``accept``) with ``config`` and its snapshot
+    ``times``: a run that ended with a result, a different config (:func:`same_config`:
+    defaults filled in on both sides), no complete snapshot, nothing left to run. Every
+    geometry's resume asks it."""
     refuse_result(output, found["outcome"])
     if not same_config(found["config"], config):
         raise ConfigError(
             f"run.output: {output} was written with a different config; "
             "resume with the config stored in the file (tpde info shows it)"
         )
+    if not found["snapshots"]:
+        raise ConfigError(
+            f"run.output: {output} holds no complete snapshot; start a new run with --overwrite"
+        )
+    if not any(t > found["time"] * (1 + 1e-14) + 1e-300 for t in times):
+        raise ConfigError(
+            f"run.output: {output} is already complete (t = {found['time']:.6g}); nothing to resume"
+        )
+
+
+def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
+    """Check that ``found`` (:meth:`tpde.io.SnapshotWriter.resume`) can be continued by
+    ``config`` (:func:`check_resumable`); returns its state plus the snapshot times still
+    to come."""
+    check_resumable(output, found, config, problem.times)
     state = _resume_state(Path(found["file"]))
     remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
-    if not remaining:
-        raise ConfigError(
-            f"run.output: {output} is already complete (t = {state['time']:.6g}); nothing to resume"
-        )
     return {**state, "remaining": remaining}
 
 

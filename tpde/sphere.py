@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 import time as _time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,14 +59,13 @@ from tpde.variants.engines.registry import check_engine
 from . import geometries, io
 from .config_core import (
     ConfigError,
+    _choice,
     _matrix,
     _number,
     check_keys,
     dumps,
-    load,
     numbers,
     parse_toml,
-    same_config,
     section_errors,
 )
 
@@ -79,8 +77,7 @@ __all__ = [
     "panels",
     "particle_reference",
     "read_sphere",
-    "run_sphere",
-    "same_sphere_config",
+    "SphereSession",
     "sphere_dataset",
     "sphere_info",
     "write_dataset",
@@ -130,8 +127,8 @@ class SphereConfig:
         return float(self.times[-1])
 
     @property
-    def runner(self):
-        return run_sphere
+    def session(self):
+        return SphereSession
 
     @property
     def reader(self):
@@ -275,12 +272,6 @@ def _attention(table: Mapping) -> CubedSphereAttention:
         )
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown {value!r}; choose one of {', '.join(choices)}")
-    return str(value)
 
 
 def _scheme(table: Mapping) -> dict:
@@ -706,6 +697,7 @@ class SphereWriter(io.OutputWriter):
             path, overwrite, lambda file: _write(header, file), nbytes
         )
         self.grid, self.beta, self.degrees = grid, beta, degrees
+        self.state: dict = {}  # (a resumed writer's: the monitor state it continues)
         self._begin(path, 0, None, lock_timeout, record)
         self._attach(lock, file, staged)
 
@@ -758,6 +750,7 @@ class SphereWriter(io.OutputWriter):
         record = cls._record_bytes(writer.grid, writer.degrees)
         writer._begin(path, opened.count, opened.last, lock_timeout, record)
         writer._attach(opened.lock, opened.file, opened.staged)
+        writer.state = io.read_run_state(opened.attrs)  # (the last snapshot's monitor state)
         return writer
 
     def last_density(self) -> np.ndarray:
@@ -770,32 +763,29 @@ class SphereWriter(io.OutputWriter):
 
     def last_atoms(self):
         """The atoms and next id of the last complete snapshot, or None (no atoms)."""
-        from .sphere_atoms_io import read_sphere_atoms
+        from .atoms_io import read_atoms
 
         with io._opened(self.file, "r", self.lock_timeout) as nc:
             nc.set_auto_mask(False)
-            return read_sphere_atoms(nc, self._count - 1)
+            return read_atoms(nc, self._count - 1)
 
-    def write(
-        self,
-        t: float,
-        density: np.ndarray,
-        step: int | None = None,
-        atoms=None,
-        next_id: int = 0,
-    ) -> bool:
-        """Append the snapshot ``density`` (``(6, n, n)``) at time ``t`` with its mass,
-        moments, interaction energy and degree amplitudes (those the file has); a snapshot at
-        the time of the last record is skipped (returns False). ``step``: the steps of this
-        segment so far (:data:`tpde.io.UNCLOSED_STEPS`: they survive a kill)."""
-        t = self._check_time(t)
-        rho = np.asarray(density, dtype=np.float64)
+    def write(self, snapshot: io.SnapshotLike) -> bool:
+        """Append a snapshot (``density`` of shape ``(6, n, n)`` at ``time``; the optional
+        ``step``, ``atoms``, ``next_atom_id`` and ``state`` of :class:`tpde.io.Record`) with
+        its mass, moments, interaction energy and degree amplitudes (those the file has); a
+        snapshot at the time of the last record is skipped (returns False). ``step``: the
+        steps of this segment so far (:data:`tpde.io.UNCLOSED_STEPS`: they survive a kill);
+        ``state``: what a run resumed from it restores (:data:`tpde.io.MONITOR_STATE`)."""
+        record = io.Record.of(snapshot)
+        t = self._check_time(record.time)
+        rho = np.asarray(record.density, dtype=np.float64)
         if rho.shape != self.grid.shape:
             raise ValueError(
                 f"run.output: snapshot density has shape {rho.shape}, expected {self.grid.shape}"
             )
         if self._last_time is not None and t == self._last_time:
             return False
+        atoms, next_id, step = record.atoms, record.next_atom_id, record.step
         grid = self.grid
         mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
         energy, amplitudes = diagnostics(grid, rho, self.beta, self.degrees)
@@ -803,7 +793,7 @@ class SphereWriter(io.OutputWriter):
             from tpde.schemes.sphere_atoms import deficit
             from tpde.variants.cubed_sphere import energy_with_atoms
 
-            from .sphere_atoms_io import write_sphere_atoms
+            from .atoms_io import write_atoms
 
             mass += atoms.total_mass
             first = (1.0 - deficit(atoms.kappa)) * atoms.mass
@@ -820,7 +810,7 @@ class SphereWriter(io.OutputWriter):
         def store(i: int) -> None:
             if atoms is not None:
                 with io._opened(self.file, "a", self.lock_timeout) as nc:
-                    write_sphere_atoms(nc, i, atoms, next_id)
+                    write_atoms(nc, i, atoms, next_id, layout="sphere")
             with io._opened(self.file, "a", self.lock_timeout) as nc:
                 nc["density"][i, :] = _to_file(rho)
                 nc["mass"][i] = mass
@@ -830,8 +820,7 @@ class SphereWriter(io.OutputWriter):
                     nc["energy_interaction"][i] = energy
                 if amplitudes is not None:
                     nc["harmonic_amplitude"][i, :] = amplitudes
-                if step is not None:
-                    nc.setncattr(io.UNCLOSED_STEPS, np.int64(step))
+                io.write_run_state(nc, step, record.state)
                 nc.sync()  # the record on disk before its time (tpde.io.SnapshotWriter)
                 nc["time"][i] = t
 
@@ -842,172 +831,100 @@ class SphereWriter(io.OutputWriter):
         return f"SphereWriter({self.path!r}, n={self.grid.n}, snapshots={self._count})"
 
 
-def same_sphere_config(stored: str, config: SphereConfig) -> bool:
-    """Whether the config text stored in a sphere file has the values of ``config``, the
-    sphere's defaults filled in on both sides (:func:`tpde.config_core.same_config` with
-    :func:`build_sphere`, the function every geometry's resume uses; ``run.output`` does
-    not count)."""
-    return same_config(stored, config, lambda source: build_sphere(load(source)))
+class SphereSession:
+    """The run of a :class:`SphereConfig` in :func:`tpde.run.run_config` (a
+    :class:`tpde.run.RunSession`): :class:`tpde.schemes.cubed_sphere.SphereSolver` with its
+    atoms (``[atoms]``) or the pinning watch, and :class:`SphereWriter`; a resumed run
+    continues the file's last snapshot bit for bit (its density, atoms and monitor state,
+    the snapshot times after it). NetCDF only."""
 
+    zarr = False
 
-def run_sphere(
-    config: SphereConfig,
-    output: str | Path,
-    overwrite: bool = False,
-    resume: bool = False,
-    quiet: bool = True,
-    history: str = "",
-) -> Path:
-    """Run a sphere configuration writing every snapshot to ``output`` as it is reached
-    (:class:`SphereWriter`), as :func:`tpde.run.run_config` does for the grid runs: the
-    file records how the run ended (``completed``; ``interrupted`` by SIGINT, SIGTERM or
-    SIGHUP, its time the last complete snapshot's; ``error`` for any exception, raised again
-    after the file says so), ``overwrite`` replaces an existing file only with a completed
-    run, and ``resume`` continues an interrupted file from its last snapshot, bit for bit
-    (:func:`tpde.schemes.cubed_sphere.solve`)."""
-    from tpde.schemes.cubed_sphere import solve
+    def __init__(self, config: SphereConfig):
+        self.config = config
+        self.times = np.asarray(config.times, float)
+        self.density = config.density
+        self.t_start, self.t_end = float(self.times[0]), config.t_end
+        self.found: tuple | None = None  # the atoms of the resumed snapshot
+        self.state: dict = {}
+        self.events: list = []
+        self.atom_run: Any = None
 
-    from .lifecycle import Interrupted, error_line, error_reason, refuse_result
-    from .lifecycle import RunSignals as _Signals
-    from .lifecycle import open_writer as _writer
-
-    output = Path(output)
-    if io.is_zarr(output):
-        raise ConfigError(
-            f"run.output: {output}: the sphere writes NetCDF only; choose a name ending in .nc"
+    def new_writer(self, output: Path, overwrite: bool, history: str) -> SphereWriter:
+        config = self.config
+        return SphereWriter(
+            output,
+            config.grid,
+            config.text,
+            overwrite=overwrite,
+            history=history,
+            beta=config.field.beta if config.field.identity_v else None,
         )
-    times, density = np.asarray(config.times, float), config.density
-    signals = _Signals()
-    with signals:
-        if resume:
 
-            def accept(found: dict) -> None:
-                refuse_result(output, found["outcome"])
-                if not same_sphere_config(found["config"], config):
-                    raise ConfigError(
-                        f"run.output: {output} was written with a different config; "
-                        "resume with the config stored in the file (tpde info shows it)"
-                    )
-                if not found["snapshots"]:
-                    raise ConfigError(
-                        f"run.output: {output} holds no complete snapshot; start a new run "
-                        "with --overwrite"
-                    )
-                if not np.any(times > found["time"] * (1 + 1e-14) + 1e-300):
-                    raise ConfigError(
-                        f"run.output: {output} is already complete (t = {found['time']:.6g}); "
-                        "nothing to resume"
-                    )
+    def resume_writer(self, output: Path) -> SphereWriter:
+        from .run import check_resumable
 
-            writer = _writer(lambda: SphereWriter.resume(output, accept=accept))
-            assert writer.last_time is not None  # (accept refused a file without records)
-            start_time = writer.last_time
-            density = writer.last_density()
-            times = np.concatenate(([start_time], times[times > start_time * (1 + 1e-14) + 1e-300]))
-        else:
-            writer = _writer(
-                lambda: SphereWriter(
-                    output,
-                    config.grid,
-                    config.text,
-                    overwrite=overwrite,
-                    history=history,
-                    beta=config.field.beta if config.field.identity_v else None,
-                )
-            )
-        atom_run = None
+        times = self.times
+
+        def accept(found: dict) -> None:
+            check_resumable(output, found, self.config, times)
+
+        writer = SphereWriter.resume(output, accept=accept)
+        assert writer.last_time is not None  # (accept refused a file without records)
+        start = writer.last_time
+        self.density = writer.last_density()
+        self.times = np.concatenate(([start], times[times > start * (1 + 1e-14) + 1e-300]))
+        self.t_start = start
+        self.found = writer.last_atoms() if self.config.atoms is not None else None
+        self.state = writer.state
+        return writer
+
+    def solver(self, callbacks: list) -> Any:
+        from tpde.schemes.cubed_sphere import SphereSolver
+
+        config = self.config
         if config.atoms is not None:
             from tpde.schemes.sphere_atoms import SphereAtomRun
 
-            found = writer.last_atoms() if resume else None
-            atom_run = SphereAtomRun(
+            found = self.found
+            self.atom_run = SphereAtomRun(
                 config.grid,
                 config.field,
                 config.atoms,
                 None if found is None else found[0],
                 0 if found is None else found[1],
             )
-        events: list = []
-        start = _time.perf_counter()
-        steps = [0]
-        skip_first = resume  # the state a resumed run starts from is already stored
+        solver = SphereSolver(
+            config.grid,
+            self.density,
+            config.field,
+            float(self.times[-1]),
+            snapshots=self.times,
+            on_snapshot=callbacks,
+            atoms=self.atom_run,
+            pinning=self.atom_run is None,
+            events=self.events,
+            **config.scheme,
+        )
+        solver.restore_monitor_state(self.state)
+        return solver
 
-        def on_snapshot(t: float, rho: np.ndarray, count: int) -> None:
-            nonlocal skip_first
-            steps[0] = count
-            if skip_first:
-                skip_first = False
-                return
-            with signals.held():
-                if atom_run is None:
-                    writer.write(t, rho, count)
-                else:
-                    writer.write(t, rho, count, atom_run.atoms, atom_run.next_id)
-            if not quiet:
-                held = 0.0 if atom_run is None else atom_run.atoms.total_mass
-                print(
-                    f"t = {t:.4g}/{config.t_end:.4g}  steps {count}  min rho {rho.min():.1e}  "
-                    f"mass {config.grid.integrate(rho) + held:.15f}  "
-                    f"{_time.perf_counter() - start:.1f} s",
-                    file=sys.stderr,
-                )
+    def outcome(self, result: Any) -> io.Outcome:
+        from .run import result_outcome
 
-        outcome = io.Outcome("error", times[0], "the run did not start")
-        try:
-            result = solve(
-                config.grid,
-                density,
-                config.field,
-                float(times[-1]),
-                snapshots=times,
-                on_snapshot=on_snapshot,
-                atoms=atom_run,
-                pinning=atom_run is None,
-                events=events,
-                **config.scheme,
-            )
-            if not quiet:
-                for event in events:
-                    print(f"{event.kind} t = {event.time:.6g}: {event.message}", file=sys.stderr)
-            clipped = (
-                f"noise: {result.clipped} substeps had negatives clipped at zero (mass kept)"
-                if result.clipped
-                else ""
-            )
-            if clipped and not quiet:
-                print(clipped, file=sys.stderr)
-            outcome = io.Outcome("completed", times[-1], clipped)
-        except KeyboardInterrupt as exc:
-            name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-            last = writer.last_time if writer.last_time is not None else times[0]
-            outcome = io.Outcome(
-                "interrupted",
-                last,
-                f"interrupted by {name}; snapshots up to t = {last:.6g} are complete; "
-                "continue with --resume",
-            )
-            raise
-        except BaseException as exc:
-            last = writer.last_time
-            outcome = io.Outcome(
-                "error",
-                times[0] if last is None else last,
-                error_line(exc)
-                + ("" if last is None else f" (snapshots up to t = {last:.6g} are complete)"),
-                error_reason(exc),
-            )
-            raise
-        finally:
-            with signals.held(deliver=False):
-                writer.close(
-                    outcome,
-                    provenance={
-                        "steps": steps[0],
-                        "wall_time": _time.perf_counter() - start,
-                        "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in events),
-                    },
-                )
-    return output
+        outcome = result_outcome(result)
+        if outcome.status == "completed" and result.clipped:
+            message = f"noise: {result.clipped} substeps had negatives clipped at zero (mass kept)"
+            outcome = io.Outcome("completed", outcome.time, message)
+        return outcome
+
+    def provenance(self, solver: Any, recorder: Any) -> dict[str, Any]:
+        """The steps up to the last snapshot (a resumed run repeats those after it) and the
+        events."""
+        return {
+            "steps": recorder.last_step,
+            "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in self.events),
+        }
 
 
 def particle_reference(
@@ -1116,9 +1033,9 @@ def sphere_info(path: str | Path) -> list[str]:
         lines.append(
             f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
         )
-        from .sphere_atoms_io import sphere_atom_lines
+        from .atoms_io import atom_lines
 
-        lines.extend(sphere_atom_lines(ds))
+        lines.extend(atom_lines(ds))
         last = from_file(ds["density"].values[-1])
         held = ""
         if "atom_id" in ds:  # cells plus atoms (an atom's mass in the cell of its centre)

@@ -94,8 +94,8 @@ def density_map_figure(ds, times: Sequence[float] | None = None, title: str | No
     marked; ``ds`` a sphere file read by :func:`tpde.sphere.read_sphere`."""
     from tpde.validation.sphere_atoms import measure_clusters
 
+    from .atoms_io import atoms_of_record
     from .sphere import from_file, grid_of
-    from .sphere_atoms_io import atoms_of_record
 
     if ds.sizes.get("time", 0) == 0:
         raise ValueError("plot: the sphere file has no snapshots")
@@ -220,8 +220,8 @@ def whole_measure(ds, i: int):
     clusters), and the record's atoms (None without)."""
     from tpde.validation.sphere_atoms import cell_masses
 
+    from .atoms_io import atoms_of_record
     from .sphere import from_file, grid_of
-    from .sphere_atoms_io import atoms_of_record
 
     rho = from_file(ds["density"].values[i])
     atoms = atoms_of_record(ds, i)

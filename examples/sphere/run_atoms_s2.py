@@ -63,8 +63,8 @@ def grid_clusters(grid_file: str | Path) -> tuple[list, float]:
     plus atoms, :func:`tpde.validation.sphere_atoms.measure_clusters`) and its cell width."""
     import netCDF4
 
+    from tpde.atoms_io import read_atoms
     from tpde.sphere import from_file, grid_of, read_sphere
-    from tpde.sphere_atoms_io import read_sphere_atoms
 
     ds = read_sphere(grid_file)
     grid = grid_of(ds)
@@ -72,7 +72,7 @@ def grid_clusters(grid_file: str | Path) -> tuple[list, float]:
     with netCDF4.Dataset(grid_file) as nc:
         nc.set_auto_mask(False)
         for i, t in enumerate(ds["time"].values):
-            found = read_sphere_atoms(nc, i)
+            found = read_atoms(nc, i)
             atoms = None if found is None else found[0]
             centres, masses = measure_clusters(grid, from_file(ds["density"].values[i]), atoms)
             out.append((float(t), float(ds["energy_interaction"].values[i]), centres, masses))
