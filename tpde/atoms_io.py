@@ -23,6 +23,8 @@ are kept exactly beside them for ``--resume``:
     atom_frame_covariance(time, atom, dim, dim2) S, the covariance in frame coordinates
 
 (``atom_id``, ``atom_mass``, ``atom_born``, ``atom_parents``, ``next_atom_id`` as above).
+On a fixed flat box the run advances the physical ``atom_centre (time, atom, dim)`` and
+``atom_covariance (time, atom, dim, dim2)`` themselves, and the file holds only those.
 
 An atom's track is its id across the records (positions and masses over time); births and
 merges are ``atom_born`` and ``atom_parents``, and the run's events name them too. A resumed
@@ -62,16 +64,23 @@ _FRAME_VARIABLES = {
 _SCALARS = ("atom_id", "atom_mass", "atom_born")
 
 
-def _define(nc: Any, framed: bool) -> None:
+#: a fixed flat box's atoms: physical is what the run advances, no frame coordinates
+_BOX_VARIABLES = {
+    "atom_centre": (("dim",), "atom centre"),
+    "atom_covariance": (("dim", "dim2"), "atom covariance"),
+}
+
+
+def _define(nc: Any, framed: bool, flat: bool) -> None:
     nc.createDimension("atom", ATOM_SLOTS)
     nc.createDimension("pair", 2)
     for name, (kind, fill, long_name, units) in _VARIABLES.items():
-        if framed and name not in _SCALARS:
+        if flat and name not in _SCALARS:
             continue
         var = nc.createVariable(name, kind, ("time", "atom"), fill_value=fill)
         var.setncatts({"long_name": long_name, "units": units})
-    if framed:  # (the dim / dim2 dimensions are the file's, of mean and covariance)
-        for name, (dims, long_name) in _FRAME_VARIABLES.items():
+    if flat:  # (the dim / dim2 dimensions are the file's, of mean and covariance)
+        for name, (dims, long_name) in (_FRAME_VARIABLES if framed else _BOX_VARIABLES).items():
             var = nc.createVariable(name, "f8", ("time", "atom", *dims), fill_value=np.nan)
             var.setncatts({"long_name": long_name})
     var = nc.createVariable("atom_parents", "i8", ("time", "atom", "pair"), fill_value=-1)
@@ -80,24 +89,31 @@ def _define(nc: Any, framed: bool) -> None:
     var.setncatts({"long_name": "the number the next atom gets"})
 
 
-def write_atoms(nc: Any, i: int, atoms: Atoms, next_id: int, frame: Any = None) -> None:
+def write_atoms(
+    nc: Any, i: int, atoms: Atoms, next_id: int, frame: Any = None, flat: bool = False
+) -> None:
     """Record ``i`` of the atom variables (defined with the first record that has atoms);
     ``frame``: the record's co-moving frame (an :class:`~tpde.schemes.frame.AffineFrame`),
-    whose atoms are d-dimensional Gaussians in frame coordinates, None for the circle's."""
+    whose atoms are d-dimensional Gaussians in frame coordinates, None for the circle's
+    and a fixed box's; ``flat``: a flat box's d-dimensional atoms (the frame's or a fixed
+    box's, physical), not the circle's angles."""
     if atoms.count > ATOM_SLOTS:
         raise ValueError(
             f"atoms: {atoms.count} atoms at one time, the file holds {ATOM_SLOTS}; raise "
             "atoms.width (fewer, later conversions) or refine the grid"
         )
+    flat = flat or frame is not None
     if "atom_id" not in nc.variables:
-        _define(nc, frame is not None)
+        _define(nc, frame is not None, flat)
     k = atoms.count
     ids = np.full(ATOM_SLOTS, -1, dtype=np.int64)
     ids[:k] = atoms.ids
     nc["atom_id"][i, :] = ids
     rows: list[tuple[str, np.ndarray]] = [("atom_mass", atoms.mass), ("atom_born", atoms.born)]
-    if frame is None:
+    if not flat:
         rows += [("atom_centre", atoms.centre[:, 0]), ("atom_variance", atoms.cov[:, 0, 0])]
+    elif frame is None:
+        rows += [("atom_centre", atoms.centre), ("atom_covariance", atoms.cov)]
     else:
         L = frame.matrix
         rows += [
@@ -130,6 +146,8 @@ def read_atoms(nc: Any, i: int) -> tuple[Atoms, int] | None:
     parents = np.asarray(nc["atom_parents"][i, :, :], dtype=np.int64)[used]
     if "atom_frame_centre" in nc.variables:  # (the frame's d-D atoms, frame coordinates)
         centre, cov = row("atom_frame_centre"), row("atom_frame_covariance")
+    elif "atom_covariance" in nc.variables:  # (a fixed flat box's, physical)
+        centre, cov = row("atom_centre"), row("atom_covariance")
     else:
         centre, cov = row("atom_centre").reshape(k, 1), row("atom_variance").reshape(k, 1, 1)
     atoms = Atoms(
