@@ -20,7 +20,7 @@ import numpy as np
 from .atom_cells import AtomTransfer, PeriodicCells, absorb, convert, merge, release
 from .atoms import AtomRates, Atoms, atom_rates
 
-__all__ = ["AtomRun", "PinningWatch", "check_atom_run", "describe"]
+__all__ = ["AtomRun", "PinningWatch", "check_atom_run", "describe", "identity_frame", "on_box"]
 
 
 class Transfer(Protocol):
@@ -51,39 +51,54 @@ def describe(event: Transfer, place: str | None = None) -> str:
     return f"atom {event.ident} is born {where} (a cluster narrower than the cells allow)"
 
 
+def on_box(problem) -> bool:
+    """Whether ``problem``'s atoms are the flat grid's d-dimensional Gaussians on a box
+    (:mod:`.box_atoms`: the co-moving frame, or a fixed box without periodic axes), not the
+    circle's (a periodic 1-D grid)."""
+    return problem.frame is not None or "periodic" not in problem.grid.boundary
+
+
 def check_atom_run(problem) -> None:
     """Whether ``problem.atoms`` can run (raises a one-line ValueError naming the fix): the
-    options valid; in the co-moving frame a field with frame atoms, an unmasked grid without
-    periodic axes and no noise; in a fixed box the circle's attention on a periodic 1-D grid."""
+    options valid; on a flat box (the co-moving frame, or a fixed box without periodic axes)
+    a field with Gaussian atoms (softmax, multi-head softmax), an unmasked grid and no
+    noise; on a periodic 1-D grid the circle's attention."""
     problem.atoms.validate()
     field, grid = problem.velocity, problem.grid
-    if problem.frame is not None:
+    if on_box(problem):
+        where = "in the co-moving frame" if problem.frame is not None else "in a fixed box"
         if not field.has_frame_atoms():
             raise ValueError(
-                f"atoms: {type(field).__name__} has no atoms in the co-moving frame yet "
+                f"atoms: {type(field).__name__} has no atoms {where} yet "
                 "(softmax and multi-head softmax have); set atoms off"
             )
         if "periodic" in grid.boundary or problem.positions is not None:
             raise ValueError(
-                "atoms: the frame's atoms need an unmasked grid without periodic axes; "
+                f"atoms: the flat atoms {where} need an unmasked grid without periodic axes; "
                 "set atoms off"
             )
         if problem.noise > 0:  # (in frame coordinates the heat kernel is L^-1 L^-T, not I)
             raise ValueError(
-                "atoms: not with run.noise in the co-moving frame yet; set atoms off or "
-                "the noise to 0"
+                f"atoms: not with run.noise {where} yet; set atoms off or the noise to 0"
             )
     else:
         if not field.has_atoms():
             raise ValueError(
-                f"atoms: {type(field).__name__} has no atoms in a fixed box yet (attention "
-                'on the circle has; softmax in scheme.frame = "affine"); set atoms off'
+                f"atoms: {type(field).__name__} has no atoms on a periodic grid yet (attention "
+                "on the circle has; softmax on a flat box without periodic axes); set atoms off"
             )
-        if grid.ndim != 1 or grid.boundary[0] != "periodic" or problem.positions is not None:
+        if grid.ndim != 1 or problem.positions is not None:
             raise ValueError(
-                "atoms: in a fixed box on a periodic 1-D grid (the circle) only, else in "
-                'scheme.frame = "affine"; set atoms off'
+                "atoms: on a periodic grid only the circle's (1-D, unmasked); else a flat box "
+                "without periodic axes; set atoms off"
             )
+
+
+def identity_frame(d: int):
+    """The frame ``x = 0 + I xi`` of a fixed box (:class:`.frame.AffineFrame`)."""
+    from .frame import AffineFrame
+
+    return AffineFrame(np.zeros(d), np.eye(d))
 
 
 class AtomRun:
@@ -93,11 +108,17 @@ class AtomRun:
         options = problem.atoms
         check_atom_run(problem)
         field, grid = problem.velocity, problem.grid
-        #: the co-moving frame's atoms (flat grid, frame coordinates) or the circle's
+        #: the co-moving frame's atoms (flat grid, frame coordinates)
         self.in_frame = problem.frame is not None
+        #: the flat box's Gaussian atoms (the frame's or a fixed box's, :mod:`.box_atoms`),
+        #: else the circle's
+        self.on_box = on_box(problem)
+        #: a fixed box is the frame ``x = 0 + I xi``: the frame's sums and closure check
+        #: serve it unchanged (``L^T A L = A``, ``L^-1 C L = C`` exactly for ``L = I``)
+        self.identity = None if not self.on_box or self.in_frame else identity_frame(grid.ndim)
         self.cells = (
             None
-            if self.in_frame
+            if self.on_box
             else PeriodicCells(float(grid.lower[0]), float(grid.spacing[0]), grid.cells[0])
         )
         self.options = options
@@ -159,7 +180,12 @@ class AtomRun:
         if k not in self._rates:
             if stage.count and self.in_frame:
                 raise AssertionError("atoms: the frame's atom rates come from its fit")
-            if stage.count:
+            if stage.count and self.identity is not None:  # (a fixed box: the field itself)
+                u, du, d2u = self.field.frame_atom_velocity(
+                    density, self.grid, t, stage, self.identity
+                )
+                self._rates[k] = atom_rates(u, du, d2u, stage.cov)
+            elif stage.count:
                 u, du, d2u = self.field.atom_velocity(density, self.grid, t, stage)
                 self._rates[k] = atom_rates(u, du, d2u, stage.cov)
             else:
@@ -226,8 +252,8 @@ class AtomRun:
         release."""
         from .monitor import Event
 
-        if self.in_frame:
-            return self._frame_transfer(density, t, events, frame)
+        if self.on_box:  # (a fixed box: its identity frame)
+            return self._frame_transfer(density, t, events, frame or self.identity)
         cells, options = self.cells, self.options
         assert cells is not None  # (the circle's)
         atoms = self.atoms
@@ -258,8 +284,9 @@ class AtomRun:
         return density
 
     def _frame_transfer(self, density: np.ndarray, t: float, events: list, frame) -> np.ndarray:
-        """The frame's transfers on the box (:func:`.box_atoms.transfer_all`), in frame
-        coordinates; the events name the physical places ``m + L xi``."""
+        """The flat box's transfers (:func:`.box_atoms.transfer_all`), in frame coordinates
+        (a fixed box's are physical: ``frame`` its identity); the events name the physical
+        places ``m + L xi``."""
         from .box_atoms import transfer_all
         from .monitor import Event
 

@@ -688,7 +688,7 @@ def test_four_clusters_in_the_frame_against_tokens(tmp_path):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     output = tmp_path / "frame_atoms.nc"
-    assert main(["run", str(root / "examples/frame_atoms.toml"), "-o", str(output), "-q"]) == 0
+    assert main(["run", str(root / "examples/frame_atoms.toml"), "-o", str(output), "--quiet"]) == 0
     times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     runs = [example.tokens(seed, times) for seed in (1, 2)]
     rows = example.table(example.from_file(output, times), runs)
@@ -705,8 +705,11 @@ def test_four_clusters_in_the_frame_against_tokens(tmp_path):
     assert born[0][4] < 0.3  # (the Gaussian closure's condition at the first record with atoms)
     assert rows[-1][6] < rows[2][6] and rows[-1][7] < rows[2][7]  # (better once atoms carry)
     # the target, within the tokens' sampling noise at every snapshot: not met at 32^2
-    # (measured W2/sd 0.044, 0.053, 0.065, 0.052, 0.025 against noise 0.035, 0.028, 0.017,
-    # 0.015, 0.011 at t = 1 .. 5; the cells' error before the births sets it)
+    # (measured W2/sd 0.043, 0.052, 0.065, 0.038, 0.021 against noise 0.035, 0.028, 0.017,
+    # 0.015, 0.011 at t = 1 .. 5, cells as 8 x 8 points and atoms as 8 x 8 Gaussian points;
+    # with atoms at their centres 0.052, 0.025 at t = 4, 5: the cells' error before the
+    # births sets it, and a finer cell quadrature moves t = 1 .. 3 by 1e-3 only; a 48^2
+    # frame grid: 0.034, 0.037, 0.040, 0.038, 0.019, within the noise at t = 1 only)
     if not all(max(row[6], row[7]) <= row[8] for row in rows):
         pytest.xfail("W2 of cells plus atoms within the tokens' noise: not met at 32^2")
 

@@ -47,7 +47,10 @@ def changed(**sections) -> dict:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        (changed(scheme=None), r"^atoms: on the flat grid only in the co-moving frame; set "),
+        (
+            changed(scheme=None, grid={"boundary": "periodic"}),
+            r"^atoms: SoftmaxAttention has no atoms on a periodic grid yet",
+        ),
         (changed(atoms={"width": -1.0}), r"^atoms\.width: must be a number > 0"),
         (changed(atoms={"widht": 2.0}), r"^atoms\.widht: unknown key"),
         (changed(atoms={"width": 4.0}), r"^atoms\.release: must exceed atoms\.width"),
@@ -67,10 +70,10 @@ def test_flat_atoms_config_errors_are_one_line(raw, message):
 
 def test_a_flat_atoms_config_error_exits_2(tmp_path, capsys):
     path = tmp_path / "bad.toml"
-    path.write_text(dumps(changed(scheme=None)))
+    path.write_text(dumps(changed(scheme=None, grid={"boundary": "periodic"})))
     assert main(["run", str(path), "-o", str(tmp_path / "out.nc")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "scheme.frame" in err[0], err
+    assert len(err) == 1 and "periodic" in err[0], err
 
 
 def variables(path) -> dict[str, np.ndarray]:

@@ -18,7 +18,9 @@ the flat co-moving frame's d-dimensional Gaussians (docs/guide/atoms.md), physic
 ``atom_centre(time, atom, dim)`` = m + L xi and ``atom_covariance(time, atom, dim, dim2)`` =
 L S L^T (the record's ``frame_mean`` m and ``frame_matrix`` L) with the frame coordinates the
 run advances kept exactly beside them for ``--resume`` (``atom_frame_centre``,
-``atom_frame_covariance``); the sphere's von Mises-Fisher atoms, ``atom_centre(time, atom,
+``atom_frame_covariance``); a fixed flat box's (``box``), the physical ``atom_centre(time,
+atom, dim)`` and ``atom_covariance(time, atom, dim, dim2)`` the run advances, nothing else;
+the sphere's von Mises-Fisher atoms, ``atom_centre(time, atom,
 xyz)`` (the mean direction, a unit vector), ``atom_lat``, ``atom_lon`` (degrees) and
 ``atom_spread`` (1 / kappa, radian^2).
 
@@ -72,6 +74,10 @@ def _frame_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
     }
 
 
+def _box_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
+    return {"atom_centre": atoms.centre, "atom_covariance": atoms.cov}
+
+
 def _sphere_rows(atoms: Any, frame: Any) -> dict[str, np.ndarray]:
     from tpde.grid.cubed_sphere import lat_lon
 
@@ -112,6 +118,14 @@ COLUMNS: dict[str, AtomLayout] = {
             ),
         },
         _frame_rows,
+    ),
+    # a fixed flat box's: physical is what the run advances, no frame coordinates
+    "box": AtomLayout(
+        {
+            "atom_centre": (("dim",), "atom centre", None),
+            "atom_covariance": (("dim", "dim2"), "atom covariance", None),
+        },
+        _box_rows,
     ),
     "sphere": AtomLayout(
         {
@@ -197,6 +211,8 @@ def _atoms_of(names: Any, get: Callable[[str], np.ndarray]) -> Any:
         )
     if "atom_frame_centre" in names:  # (the frame's d-D atoms, frame coordinates)
         centre, cov = row("atom_frame_centre"), row("atom_frame_covariance")
+    elif "atom_covariance" in names:  # (a fixed flat box's, physical)
+        centre, cov = row("atom_centre"), row("atom_covariance")
     else:
         centre, cov = row("atom_centre").reshape(k, 1), row("atom_variance").reshape(k, 1, 1)
     return Atoms(row("atom_mass"), centre, cov, ids[used], row("atom_born"), parents)

@@ -804,7 +804,7 @@ def build(source: str | Path | Mapping) -> Config:
         # (with atoms, components narrower than the cells become atoms: the frame keeps the
         # whole law's units instead of shrinking them to the narrowest component's)
         frame, initial = framed_initial(initial, grid.ndim, None if "atoms" in raw else grid)
-    atoms = _flat_atoms(raw["atoms"], scheme) if "atoms" in raw else None
+    atoms = _flat_atoms(raw["atoms"]) if "atoms" in raw else None
     density = build_initial(initial, grid, positions)
     problem = make_problem(grid, density, velocity, scheme, run, positions, frame, atoms)
     if atoms is not None:
@@ -815,15 +815,10 @@ def build(source: str | Path | Mapping) -> Config:
     return Config(problem, run["output"], variant, dumps(resolved(raw)), raw)
 
 
-def _flat_atoms(table: Mapping, scheme: Scheme) -> AtomOptions:
-    """``[atoms]`` on the flat grid: Gaussian atoms in the co-moving frame (docs/guide/
-    atoms.md), the options checked here, what they need of the run by
+def _flat_atoms(table: Mapping) -> AtomOptions:
+    """``[atoms]`` on the flat grid: Gaussian atoms in the co-moving frame or on a fixed box
+    (docs/guide/atoms.md), the options checked here, what they need of the run by
     :func:`~tpde.schemes.atom_run.check_atom_run` once the problem is built."""
-    if scheme.frame != "affine":
-        raise ConfigError(
-            'atoms: on the flat grid only in the co-moving frame; set scheme.frame = "affine" '
-            "or remove [atoms]"
-        )
     try:
         options = AtomOptions(**{key: table[key] for key in table})
         options.validate()

@@ -385,6 +385,8 @@ class SnapshotWriter(OutputWriter):
         self.grid = grid
         self.positions = positions
         self.energies = energies
+        #: atoms here are a flat box's d-D Gaussians (tpde.atoms_io), not the circle's
+        self._flat_atoms = "periodic" not in grid.boundary
         self._energy_names = energy_names  # None until the records exist
         # the stored order of the density and the mean's name: those of this layout, or of
         # the file a resumed writer continues (an earlier layout keeps its own)
@@ -483,9 +485,10 @@ class SnapshotWriter(OutputWriter):
             return False
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
+        flat_atoms = record.atoms is not None and record.atoms.count and self._flat_atoms
+        if flat_atoms:  # a flat box's (the frame's or a fixed one's): cells + atoms
+            mass, mean, cov = _with_atoms(mass, mean, cov, record.atoms)
         if record.frame is not None:  # mean and covariance stay physical
-            if record.atoms is not None and record.atoms.count:  # the frame's: cells + atoms
-                mass, mean, cov = _with_atoms(mass, mean, cov, record.atoms)
             mean, cov = record.frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
         self._append(
@@ -510,7 +513,15 @@ class SnapshotWriter(OutputWriter):
             if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
                 from .atoms_io import write_atoms
 
-                write_atoms(nc, i, snapshot.atoms, snapshot.next_atom_id, snapshot.frame)
+                layout = "frame" if snapshot.frame is not None else "box"
+                write_atoms(
+                    nc,
+                    i,
+                    snapshot.atoms,
+                    snapshot.next_atom_id,
+                    snapshot.frame,
+                    layout if self._flat_atoms else "circle",
+                )
             nc["outflow"][i] = float(snapshot.outflow)
             nc["max_speed"][i] = float(snapshot.max_speed)
             nc["dt"][i] = float(snapshot.dt)

@@ -44,6 +44,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from tpde.grid import Grid, moments, raw_moment
+from tpde.schemes.atom_run import identity_frame
 from tpde.schemes.frame import ACTIVE_FLOOR, HELD_CUT, transported
 from tpde.schemes.velocity import VelocityField
 
@@ -461,10 +462,12 @@ class SoftmaxAttention(TiltedMeanField):
 
     def components(self, density, grid: Grid, t: float, offsets, components) -> list[np.ndarray]:
         heads = self.heads_at(t, grid)
-        box = support_box(density, grid)
         lattices = [grid.lattice(offset) for offset in offsets]
-        total: list[np.ndarray] | None = None
         self.cut = None
+        if self.atoms is not None and self.atoms.count:  # a fixed box with atoms
+            return self._box_mixture(density, grid, t, offsets, components, lattices, heads)
+        box = support_box(density, grid)
+        total: list[np.ndarray] | None = None
         for head in heads:
             if self.engine == "fft":
                 velocity = self._fft_velocities(density, grid, offsets, components, head, box)
@@ -479,6 +482,28 @@ class SoftmaxAttention(TiltedMeanField):
                 self._cut(density, grid, lattices, head.A, gaussian=gaussian_like(density, grid))
         assert total is not None  # (heads_at: at least one head)
         return self.shaped(total, grid, offsets)
+
+    def _box_mixture(self, density, grid: Grid, t, offsets, components, lattices, heads):
+        """A fixed box's velocity of cells plus atoms: the frame's pointwise mixture
+        (:meth:`_mixture_velocities`) in the identity frame ``x = 0 + I xi``, whose tilts,
+        gains and constants are the heads' own (``A``, ``C``, 0) bit for bit. No cells (all
+        their mass in atoms): 0, there is nothing on them to move. The FFT engine's one
+        fixed ``A`` cannot take the atoms (:func:`~tpde.schemes.atom_run.check_atom_run`)."""
+        d = grid.ndim
+        if not np.any(density > 0):
+            shapes = [tuple(len(x) for x in coords) for coords in lattices]
+            return [
+                np.zeros(shape if comp is not None else (d, *shape))
+                for shape, comp in zip(shapes, components, strict=True)
+            ]
+        if self.measure_cut:  # (the cells' cut, as without atoms: the box's indicator)
+            for head in heads:
+                self._cut(density, grid, lattices, head.A, gaussian=gaussian_like(density, grid))
+        box = support_box(density, grid)
+        values = self._mixture_velocities(
+            density, grid, lattices, list(components), t, identity_frame(d), box, self.atoms
+        )
+        return self.shaped(values, grid, offsets)
 
     def _fft_velocities(self, density, grid, offsets, components, head, box):
         """One head by FFT convolutions (symmetric A): a lattice that needs component a
