@@ -39,6 +39,16 @@ from .layout import (
     xyz_order,
 )
 
+#: a stored time t and a snapshot time s are the same time when s <= t (1 + SAME_TIME):
+#: a resumed run's last record is one of its snapshot times, written to the last bit
+SAME_TIME = 1e-14
+
+
+def times_after(times: Any, start: float) -> list[float]:
+    """The snapshot ``times`` a run resumed at ``start`` still has to reach: those past
+    ``start`` by more than its round-off (:data:`SAME_TIME`, relative)."""
+    return [float(t) for t in times if t > start * (1 + SAME_TIME) + 1e-300]
+
 
 def count_unclosed_steps(nc: netCDF4.Dataset) -> None:
     """Add the steps a killed segment made up to its last complete snapshot

@@ -28,6 +28,7 @@ from .config import same_config as same_values
 from .lifecycle import Interrupted, error_line, error_reason, refuse_result
 from .lifecycle import RunSignals as _Signals
 from .lifecycle import open_writer as _writer
+from .resume import times_after
 
 __all__ = [
     "FlatSession",
@@ -353,7 +354,7 @@ def check_resumable(output: Path, found: dict, config: Any, times: Any) -> None:
         raise ConfigError(
             f"run.output: {output} holds no complete snapshot; start a new run with --overwrite"
         )
-    if not any(t > found["time"] * (1 + 1e-14) + 1e-300 for t in times):
+    if not times_after(times, found["time"]):
         raise ConfigError(
             f"run.output: {output} is already complete (t = {found['time']:.6g}); nothing to resume"
         )
@@ -365,7 +366,7 @@ def _resumable(output: Path, found: dict, config: Config, problem) -> dict:
     to come."""
     check_resumable(output, found, config, problem.times)
     state = _resume_state(Path(found["file"]))
-    remaining = [t for t in problem.times if t > state["time"] * (1 + 1e-14) + 1e-300]
+    remaining = times_after(problem.times, state["time"])
     return {**state, "remaining": remaining}
 
 

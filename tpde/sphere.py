@@ -862,6 +862,7 @@ class SphereSession:
         )
 
     def resume_writer(self, output: Path) -> SphereWriter:
+        from .resume import times_after
         from .run import check_resumable
 
         times = self.times
@@ -873,7 +874,7 @@ class SphereSession:
         assert writer.last_time is not None  # (accept refused a file without records)
         start = writer.last_time
         self.density = writer.last_density()
-        self.times = np.concatenate(([start], times[times > start * (1 + 1e-14) + 1e-300]))
+        self.times = np.array([start, *times_after(times, start)])
         self.t_start = start
         self.found = writer.last_atoms() if self.config.atoms is not None else None
         self.state = writer.state
