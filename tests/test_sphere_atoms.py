@@ -209,7 +209,8 @@ def test_clusters_s2_with_atoms_against_lattice_tokens(tmp_path):
     from pathlib import Path
 
     from tpde.config_core import parse_toml
-    from tpde.sphere import build_sphere, run_sphere
+    from tpde.run import run_config
+    from tpde.sphere import build_sphere
     from tpde.validation.sphere_atoms import (
         cluster_table,
         compare_clusters,
@@ -223,7 +224,7 @@ def test_clusters_s2_with_atoms_against_lattice_tokens(tmp_path):
         "snapshots = 101", "snapshots = 13"
     )
     config = build_sphere(parse_toml(text, "config"))
-    out = run_sphere(config, tmp_path / "atoms.nc")
+    out = run_config(config, tmp_path / "atoms.nc")
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("s2", root / "examples/sphere/run_atoms_s2.py")

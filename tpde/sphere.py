@@ -2,9 +2,10 @@
 
 docs/theory.md, 'The cubed sphere', 'General attention on the sphere' and 'Tokens on the
 sphere'; docs/user-guide.md, 'The sphere'. :func:`build_sphere` turns the raw tables of a
-sphere configuration into a :class:`SphereConfig`; ``tpde run`` (:func:`tpde.run.run_config`)
-hands it to :func:`run_sphere`, which runs :func:`tpde.schemes.cubed_sphere.solve` and writes
-each snapshot as it is reached (:class:`SphereWriter`) to a CF-1.10 NetCDF file that ParaView
+sphere configuration into a :class:`SphereConfig`; ``tpde run`` (:func:`tpde.run.run_config`,
+the one run path) runs it through its :class:`SphereSession`, whose
+:class:`tpde.schemes.cubed_sphere.SphereSolver` hands each snapshot as it is reached to
+:class:`SphereWriter`, which writes a CF-1.10 NetCDF file that ParaView
 and xarray read on a globe. The cells are one dimension, ``cell`` (6 n^2; cell number
 ``(panel n + j) n + i``, ``i`` along the panel's first local angle): ``density (time, cell)``
 per unit area (cell averages) with the auxiliary coordinates ``lat``, ``lon`` (cell centres,
