@@ -107,8 +107,10 @@ def vmf_sums(
     so the sum is ``coef @ a + c sum_k coef_k / kappa_k`` (``(P, K)`` arrays only).
 
     The ``(P, K)`` terms ``share`` and ``coef`` come from one compiled pass
-    (:func:`_vmf_terms`: the operations of :func:`vmf_sums_reference` in its order, with the
-    same libm functions, so the same values bit for bit) wherever every ``r >= FLAT_TAIL``
+    (:func:`_vmf_terms`: the operations of :func:`vmf_sums_reference` in its order, so the
+    same values bit for bit where numpy's ``exp`` and ``log1p`` are libm's; on machines where
+    numpy has its own SIMD loops for them (AVX-512) each term may differ by an ulp or so)
+    wherever every ``r >= FLAT_TAIL``
     (where ``log(1 - e^{-2r})`` is 0 and ``tanh r`` is 1 exactly: a concentrated atom);
     otherwise the numpy form of :func:`vmf_sums_reference` serves."""
     centre = np.asarray(centre, float)
@@ -325,10 +327,14 @@ def vmf_cubature(
 
 
 def _frame(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """An orthonormal frame ``e1, e2`` of the tangent plane at the unit vector ``a``."""
+    """An orthonormal frame ``e1, e2`` of the tangent plane at the unit vector ``a``.
+
+    The norm is ``sqrt((e_0^2 + e_1^2) + e_2^2)`` written out, as :func:`_frames` forms it:
+    ``numpy.linalg.norm`` of a vector is BLAS's dot product, whose rounding depends on the
+    machine (fused multiply-adds on AVX-512), so the two would differ in the last bit there."""
     helper = np.array([1.0, 0.0, 0.0]) if abs(a[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
     e1 = helper - (helper @ a) * a
-    e1 /= np.linalg.norm(e1)
+    e1 /= math.sqrt((e1[0] * e1[0] + e1[1] * e1[1]) + e1[2] * e1[2])
     return e1, np.cross(a, e1)
 
 
