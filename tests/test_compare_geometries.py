@@ -126,7 +126,7 @@ def test_compare_on_the_sphere_draws_seeds_as_a_band(tmp_path, capsys, monkeypat
     import xarray as xr
     from matplotlib.figure import Figure
 
-    from tpde.sphere import read_sphere
+    from tpde.io import read as read_sphere
     from tpde.sphere_plots import compare_figure
 
     raw = {

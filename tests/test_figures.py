@@ -414,7 +414,7 @@ def test_circle_figures(files, tmp_path):
 
 def test_sphere_figures(files):
     from tpde import sphere_plots
-    from tpde.sphere import read_sphere
+    from tpde.io import read as read_sphere
 
     ds = read_sphere(files["sphere"])
     assert problems(sphere_plots.density_map_figure(ds)) == []
@@ -516,7 +516,7 @@ def test_sphere_map_draws_the_atoms(sphere_atoms):
     mass, the wider spreads as circles of angular radius sqrt(1 / kappa), named in a
     legend."""
     from tpde import sphere_plots
-    from tpde.sphere import read_sphere
+    from tpde.io import read as read_sphere
 
     ds = read_sphere(sphere_atoms)
     fig = sphere_plots.density_map_figure(ds)
@@ -564,7 +564,8 @@ def test_sphere_moments_and_compare_with_atoms(sphere_atoms, tmp_path):
     from tpde import sphere_plots
     from tpde.cli import main
     from tpde.grid import cubed_sphere as cs
-    from tpde.sphere import from_file, grid_of, read_sphere
+    from tpde.io import read as read_sphere
+    from tpde.sphere import from_file, grid_of
 
     ds = read_sphere(sphere_atoms)
     grid = grid_of(ds)
