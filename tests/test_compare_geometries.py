@@ -126,7 +126,7 @@ def test_compare_on_the_sphere_draws_seeds_as_a_band(tmp_path, capsys, monkeypat
     import xarray as xr
     from matplotlib.figure import Figure
 
-    from tpde.sphere import read_sphere
+    from tpde import io
     from tpde.sphere_plots import compare_figure
 
     raw = {
@@ -147,7 +147,7 @@ def test_compare_on_the_sphere_draws_seeds_as_a_band(tmp_path, capsys, monkeypat
     picture = tmp_path / "compare.png"
     assert main(["compare", str(run), *map(str, tokens), "-o", str(picture)]) == 0
     assert drawn_to == [picture]
-    fig = compare_figure(read_sphere(run), [read_sphere(p) for p in tokens])
+    fig = compare_figure(io.read(run), [io.read(p) for p in tokens])
     order, _, _, distance = fig.get_axes()[:4]  # (then the staircase row)
     lengths = []
     for path in tokens:

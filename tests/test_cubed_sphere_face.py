@@ -331,7 +331,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text
 
     import netCDF4
 
-    from tpde.sphere import SphereWriter
+    from tpde.io import SnapshotWriter
 
     config = tmp_path / "run.toml"
     config.write_text(text)
@@ -339,7 +339,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text
     assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
     cut.write_bytes(full.read_bytes())  # an earlier file that the new run replaces
     old = cut.read_bytes()
-    write = SphereWriter.write
+    write = SnapshotWriter.write
 
     def interrupting(self, *args, **kwargs):
         done = write(self, *args, **kwargs)
@@ -347,7 +347,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, capsys, monkeypatch, text
             os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
         return done
 
-    monkeypatch.setattr(SphereWriter, "write", interrupting)
+    monkeypatch.setattr(SnapshotWriter, "write", interrupting)
     code, _, err = cli(capsys, "run", config, "-o", cut, "--overwrite", "--quiet")
     monkeypatch.undo()
     partial = tmp_path / ".cut.nc.partial"
@@ -532,14 +532,14 @@ def test_resumed_run_keeps_the_monitor_state(tmp_path, capsys, monkeypatch):
 
     import netCDF4
 
+    from tpde.io import SnapshotWriter
     from tpde.schemes.monitor import RESOLUTION_TOLERANCE
-    from tpde.sphere import SphereWriter
 
     config = tmp_path / "narrow.toml"
     config.write_text(NARROW_RUN)
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli(capsys, "run", config, "-o", full, "--quiet")[0] == 0
-    write = SphereWriter.write
+    write = SnapshotWriter.write
 
     def interrupting(self, *args, **kwargs):
         done = write(self, *args, **kwargs)
@@ -547,7 +547,7 @@ def test_resumed_run_keeps_the_monitor_state(tmp_path, capsys, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)  # held until the record is written
         return done
 
-    monkeypatch.setattr(SphereWriter, "write", interrupting)
+    monkeypatch.setattr(SnapshotWriter, "write", interrupting)
     assert cli(capsys, "run", config, "-o", cut, "--quiet")[0] == 130
     monkeypatch.undo()
     with netCDF4.Dataset(cut) as nc:

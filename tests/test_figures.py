@@ -414,9 +414,8 @@ def test_circle_figures(files, tmp_path):
 
 def test_sphere_figures(files):
     from tpde import sphere_plots
-    from tpde.sphere import read_sphere
 
-    ds = read_sphere(files["sphere"])
+    ds = io.read(files["sphere"])
     assert problems(sphere_plots.density_map_figure(ds)) == []
     assert problems(sphere_plots.moments_figure(ds)) == []
 
@@ -516,9 +515,8 @@ def test_sphere_map_draws_the_atoms(sphere_atoms):
     mass, the wider spreads as circles of angular radius sqrt(1 / kappa), named in a
     legend."""
     from tpde import sphere_plots
-    from tpde.sphere import read_sphere
 
-    ds = read_sphere(sphere_atoms)
+    ds = io.read(sphere_atoms)
     fig = sphere_plots.density_map_figure(ds)
     assert problems(fig) == []
     maps = [ax for ax in fig.axes if ax.name == "mollweide"]
@@ -564,9 +562,9 @@ def test_sphere_moments_and_compare_with_atoms(sphere_atoms, tmp_path):
     from tpde import sphere_plots
     from tpde.cli import main
     from tpde.grid import cubed_sphere as cs
-    from tpde.sphere import from_file, grid_of, read_sphere
+    from tpde.sphere import from_file, grid_of
 
-    ds = read_sphere(sphere_atoms)
+    ds = io.read(sphere_atoms)
     grid = grid_of(ds)
     nodes, weights = np.polynomial.legendre.leggauss(200)
     for k in range(ds.sizes["time"]):
@@ -592,7 +590,7 @@ def test_sphere_moments_and_compare_with_atoms(sphere_atoms, tmp_path):
         seeds.append(tmp_path / f"tokens{seed}.nc")
         args = ["particles", str(config), "--tokens", "50", "--seed", str(seed)]
         assert main([*args, "-o", str(seeds[-1])]) == 0
-    fig = sphere_plots.compare_figure(ds, [read_sphere(p) for p in seeds])
+    fig = sphere_plots.compare_figure(ds, [io.read(p) for p in seeds])
     assert problems(fig) == []
     (ax_s,) = [ax for ax in fig.axes if ax.get_title().startswith("energy staircase")]
     (ax_c,) = [ax for ax in fig.axes if ax.get_title().startswith("clusters")]

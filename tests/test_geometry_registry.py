@@ -132,7 +132,7 @@ def test_every_hook_loads_and_files_map_to_their_entry():
     assert {key for _, key, _, _ in rows} == fields  # (every hook is some geometry's)
     assert geometries.of_dataset({}) is geometries.FLAT
     assert geometries.of_dataset({"geometry": "torus"}) is geometries.FLAT
-    assert geometries.of_dataset({"geometry": "sphere"}).read == "tpde.sphere:read_sphere"
+    assert geometries.of_dataset({"geometry": "sphere"}).layout == "tpde.sphere:SphereLayout"
     assert set(config.GEOMETRY_BUILDERS) == {"circle", "sphere"}
     assert config.GEOMETRY_BUILDERS["circle"] == ("tpde.circle", "build_circle")
     from tpde.grid.circle import CircleGrid

@@ -275,7 +275,7 @@ def test_run_with_atoms_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
     import xarray as xr
 
     from tpde.cli import main
-    from tpde.sphere import SphereWriter
+    from tpde.io import SnapshotWriter
 
     def cli(*args):
         code = main([str(a) for a in args])
@@ -286,7 +286,7 @@ def test_run_with_atoms_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
     config.write_text(ATOM_RUN)
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert cli("run", config, "-o", full, "--quiet")[0] == 0
-    write = SphereWriter.write
+    write = SnapshotWriter.write
 
     def interrupting(self, *args, **kwargs):
         done = write(self, *args, **kwargs)
@@ -294,7 +294,7 @@ def test_run_with_atoms_resumes_bit_for_bit(tmp_path, capsys, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return done
 
-    monkeypatch.setattr(SphereWriter, "write", interrupting)
+    monkeypatch.setattr(SnapshotWriter, "write", interrupting)
     assert cli("run", config, "-o", cut, "--quiet")[0] == 130
     monkeypatch.undo()
     assert cli("run", config, "-o", cut, "--resume", "--quiet")[0] == 0

@@ -383,7 +383,7 @@ def cmd_reference(args) -> int:
             ds = gaussian_reference(config)
         else:  # a geometry's own tokens where it has them (config.particles)
             ds = particle_reference(config, args.tokens, args.seed, quantiles=args.quantiles)
-        path = (config.reference_writer or write_reference)(ds, output, overwrite=args.overwrite)
+        path = write_reference(ds, output, overwrite=args.overwrite)
     except ConfigError as exc:
         return _fail(str(exc))
     print(f"{path}: {ds.sizes['time']} times, status {ds.attrs['status']}")
@@ -442,13 +442,13 @@ def _geometry(path: Path):
 
 
 def _open(path: Path):
-    """The Dataset of a tpde output, read by its geometry's reader (tpde.geometries)."""
-    from tpde import geometries
+    """The Dataset of a tpde output (:func:`tpde.io.read`: every geometry's file)."""
+    from tpde import io
 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return geometries.load(_geometry(path).read)(path)
+        return io.read(path)
     except (OSError, ValueError, RuntimeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(f"{path}: not a readable tpde NetCDF output ({reason})") from None
@@ -669,7 +669,7 @@ def cmd_compare(args) -> int:
     from tpde.plots import compare_figure
 
     geometry = _geometry(args.run)
-    own_files = geometry.read != FLAT.read  # (references: files of the run's own reader)
+    own_files = geometry.layout is not FLAT.layout  # (references: files of its own layout)
     for path in args.references if own_files else ():
         if _geometry(path) is not geometry:
             return _fail(

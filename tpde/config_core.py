@@ -112,11 +112,8 @@ class Config:
     no_gaussian: str | None = None
     #: a geometry with its own solver and file layout (tpde.sphere's SphereConfig sets
     #: these): ``session(config) -> tpde.run.RunSession`` (the writer and solver that
-    #: tpde.run.run_config drives; None: tpde.run.FlatSession), ``reader(path) -> Dataset``,
-    #: and ``reference_writer(ds, path, overwrite) -> Path`` for tpde particles / gaussian
+    #: tpde.run.run_config drives; None: tpde.run.FlatSession)
     session: Callable[[Any], Any] | None = None
-    reader: Callable[[Any], Any] | None = None
-    reference_writer: Callable[..., Any] | None = None
 
 
 def load(source: str | Path | Mapping) -> dict:

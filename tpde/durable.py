@@ -1,5 +1,5 @@
-"""The durable file layer of tpde's outputs, whatever their layout (the grid runs'
-:class:`tpde.io.SnapshotWriter`, the sphere's ``tpde.sphere.SphereWriter``).
+"""The durable file layer of tpde's outputs, whatever their layout (:class:`tpde.io.
+SnapshotWriter` writes the grid runs' layout and a geometry's own, ``tpde.layout.FileLayout``).
 
 What it guarantees (docs/user-guide.md, 'Output files (CF-1.10 NetCDF)'):
 
@@ -515,9 +515,10 @@ class OutputWriter:
     """What every durable writer of records shares, whatever the file's layout: the output's
     lock, the staged file of an overwrite, one record appended per :meth:`_append` (room
     reserved first: :class:`DiskFull` leaves the file untouched), the final status with
-    :meth:`close`. :class:`SnapshotWriter` (the grid runs) and ``tpde.sphere.SphereWriter``
-    (the cubed sphere) are its layouts: they create the file with :func:`open_output` or
-    continue it with :func:`reopen_output`, then call :meth:`_begin` and :meth:`_attach`."""
+    :meth:`close`. :class:`tpde.io.SnapshotWriter` (the grid runs' layout, or a geometry's
+    own: ``tpde.layout.FileLayout``, the cubed sphere's ``tpde.sphere.SphereLayout``)
+    creates the file with :func:`open_output` or continues it with :func:`reopen_output`,
+    then calls :meth:`_begin` and :meth:`_attach`."""
 
     path: str
     file: str

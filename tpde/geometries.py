@@ -8,8 +8,9 @@ this module imports nothing of tpde and no module that registers here forms an i
 * ``build``: the config builder ``raw tables -> tpde.config.Config`` (None: tpde.config's
   flat schema); ``sections``: the config's known keys per section (sweep checks its keys);
 * ``grid``: the ``tpde.grid.Grid`` class a file's ``grid_*`` attributes rebuild (None: Grid);
-* ``read``: ``path -> xarray.Dataset`` (the file's reader; references of a run must be
-  readable by its reader);
+* ``layout``: the file layout (a ``tpde.layout.FileLayout`` class) that
+  ``tpde.io.SnapshotWriter`` writes and resumes for a mesh that is not a Grid (None: the
+  grid runs' layout, ``tpde.layout``);
 * ``info``: ``path -> list[str]``, ``tpde info``'s lines (None: the grid run's summary);
 * ``plot``: ``(path, outdir, *, times, title) -> list[Path]``, ``tpde plot``'s whole figure
   set (None: tpde.plots.plot_all); ``figures``: ``(ds, times) -> {file name: () -> Figure}``,
@@ -41,7 +42,7 @@ class Geometry:
     build: str | None = None
     sections: str | None = None
     grid: str | None = None
-    read: str = "tpde.io:read"
+    layout: str | None = None
     info: str | None = None
     plot: str | None = None
     figures: str | None = None
@@ -63,12 +64,12 @@ GEOMETRIES: dict[str, Geometry] = {
             figures="tpde.circle_plots:plot_figures",
             compare="tpde.circle_plots:compare_runs",
         ),
-        # the cubed sphere: its own run, file, reader and figures
+        # the cubed sphere: its own run, file layout (one cell axis, lat/lon) and figures
         Geometry(
             "sphere",
             build="tpde.sphere:build_sphere",
             sections="tpde.sphere:CONFIG_SECTIONS",
-            read="tpde.sphere:read_sphere",
+            layout="tpde.sphere:SphereLayout",
             info="tpde.sphere:sphere_info",
             plot="tpde.sphere_plots:plot_sphere",
             compare="tpde.sphere_plots:compare_runs",
@@ -78,7 +79,7 @@ GEOMETRIES: dict[str, Geometry] = {
 
 
 def load(dotted: str) -> Any:
-    """The attribute a registry entry names: ``"tpde.sphere:read_sphere"`` -> the function."""
+    """The attribute a registry entry names: ``"tpde.sphere:sphere_info"`` -> the function."""
     module, _, name = dotted.partition(":")
     return vars(importlib.import_module(module))[name]
 

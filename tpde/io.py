@@ -92,6 +92,9 @@ import numpy as np
 import xarray as xr
 
 from tpde.grid import Grid, Positions, moments, profile
+from tpde.grid.mesh import Mesh
+
+from . import geometries
 
 # the durable file layer, the CF layout and resume, re-exported: ``tpde.io`` stays the
 # one module users import (``tpde.io.read``, ``tpde.io.SnapshotWriter``, ...)
@@ -140,6 +143,7 @@ from .layout import (
     PHYSICAL,
     SPATIAL_CHUNK_VALUES,
     TIME_ATTRIBUTES,
+    FileLayout,
     _cell_measure_comment,
     _create,
     _define_cell_measure,
@@ -195,6 +199,7 @@ __all__ = [
     "UNCLOSED_STEPS",
     "ZARR_EXTRA",
     "DiskFull",
+    "FileLayout",
     "Outcome",
     "OutputBusy",
     "OutputError",
@@ -295,7 +300,8 @@ class SnapshotWriter(OutputWriter):
     Parameters
     ----------
     path : str or os.PathLike. The output file (``run.output``).
-    grid : Grid. Every density written must have shape ``grid.shape`` (without positions).
+    grid : Grid (or the mesh of ``layout``). Every density written must have shape
+        ``grid.shape`` (without positions).
     config_text : the resolved configuration (TOML text), stored in the ``config`` attribute.
     title : the ``title`` attribute.
     overwrite : replace an existing file. The new run is written to ``.<name>.partial``
@@ -316,6 +322,11 @@ class SnapshotWriter(OutputWriter):
         attributes of a :class:`tpde.variants.energies.Energy` value (monotone, long_name, formula;
         a plain float gets monotone "none"); the names are stored in the global attribute
         ``energies`` and stay fixed for the run (a name missing later is written as NaN).
+    layout : a geometry's own file layout (:class:`tpde.layout.FileLayout`: the cubed
+        sphere's ``tpde.sphere.SphereLayout``), or None: the grid runs' layout (module
+        docstring). The layout says what the header and each record hold (``positions``
+        and ``energies`` are the grid layout's); the writer, its durability and
+        :meth:`resume` are the same (a file's layout is its ``geometry``'s registered one).
 
     The writer holds an advisory lock on the output (:class:`_OutputLock`, ``fcntl.flock``
     on ``.<name>.lock``) from creation to :meth:`close`: a second writer of the same output
@@ -337,7 +348,7 @@ class SnapshotWriter(OutputWriter):
     def __init__(
         self,
         path: str | os.PathLike,
-        grid: Grid,
+        grid: Grid | Mesh,
         config_text: str = "",
         title: str = "tpde run",
         overwrite: bool = False,
@@ -345,8 +356,20 @@ class SnapshotWriter(OutputWriter):
         lock_timeout: float = LOCK_TIMEOUT,
         positions: Positions | None = None,
         energies: EnergyCallable | None = None,
+        layout: FileLayout | None = None,
     ):
         path = os.fspath(path)
+        if layout is not None:
+            text, title, history = str(config_text), str(title), str(history)
+            lock, file, staged = open_output(
+                path,
+                overwrite,
+                lambda file: layout.create(file, text, title, history),
+                layout.header_bytes(text) + layout.record_bytes(),
+            )
+            self._setup(path, layout.grid, 0, None, lock_timeout, layout=layout)
+            self._attach(lock, file, staged)
+            return
         if not isinstance(grid, Grid):
             raise ValueError(f"run.output: expected a tpde.grid.Grid, got {type(grid).__name__}")
         if positions is not None and not isinstance(positions, Positions):
@@ -375,22 +398,28 @@ class SnapshotWriter(OutputWriter):
         positions: Positions | None = None,
         energies: EnergyCallable | None = None,
         energy_names: tuple[str, ...] | None = None,
+        layout: FileLayout | None = None,
     ) -> None:
         if energies is not None and not callable(energies):
             raise ValueError(
                 f"run.output: energies must be a callable (density, t) -> dict, "
                 f"got {type(energies).__name__}"
             )
-        self._begin(path, count, last_time, lock_timeout, _record_bytes(grid, positions))
+        record = _record_bytes(grid, positions) if layout is None else layout.record_bytes()
+        self._begin(path, count, last_time, lock_timeout, record)
+        self.layout = layout
+        #: the loop's monitor state at the last record of a resumed file ({} for a new one)
+        self.state: dict = {}
         self.grid = grid
         self.positions = positions
         self.energies = energies
         #: atoms here are a flat box's d-D Gaussians (tpde.atoms_io), not the circle's
-        self._flat_atoms = "periodic" not in grid.boundary
+        self._flat_atoms = layout is None and "periodic" not in grid.boundary
         self._energy_names = energy_names  # None until the records exist
         # the stored order of the density and the mean's name: those of this layout, or of
         # the file a resumed writer continues (an earlier layout keeps its own)
-        self._stored = file_order(_density_dims(grid, positions))
+        stored = () if layout is not None else file_order(_density_dims(grid, positions))
+        self._stored: tuple[str, ...] = stored
         self._mean = MEAN
 
     @classmethod
@@ -418,15 +447,20 @@ class SnapshotWriter(OutputWriter):
         """
         path = os.fspath(path)
 
-        def read(nc: netCDF4.Dataset, attrs: dict) -> tuple:
+        def read(nc: netCDF4.Dataset, attrs: dict) -> tuple | FileLayout:
+            own = geometries.of_dataset(attrs).layout
+            if own is not None:  # a geometry's own layout (its records, its mesh)
+                return geometries.load(own).reopen(nc, attrs, path)
             grid = _grid_from_attributes(attrs, path, _density_shape(nc))
             positions = _positions_from_attributes(attrs, path)
             mean_name = MEAN if MEAN in nc.variables else "mean"
             return grid, positions, tuple(nc["density"].dimensions[1:]), mean_name
 
-        def update(nc: netCDF4.Dataset, layout: tuple) -> None:
-            grid, positions, stored, _ = layout
+        def update(nc: netCDF4.Dataset, layout: tuple | FileLayout) -> None:
             count_unclosed_steps(nc)
+            if not isinstance(layout, tuple):
+                return
+            grid, positions, stored, _ = layout
             # a file of this layout from before the cell measure gets it (once)
             current = stored == file_order(_density_dims(grid, positions))
             if current and CELL_MEASURES[grid.ndim] not in nc.variables:
@@ -434,8 +468,14 @@ class SnapshotWriter(OutputWriter):
                 _define_cell_measure(nc, grid, positions, frame)
 
         opened = reopen_output(path, lock_timeout, read, accept, update)
-        grid, positions, stored, mean_name = opened.layout
         writer = cls.__new__(cls)
+        if not isinstance(opened.layout, tuple):
+            own: FileLayout = opened.layout
+            writer._setup(path, own.grid, opened.count, opened.last, lock_timeout, layout=own)
+            writer._attach(opened.lock, opened.file, opened.staged)
+            writer.state = read_run_state(opened.attrs)  # (the last snapshot's)
+            return writer
+        grid, positions, stored, mean_name = opened.layout
         writer._setup(
             path,
             grid,
@@ -454,6 +494,15 @@ class SnapshotWriter(OutputWriter):
     def shape(self) -> tuple[int, ...]:
         """Shape of a density: ``grid.shape``, or ``(positions.count, *grid.shape)``."""
         return self.grid.shape if self.positions is None else self.positions.shape(self.grid)
+
+    def read_last(self, read: Callable[[netCDF4.Dataset, int], Any]) -> Any:
+        """``read(nc, i)`` of the last complete record ``i`` (a resumed run's start: e.g.
+        the layout's ``density``, ``tpde.atoms_io.read_atoms``)."""
+        if not self._count:
+            raise OutputError(f"run.output: {self.path} holds no complete snapshot")
+        with _opened(self.file, "r", self.lock_timeout) as nc:
+            nc.set_auto_mask(False)
+            return read(nc, self._count - 1)
 
     def _check_snapshot(self, snapshot: Record) -> tuple[float, np.ndarray]:
         t = self._check_time(snapshot.time)
@@ -483,6 +532,10 @@ class SnapshotWriter(OutputWriter):
         t, density = self._check_snapshot(record)
         if self._last_time is not None and t == self._last_time:
             return False
+        if self.layout is not None:  # a geometry's own records
+            store = self.layout.record(record)
+            self._append(t, lambda i: self._store(i, t, record, store))
+            return True
         sliced = self.positions is not None
         mass, mean, cov = moments(density.sum(axis=0) if sliced else density, self.grid)
         flat_atoms = record.atoms is not None and record.atoms.count and self._flat_atoms
@@ -491,47 +544,61 @@ class SnapshotWriter(OutputWriter):
         if record.frame is not None:  # mean and covariance stay physical
             mean, cov = record.frame.moments(mean, cov)
         energies = None if self.energies is None else dict(self.energies(density, t))
+        values = (density, mass, mean, cov, energies)
         self._append(
-            t, lambda i: self._write_record(i, t, record, density, mass, mean, cov, energies)
+            t,
+            lambda i: self._store(
+                i, t, record, lambda nc, k: self._write_record(nc, k, record, *values)
+            ),
         )
         return True
 
-    def _write_record(self, i, t, snapshot: Record, density, mass, mean, cov, energies) -> None:
-        sliced = self.positions is not None
+    def _store(
+        self, i: int, t: float, record: Record, write: Callable[[netCDF4.Dataset, int], None]
+    ) -> None:
+        """Record ``i``: open the file, ``write(nc, i)`` its variables, the run state
+        (:data:`UNCLOSED_STEPS`, :data:`MONITOR_STATE`), then its time, and close it."""
         with _opened(self.file, "a", self.lock_timeout) as nc:
-            if energies is not None:
-                self._write_energies(nc, i, energies)
-            tpde_dims = _density_dims(self.grid, self.positions)
-            nc["density"][i, ...] = _transposed(density, tpde_dims, self._stored)
-            nc["mass"][i] = mass
-            nc[self._mean][i, :] = mean
-            nc["covariance"][i, :, :] = cov
-            if sliced:
-                self._write_slices(nc, i, density)
-            if snapshot.frame is not None:
-                self._write_frame(nc, i, snapshot.frame)
-            if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
-                from .atoms_io import write_atoms
-
-                layout = "frame" if snapshot.frame is not None else "box"
-                write_atoms(
-                    nc,
-                    i,
-                    snapshot.atoms,
-                    snapshot.next_atom_id,
-                    snapshot.frame,
-                    layout if self._flat_atoms else "circle",
-                )
-            nc["outflow"][i] = float(snapshot.outflow)
-            nc["max_speed"][i] = float(snapshot.max_speed)
-            nc["dt"][i] = float(snapshot.dt)
-            write_run_state(nc, snapshot.step, snapshot.state)
+            write(nc, i)
+            write_run_state(nc, record.step, record.state)
             # the record on disk before its time: HDF5 flushes cached chunks in its own order
             # at close, so a kill there could leave a time without its data (seen: a NaN
             # mass); after the sync it can only lose the time, and a record without time
             # is incomplete (dropped on read and resume)
             nc.sync()
             nc["time"][i] = t
+
+    def _write_record(
+        self, nc: netCDF4.Dataset, i: int, snapshot: Record, density, mass, mean, cov, energies
+    ) -> None:
+        """Record ``i`` of the grid runs' layout (module docstring)."""
+        sliced = self.positions is not None
+        if energies is not None:
+            self._write_energies(nc, i, energies)
+        tpde_dims = _density_dims(self.grid, self.positions)
+        nc["density"][i, ...] = _transposed(density, tpde_dims, self._stored)
+        nc["mass"][i] = mass
+        nc[self._mean][i, :] = mean
+        nc["covariance"][i, :, :] = cov
+        if sliced:
+            self._write_slices(nc, i, density)
+        if snapshot.frame is not None:
+            self._write_frame(nc, i, snapshot.frame)
+        if snapshot.atoms is not None:  # (tpde.atoms_io: a fill-valued atom dimension)
+            from .atoms_io import write_atoms
+
+            layout = "frame" if snapshot.frame is not None else "box"
+            write_atoms(
+                nc,
+                i,
+                snapshot.atoms,
+                snapshot.next_atom_id,
+                snapshot.frame,
+                layout if self._flat_atoms else "circle",
+            )
+        nc["outflow"][i] = float(snapshot.outflow)
+        nc["max_speed"][i] = float(snapshot.max_speed)
+        nc["dt"][i] = float(snapshot.dt)
 
     __call__ = write
 

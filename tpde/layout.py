@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import netCDF4
 import numpy as np
@@ -101,6 +101,46 @@ _CELL_MEASURE_FRAME = (
     ". Cells of the co-moving frame's coordinates xi (the grid), in which the density is "
     "stored: a cell's physical measure is this times frame_jacobian (|det L|, per time)"
 )
+
+
+class FileLayout(Protocol):
+    """A geometry's own file layout, which :class:`tpde.io.SnapshotWriter` writes where the
+    grid runs' layout (this module's) does not fit the mesh: the geometry registers its class
+    (``layout`` in :mod:`tpde.geometries`; the cubed sphere's ``tpde.sphere.SphereLayout``).
+    The writer keeps the durability (lock, staging, reserved room, the record's time last,
+    the run state, the status); the layout says what a file and a record hold."""
+
+    #: the mesh (``grid.shape``: the shape of every density written)
+    grid: Any
+
+    @classmethod
+    def reopen(cls, nc: netCDF4.Dataset, attrs: dict, where: str) -> FileLayout:
+        """The layout of an existing file (its records continued by a resumed writer);
+        OutputError when the file is not one of this layout."""
+        ...
+
+    def header_bytes(self, config_text: str) -> int:
+        """What the empty file may take (its header)."""
+        ...
+
+    def record_bytes(self) -> int:
+        """What one record may add, at most (RESERVE_MARGIN included)."""
+        ...
+
+    def create(self, path: str, config_text: str, title: str, history: str) -> None:
+        """Write the empty file (every dimension, static variable and attribute; status
+        ``running``) at ``path``."""
+        ...
+
+    def record(self, record: Any) -> Callable[[netCDF4.Dataset, int], None]:
+        """The store of ``record`` (a :class:`tpde.io.Record`, density checked): what it
+        computes (moments, diagnostics) before the writer reserves room, then ``store(nc,
+        i)`` writes record ``i``'s variables (not ``time``, not the run state)."""
+        ...
+
+    def density(self, nc: netCDF4.Dataset, i: int) -> np.ndarray:
+        """Record ``i``'s density in tpde's shape (``grid.shape``)."""
+        ...
 
 
 def _record_bytes(grid: Grid, positions: Positions | None) -> int:
@@ -345,6 +385,19 @@ def spatial_chunks(
     return (times, *(min(n, room) for n in lead), *tile)
 
 
+def record_chunks(name: str, dims: Sequence[Any], inner: Sequence[int]) -> tuple[int, ...]:
+    """The chunks of a record ``name(time, *dims)`` of stored sizes ``inner`` (those after
+    ``time``): ``time`` in _TIME_CHUNK records, the density one snapshot in tiles of its
+    spatial axes (:func:`spatial_chunks`; every axis but ``s`` spatial), every other record
+    :func:`_moment_chunks`."""
+    inner = tuple(int(n) for n in inner)
+    if name == "time":
+        return (_TIME_CHUNK,)
+    if name == "density":
+        return spatial_chunks(inner, sum(str(d) != "s" for d in dims))
+    return _moment_chunks(inner)
+
+
 def _moment_chunks(inner: tuple[int, ...]) -> tuple[int, ...]:
     """Chunk sizes of a moment record ``(time, *inner)``: up to _TIME_CHUNK records, and
     at most _RECORD_CHUNK_VALUES values per chunk (many slices would make it huge)."""
@@ -427,12 +480,14 @@ def _global_attributes(
 global_attributes = _global_attributes
 
 
-def to_netcdf(ds: xr.Dataset, path: str | os.PathLike) -> None:
-    """Write a Dataset in the layout of the run files (the references, the sweep summary):
-    the stored CF order (:func:`file_order`, x fastest), no ``_FillValue`` on coordinates,
-    bounds, integer and text variables, text as fixed-length characters (a NetCDF4
-    variable-length string is what CF checkers and older tools fail on). Writes ``path`` as
-    is (callers stage and rename)."""
+def to_netcdf(ds: xr.Dataset, path: str | os.PathLike, records: bool = False) -> None:
+    """Write a Dataset in the layout of the run files (the references, the sweep summary,
+    a layout's header: :class:`FileLayout`): the stored CF order (:func:`file_order`, x
+    fastest), no ``_FillValue`` on coordinates, bounds, integer and text variables, text as
+    fixed-length characters (a NetCDF4 variable-length string is what CF checkers and older
+    tools fail on). ``records``: chunked as a run's records (:func:`record_chunks`, the
+    density deflated), so a writer appends to it. Writes ``path`` as is (callers stage and
+    rename)."""
     stored = reordered(renamed(ds), file_order).copy()
     encoding: dict[str, dict[str, Any]] = {}
     for key, var in stored.variables.items():
@@ -443,6 +498,11 @@ def to_netcdf(ds: xr.Dataset, path: str | os.PathLike) -> None:
             encoding[name] = {"_FillValue": None}
         if kind in "UOS":
             encoding[name] = {"_FillValue": None, "dtype": "S1"}
+        if records and "time" in var.dims:
+            chunks = record_chunks(name, var.dims[1:], var.shape[1:])
+            encoding.setdefault(name, {})["chunksizes"] = chunks
+            if name == "density":
+                encoding[name].update(zlib=True, complevel=4, shuffle=True)
     unlimited = ["time"] if "time" in stored.dims else None  # as the run files (CF: T first)
     stored.to_netcdf(
         path, engine="netcdf4", format="NETCDF4", encoding=encoding, unlimited_dims=unlimited

@@ -421,14 +421,6 @@ def simulate(
     """
     config = source if isinstance(source, Config) else build(source)
     if output is not None:
-        path = run_config(config, output, overwrite=overwrite, quiet=quiet)
-        return _read(path, config)
+        return io.read(run_config(config, output, overwrite=overwrite, quiet=quiet))
     with tempfile.TemporaryDirectory(prefix="tpde-") as tmp:
-        path = run_config(config, Path(tmp) / "run.nc", quiet=quiet)
-        return _read(path, config)
-
-
-def _read(path: Path, config: Config):
-    """The output as a Dataset: :func:`tpde.io.read`, or the sphere's file as it is stored
-    (:func:`tpde.sphere.read_sphere`)."""
-    return io.read(path) if config.reader is None else config.reader(path)
+        return io.read(run_config(config, Path(tmp) / "run.nc", quiet=quiet))

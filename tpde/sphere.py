@@ -5,8 +5,9 @@ sphere'; docs/user-guide.md, 'The sphere'. :func:`build_sphere` turns the raw ta
 sphere configuration into a :class:`SphereConfig`; ``tpde run`` (:func:`tpde.run.run_config`,
 the one run path) runs it through its :class:`SphereSession`, whose
 :class:`tpde.schemes.cubed_sphere.SphereSolver` hands each snapshot as it is reached to
-:class:`SphereWriter`, which writes a CF-1.10 NetCDF file that ParaView
-and xarray read on a globe. The cells are one dimension, ``cell`` (6 n^2; cell number
+:class:`tpde.io.SnapshotWriter` in the sphere's :class:`SphereLayout`, which writes a
+CF-1.10 NetCDF file that ParaView and xarray (:func:`tpde.io.read`) read on a globe.
+The cells are one dimension, ``cell`` (6 n^2; cell number
 ``(panel n + j) n + i``, ``i`` along the panel's first local angle): ``density (time, cell)``
 per unit area (cell averages) with the auxiliary coordinates ``lat``, ``lon`` (cell centres,
 degrees_north / degrees_east) and their cell bounds ``lat_bounds``, ``lon_bounds`` (``(cell,
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time as _time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ from tpde.schemes.atoms import AtomOptions
 from tpde.variants.cubed_sphere import CubedSphereAttention
 from tpde.variants.engines.registry import check_engine
 
-from . import geometries, io
+from . import io
 from .config_core import (
     ConfigError,
     _choice,
@@ -69,19 +69,18 @@ from .config_core import (
     parse_toml,
     section_errors,
 )
+from .layout import _TIME_CHUNK
 
 __all__ = [
     "SphereConfig",
-    "SphereWriter",
+    "SphereLayout",
+    "SphereSession",
     "build_sphere",
     "grid_of",
     "panels",
     "particle_reference",
-    "read_sphere",
-    "SphereSession",
     "sphere_dataset",
     "sphere_info",
-    "write_dataset",
 ]
 
 KEYS = {
@@ -120,7 +119,7 @@ class SphereConfig:
     #: ``[atoms]``: von Mises-Fisher atoms for the collapsed clusters, or None (off)
     atoms: AtomOptions | None = None
     #: what the face asks of every config (tpde.config_core.Config's hooks): the sphere's own
-    #: run, reader, tokens and reference writer; no energies hook (the file writes its own)
+    #: run and tokens; no energies hook (the file writes its own)
     no_gaussian: str = "attention: the sphere has no Gaussian closure; use tpde particles"
 
     @property
@@ -130,10 +129,6 @@ class SphereConfig:
     @property
     def session(self):
         return SphereSession
-
-    @property
-    def reader(self):
-        return read_sphere
 
     @property
     def particles(self):
@@ -146,14 +141,6 @@ class SphereConfig:
             return particle_reference(self, n, seed)
 
         return tokens
-
-    @property
-    def reference_writer(self):
-        def write(ds: xr.Dataset, path: str | Path, overwrite: bool = False) -> Path:
-            write_dataset(ds, path)  # (the caller has refused an existing path already)
-            return Path(path)
-
-        return write
 
 
 def _vector(key: str, value: Any) -> list[float]:
@@ -592,98 +579,59 @@ def _energy_attributes(beta: float) -> dict[str, Any]:
     }
 
 
-def _encoding(ds: xr.Dataset) -> dict[str, dict[str, Any]]:
-    """How a sphere dataset is stored: no ``_FillValue`` on coordinates and bounds (NaN on
-    the float records: a record not yet complete), text as fixed-length characters, the
-    density chunked by snapshot in tiles of the cells, as the grid runs'
-    (:func:`tpde.io.spatial_chunks`), and deflated; the other records in chunks of at most
-    64 KiB."""
-    encoding: dict[str, dict[str, Any]] = {}
-    for key, var in ds.variables.items():
-        name = str(key)
-        if var.dtype.kind in "fci" and (name in ds.coords or name.endswith("_bounds")):
-            encoding[name] = {"_FillValue": None}
-        elif var.dtype.kind == "U":
-            encoding[name] = {"dtype": "S1"}
-        if "time" in var.dims and name != "time":
-            inner = tuple(int(n) for n in var.shape[1:])
-            per_record = math.prod(inner)  # moments: up to _TIME_CHUNK records, 64 KiB
-            records = max(1, min(_TIME_CHUNK, 8192 // max(1, per_record)))
-            chunks = io.spatial_chunks(inner, 1) if name == "density" else (records, *inner)
-            encoding.setdefault(name, {})["chunksizes"] = chunks
-    if "density" in ds:
-        encoding["density"].update(zlib=True, complevel=4, shuffle=True)
-    if "time" in ds.variables:
-        encoding.setdefault("time", {})["chunksizes"] = (_TIME_CHUNK,)
-    return encoding
-
-
-_TIME_CHUNK = 256
-
-
-def write_dataset(ds: xr.Dataset, path: str | Path) -> None:
-    """Write ``ds`` to ``path`` (staged to a hidden name, then renamed) in the layout of the
-    sphere's files (:func:`_encoding`; ``time`` unlimited, as a run's file)."""
-    path = Path(path)
-    staged = path.with_name(f".{path.name}.tmp")
-    _write(ds, staged)
-    os.replace(staged, path)
-
-
-def _write(ds: xr.Dataset, path: str | Path) -> None:
-    ds.to_netcdf(
-        path,
-        engine="netcdf4",
-        format="NETCDF4",
-        encoding=_encoding(ds),
-        unlimited_dims=["time"] if "time" in ds.dims else None,
-    )
-
-
-def read_sphere(path: str | Path) -> xr.Dataset:
-    """A sphere file, loaded and closed, without a trailing incomplete record (a run killed
-    while writing one: its ``time`` is written last, :func:`tpde.io.complete_records`)."""
-    with xr.open_dataset(path, decode_times=False) as opened:
-        ds = opened.load()
-    if "time" in ds.dims:
-        ds = ds.isel(time=slice(0, io.complete_records(ds["time"].values)))
-    return ds
-
-
-# ---- running ---------------------------------------------------------------------------------
-class SphereWriter(io.OutputWriter):
-    """Append the snapshots of a sphere run to its NetCDF file (module docstring), one durable
-    record per :meth:`write`, with the grid runs' machinery (:class:`tpde.io.OutputWriter`):
-    the output's lock from creation (or :meth:`resume`) to :meth:`close`, the file closed
-    between records, ``time`` written last (a record without it is incomplete and dropped on
-    read and resume), room reserved before each record (:class:`tpde.io.DiskFull` leaves the
-    file as it was), and with ``overwrite`` the new run staged in ``.<name>.partial`` until it
-    ends with a result. The header is the dataset of :func:`sphere_dataset` without records
-    and with ``status = "running"``; ``beta`` (``A = beta I``, ``V = I``) adds the interaction
-    energy's record and ``degrees`` the degree amplitudes' (:func:`diagnostics`, evaluated
-    before a record is stored: at about the cost of one evaluation of the field)."""
+# ---- the file's layout and the run -----------------------------------------------------------
+class SphereLayout:
+    """The sphere's file layout (module docstring), a :class:`tpde.layout.FileLayout` that
+    :class:`tpde.io.SnapshotWriter` writes and resumes (registered as the sphere's ``layout``
+    in :mod:`tpde.geometries`): the header is the dataset of :func:`sphere_dataset` without
+    records and with ``status = "running"``; ``beta`` (``A = beta I``, ``V = I``) adds the
+    interaction energy's record and ``degrees`` the degree amplitudes' (:func:`diagnostics`,
+    evaluated before a record is stored: at about the cost of one evaluation of the field);
+    a record with atoms holds the moments of cells plus atoms (exact vMF moments)."""
 
     def __init__(
-        self,
-        path: str | os.PathLike,
-        grid: cs.CubedSphere,
-        config_text: str = "",
-        title: str = "tpde run on the sphere",
-        overwrite: bool = False,
-        history: str = "",
-        lock_timeout: float = io.LOCK_TIMEOUT,
-        beta: float | None = None,
-        degrees: int | None = DEGREES,
+        self, grid: cs.CubedSphere, beta: float | None = None, degrees: int | None = DEGREES
     ):
-        path = os.fspath(path)
+        self.grid, self.beta, self.degrees = grid, beta, degrees
+
+    @classmethod
+    def reopen(cls, nc: netCDF4.Dataset, attrs: dict, where: str) -> SphereLayout:
+        """The layout of a sphere run's file: its cubed sphere (``cell``, 6 n^2) and the
+        records it has (none in files of tpde before them)."""
+        if "cell" not in nc.dimensions:
+            raise io.OutputError(
+                f"run.output: {where} is not the file of a sphere run; choose another output"
+            )
+        n = math.isqrt(len(nc.dimensions["cell"]) // 6)
+        energy = nc.variables.get("energy_interaction")
+        beta = None if energy is None else float(energy.getncattr("beta"))
+        amplitudes = "harmonic_amplitude" in nc.variables
+        degrees = len(nc.dimensions["degree"]) - 1 if amplitudes else None
+        return cls(cs.cubed_sphere(n), beta, degrees)
+
+    def header_bytes(self, config_text: str) -> int:
+        """The header: the cells' coordinates, bounds and areas, and the config text."""
+        return 64 * 1024 + 80 * 6 * self.grid.n**2 + 2 * len(config_text)
+
+    def record_bytes(self) -> int:
+        """What one record may add: the density (deflate may grow it a little), an index entry
+        per density tile, a new chunk of each moment record (mass, mean, second moment, energy
+        and the ``degrees + 1`` amplitudes), and the reserve margin."""
+        cells = 6 * self.grid.n**2
+        tiles = -(-cells // io.spatial_chunks((cells,), 1)[1])
+        return (
+            int(1.05 * 8 * cells)
+            + 128 * tiles
+            + 8 * _TIME_CHUNK * (16 + (self.degrees or 0))
+            + io.RESERVE_MARGIN
+        )
+
+    def create(self, path: str, config_text: str, title: str, history: str) -> None:
+        """The empty file of a sphere run."""
+        grid = self.grid
+        empty = np.empty((0, *grid.shape))
         header = sphere_dataset(
-            grid,
-            np.empty(0),
-            np.empty((0, *grid.shape)),
-            config_text,
-            title,
-            beta=beta,
-            degrees=degrees,
+            grid, np.empty(0), empty, config_text, title, beta=self.beta, degrees=self.degrees
         )
         created = f"{io._now()}: created by tpde {header.attrs['tpde_version']}"
         header.attrs.update(
@@ -692,109 +640,20 @@ class SphereWriter(io.OutputWriter):
             status_time=math.nan,
             status_message="",
         )
-        record = self._record_bytes(grid, degrees)
-        nbytes = 64 * 1024 + 80 * 6 * grid.n**2 + 2 * len(str(config_text)) + record
-        lock, file, staged = io.open_output(
-            path, overwrite, lambda file: _write(header, file), nbytes
-        )
-        self.grid, self.beta, self.degrees = grid, beta, degrees
-        self.state: dict = {}  # (a resumed writer's: the monitor state it continues)
-        self._begin(path, 0, None, lock_timeout, record)
-        self._attach(lock, file, staged)
+        io.to_netcdf(header, path, records=True)
 
-    @staticmethod
-    def _record_bytes(grid: cs.CubedSphere, degrees: int | None = None) -> int:
-        """What one record may add: the density (deflate may grow it a little), an index entry
-        per density tile, a new chunk of each moment record (mass, mean, second moment, energy
-        and the ``degrees + 1`` amplitudes), and the reserve margin."""
-        cells = 6 * grid.n**2
-        tiles = -(-cells // io.spatial_chunks((cells,), 1)[1])
-        return (
-            int(1.05 * 8 * cells)
-            + 128 * tiles
-            + 8 * _TIME_CHUNK * (16 + (degrees or 0))
-            + io.RESERVE_MARGIN
-        )
-
-    @classmethod
-    def resume(
-        cls,
-        path: str | os.PathLike,
-        lock_timeout: float = io.LOCK_TIMEOUT,
-        accept: Any = None,
-    ) -> SphereWriter:
-        """Reopen a sphere run's file after its last complete snapshot (the staged partial file
-        of a run that was replacing ``path``, if any), as :meth:`tpde.io.SnapshotWriter.resume`:
-        ``accept(state)`` (``file``, ``config``, ``outcome``, ``snapshots``, ``time``) may
-        refuse before anything changes."""
-        path = os.fspath(path)
-
-        def read(nc: netCDF4.Dataset, attrs: dict) -> tuple:
-            if not geometries.is_a(attrs, "sphere") or "cell" not in nc.dimensions:
-                raise io.OutputError(
-                    f"run.output: {path} is not the file of a sphere run; choose another output"
-                )
-            n = math.isqrt(len(nc.dimensions["cell"]) // 6)
-            # the records the file has (none in files of tpde before them)
-            energy = nc.variables.get("energy_interaction")
-            beta = None if energy is None else float(energy.getncattr("beta"))
-            amplitudes = "harmonic_amplitude" in nc.variables
-            degrees = len(nc.dimensions["degree"]) - 1 if amplitudes else None
-            return cs.cubed_sphere(n), beta, degrees
-
-        # a killed segment's steps up to its last snapshot join the file's count
-        opened = io.reopen_output(
-            path, lock_timeout, read, accept, lambda nc, layout: io.count_unclosed_steps(nc)
-        )
-        writer = cls.__new__(cls)
-        writer.grid, writer.beta, writer.degrees = opened.layout
-        record = cls._record_bytes(writer.grid, writer.degrees)
-        writer._begin(path, opened.count, opened.last, lock_timeout, record)
-        writer._attach(opened.lock, opened.file, opened.staged)
-        writer.state = io.read_run_state(opened.attrs)  # (the last snapshot's monitor state)
-        return writer
-
-    def last_density(self) -> np.ndarray:
-        """The density of the last complete snapshot (tpde's ``(6, n, n)``)."""
-        if not self._count:
-            raise io.OutputError(f"run.output: {self.path} holds no complete snapshot")
-        with io._opened(self.file, "r", self.lock_timeout) as nc:
-            nc.set_auto_mask(False)
-            return from_file(np.array(nc["density"][self._count - 1, :], dtype=np.float64))
-
-    def last_atoms(self):
-        """The atoms and next id of the last complete snapshot, or None (no atoms)."""
-        from .atoms_io import read_atoms
-
-        with io._opened(self.file, "r", self.lock_timeout) as nc:
-            nc.set_auto_mask(False)
-            return read_atoms(nc, self._count - 1)
-
-    def write(self, snapshot: io.SnapshotLike) -> bool:
-        """Append a snapshot (``density`` of shape ``(6, n, n)`` at ``time``; the optional
-        ``step``, ``atoms``, ``next_atom_id`` and ``state`` of :class:`tpde.io.Record`) with
-        its mass, moments, interaction energy and degree amplitudes (those the file has); a
-        snapshot at the time of the last record is skipped (returns False). ``step``: the
-        steps of this segment so far (:data:`tpde.io.UNCLOSED_STEPS`: they survive a kill);
-        ``state``: what a run resumed from it restores (:data:`tpde.io.MONITOR_STATE`)."""
-        record = io.Record.of(snapshot)
-        t = self._check_time(record.time)
+    def record(self, record: io.Record) -> Any:
+        """The store of a snapshot (``density`` of shape ``(6, n, n)``; the optional
+        ``atoms``, ``next_atom_id`` of :class:`tpde.io.Record`) with its mass, moments,
+        interaction energy and degree amplitudes (those the file has)."""
         rho = np.asarray(record.density, dtype=np.float64)
-        if rho.shape != self.grid.shape:
-            raise ValueError(
-                f"run.output: snapshot density has shape {rho.shape}, expected {self.grid.shape}"
-            )
-        if self._last_time is not None and t == self._last_time:
-            return False
-        atoms, next_id, step = record.atoms, record.next_atom_id, record.step
+        atoms, next_id = record.atoms, record.next_atom_id
         grid = self.grid
         mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
         energy, amplitudes = diagnostics(grid, rho, self.beta, self.degrees)
         if atoms is not None:  # the cells' moments plus the atoms' (exact vMF moments)
             from tpde.schemes.sphere_atoms import deficit
             from tpde.variants.cubed_sphere import energy_with_atoms
-
-            from .atoms_io import write_atoms
 
             mass += atoms.total_mass
             first = (1.0 - deficit(atoms.kappa)) * atoms.mass
@@ -808,36 +667,34 @@ class SphereWriter(io.OutputWriter):
             if energy is not None and self.beta is not None:
                 energy = energy_with_atoms(rho, grid, self.beta, atoms)
 
-        def store(i: int) -> None:
+        def store(nc: netCDF4.Dataset, i: int) -> None:
             if atoms is not None:
-                with io._opened(self.file, "a", self.lock_timeout) as nc:
-                    write_atoms(nc, i, atoms, next_id, layout="sphere")
-            with io._opened(self.file, "a", self.lock_timeout) as nc:
-                nc["density"][i, :] = _to_file(rho)
-                nc["mass"][i] = mass
-                nc["mean_vector"][i, :] = mean
-                nc["second_moment"][i, :, :] = second
-                if energy is not None:
-                    nc["energy_interaction"][i] = energy
-                if amplitudes is not None:
-                    nc["harmonic_amplitude"][i, :] = amplitudes
-                io.write_run_state(nc, step, record.state)
-                nc.sync()  # the record on disk before its time (tpde.io.SnapshotWriter)
-                nc["time"][i] = t
+                from .atoms_io import write_atoms
 
-        self._append(t, store)
-        return True
+                write_atoms(nc, i, atoms, next_id, layout="sphere")
+            nc["density"][i, :] = _to_file(rho)
+            nc["mass"][i] = mass
+            nc["mean_vector"][i, :] = mean
+            nc["second_moment"][i, :, :] = second
+            if energy is not None:
+                nc["energy_interaction"][i] = energy
+            if amplitudes is not None:
+                nc["harmonic_amplitude"][i, :] = amplitudes
 
-    def __repr__(self) -> str:
-        return f"SphereWriter({self.path!r}, n={self.grid.n}, snapshots={self._count})"
+        return store
+
+    def density(self, nc: netCDF4.Dataset, i: int) -> np.ndarray:
+        """Record ``i``'s density (tpde's ``(6, n, n)``)."""
+        return from_file(np.array(nc["density"][i, :], dtype=np.float64))
 
 
 class SphereSession:
     """The run of a :class:`SphereConfig` in :func:`tpde.run.run_config` (a
     :class:`tpde.run.RunSession`): :class:`tpde.schemes.cubed_sphere.SphereSolver` with its
-    atoms (``[atoms]``) or the pinning watch, and :class:`SphereWriter`; a resumed run
+    atoms (``[atoms]``) or the pinning watch; a resumed run
     continues the file's last snapshot bit for bit (its density, atoms and monitor state,
-    the snapshot times after it). NetCDF only."""
+    the snapshot times after it). The writer is :class:`tpde.io.SnapshotWriter` in the
+    sphere's :class:`SphereLayout`. NetCDF only."""
 
     zarr = False
 
@@ -851,18 +708,20 @@ class SphereSession:
         self.events: list = []
         self.atom_run: Any = None
 
-    def new_writer(self, output: Path, overwrite: bool, history: str) -> SphereWriter:
+    def new_writer(self, output: Path, overwrite: bool, history: str) -> io.SnapshotWriter:
         config = self.config
-        return SphereWriter(
+        beta = config.field.beta if config.field.identity_v else None
+        return io.SnapshotWriter(
             output,
             config.grid,
             config.text,
+            title="tpde run on the sphere",
             overwrite=overwrite,
             history=history,
-            beta=config.field.beta if config.field.identity_v else None,
+            layout=SphereLayout(config.grid, beta),
         )
 
-    def resume_writer(self, output: Path) -> SphereWriter:
+    def resume_writer(self, output: Path) -> io.SnapshotWriter:
         from .resume import times_after
         from .run import check_resumable
 
@@ -871,13 +730,17 @@ class SphereSession:
         def accept(found: dict) -> None:
             check_resumable(output, found, self.config, times)
 
-        writer = SphereWriter.resume(output, accept=accept)
+        writer = io.SnapshotWriter.resume(output, accept=accept)
         assert writer.last_time is not None  # (accept refused a file without records)
+        assert isinstance(writer.layout, SphereLayout)  # (accept: the same config)
         start = writer.last_time
-        self.density = writer.last_density()
+        self.density = writer.read_last(writer.layout.density)
         self.times = np.array([start, *times_after(times, start)])
         self.t_start = start
-        self.found = writer.last_atoms() if self.config.atoms is not None else None
+        if self.config.atoms is not None:
+            from .atoms_io import read_atoms
+
+            self.found = writer.read_last(read_atoms)
         self.state = writer.state
         return writer
 
@@ -1014,7 +877,7 @@ def _config_beta(text: str) -> float | None:
 
 def sphere_info(path: str | Path) -> list[str]:
     """The lines ``tpde info`` prints for a sphere file."""
-    ds = read_sphere(path)
+    ds = io.read(path)
     grid = grid_of(ds)
     n = grid.n
     times = ds["time"].values

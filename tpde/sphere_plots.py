@@ -91,7 +91,7 @@ def draw_atoms(ax, atoms) -> tuple[int, int]:
 def density_map_figure(ds, times: Sequence[float] | None = None, title: str | None = None):
     """The density at up to four snapshots (or the nearest to each of ``times``) on
     Mollweide maps, each with its colour bar (density / uniform), the clusters of the last
-    marked; ``ds`` a sphere file read by :func:`tpde.sphere.read_sphere`."""
+    marked; ``ds`` a sphere file read by :func:`tpde.io.read`."""
     from tpde.validation.sphere_atoms import measure_clusters
 
     from .atoms_io import atoms_of_record
@@ -186,9 +186,9 @@ def plot_sphere(
 ) -> list[Path]:
     """Write ``density.png`` (:func:`density_map_figure`) and ``moments.png``
     (:func:`moments_figure`) of the sphere file ``path`` into ``outdir``."""
-    from .sphere import read_sphere
+    from . import io
 
-    ds = read_sphere(path)
+    ds = io.read(path)
     if ds.sizes.get("time", 0) == 0:
         raise ValueError(f"plot: {path} has no snapshots")
     outdir = Path(outdir)
@@ -206,11 +206,11 @@ def compare_runs(run, tokens: Sequence, gaussian, time: float | None, title: str
     """``tpde compare`` on the sphere (tpde.geometries' ``compare`` hook): the sphere has no
     Gaussian closure; :func:`compare_figure` of the token runs (paths or Datasets; the run's
     snapshots are compared at the times all files hold, ``time`` is not used)."""
-    from .sphere import read_sphere
+    from . import io
 
     if gaussian is not None:
         raise ValueError("compare: the sphere has no Gaussian closure; give token files")
-    sets = [read_sphere(Path(one)) if isinstance(one, str | os.PathLike) else one for one in tokens]
+    sets = [io.read(Path(one)) if isinstance(one, str | os.PathLike) else one for one in tokens]
     return compare_figure(run, sets, title)
 
 
@@ -260,7 +260,7 @@ def compare_figure(run, tokens: Sequence, title: str | None = None):
     """A grid run on the sphere against token runs of the same config (``tpde compare``;
     ``tpde particles`` with several ``--seed`` values: their spread drawn as a band, min to
     max over the seeds, with their median). ``run`` and ``tokens``: sphere files read by
-    :func:`tpde.sphere.read_sphere`.
+    :func:`tpde.io.read`.
 
     Against t, at the snapshot times every file holds: the length of the mean vector
     ``|int x dmu|`` (the order parameter), the largest and smallest eigenvalue of the

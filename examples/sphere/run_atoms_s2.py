@@ -64,9 +64,10 @@ def grid_clusters(grid_file: str | Path) -> tuple[list, float]:
     import netCDF4
 
     from tpde.atoms_io import read_atoms
-    from tpde.sphere import from_file, grid_of, read_sphere
+    from tpde.io import read
+    from tpde.sphere import from_file, grid_of
 
-    ds = read_sphere(grid_file)
+    ds = read(grid_file)
     grid = grid_of(ds)
     out = []
     with netCDF4.Dataset(grid_file) as nc:
