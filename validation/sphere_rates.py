@@ -51,7 +51,6 @@ __all__ = [
     "linear_rate",
     "noisy_rate",
     "rate_by_quadrature",
-    "sphere_grid_rate",
     "sphere_token_rates",
     "sphere_token_slope",
 ]
@@ -428,45 +427,6 @@ def circle_sampled_token_rates(
         measured = fit_rate(times, modes[:, k])
         rows.append(_record("k", k, beta, rate, measured, initial=float(modes[0, k])))
     return rows
-
-
-def sphere_grid_rate(
-    l: int,
-    beta: float,
-    nz: int = 32,
-    nphi: int = 8,
-    amplitude: float = 1e-8,
-    span: float = 1.0,
-    noise_span: float = 20.0,
-    step: float = 0.05,
-    snapshots: int = 11,
-) -> dict:
-    """Seed the zonal harmonic ``P_l(z)`` at ``amplitude`` on the uniform measure of S^2,
-    run the finite-volume solver on the equal-area ``(z, phi)`` grid
-    (:class:`tpde.variants.spherical.SphereAttention`, ``A = beta I``, ``V = I``, exact face
-    velocities) and fit the growth rate of the zonal amplitude. ``T = span / lambda_l`` cut at
-    ``noise_span / lambda_max`` (round-off grows in every other mode), ``dt = step /
-    lambda_max``. By rotation invariance the rate of ``Y_l^m`` is that of ``P_l``."""
-    from tpde.grid.sphere import sphere_grid, zonal_amplitude, zonal_modes
-    from tpde.schemes.solver import Problem, Scheme, Solver
-    from tpde.variants.spherical import SphereAttention
-
-    grid = sphere_grid(nz, nphi)
-    rate = linear_rate(l, beta, 3)
-    fastest = max(linear_rate(j, beta, 3) for j in range(1, nz + 1))
-    t_end = min(span / rate, noise_span / fastest)
-    problem = Problem(
-        grid,
-        zonal_modes(grid, [(l, amplitude)]),
-        SphereAttention(beta),
-        t_end,
-        scheme=Scheme(dt_max=step / fastest, face_velocity="exact"),
-        snapshots=snapshots,
-    )
-    result = Solver(problem).run()
-    amplitudes = [zonal_amplitude(s.density, grid, l) for s in result.snapshots]
-    masses = [s.mass for s in result.snapshots]
-    return _run_record("l", l, beta, rate, result.times, amplitudes, t_end, result.steps, masses)
 
 
 # ---- the cubed sphere ------------------------------------------------------------------------
