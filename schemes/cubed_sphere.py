@@ -63,7 +63,7 @@ from .loop import (
     TimeLoop,
     plain_snapshot_callbacks,
 )
-from .monitor import RESOLUTION_TOLERANCE, SEVENTH_GHOSTS, Event
+from .monitor import RESOLUTION_TOLERANCE, SEVENTH_GHOSTS, Event, event_lines
 from .operator import PositivityError
 from .reconstruction import get_reconstruction, reconstruct
 from .rk import get_integrator
@@ -801,6 +801,7 @@ class SphereSolver(TimeLoop):
             dt=self.last_dt,
             step=self.steps,
             state=self.monitor_state(),
+            events=event_lines(self.events),
         )
         if self.atoms is not None:  # (the mass of the state: cells plus atoms, as flat)
             snap.atoms, snap.next_atom_id = self.atoms.atoms, self.atoms.next_id

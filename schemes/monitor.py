@@ -88,6 +88,12 @@ class Event:
     message: str
 
 
+def event_lines(events: list[Event]) -> str:
+    """The text a file keeps of ``events``: ``"kind t message"`` per line, ``t`` to 9
+    significant digits (read back by ``tpde.io.events``)."""
+    return "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in events)
+
+
 def edge_mass(
     density: np.ndarray, axes: tuple[int, ...] | None = None, cells: int = EDGE_CELLS
 ) -> float:

@@ -70,6 +70,7 @@ from .monitor import (
     RESOLUTION_TOLERANCE,
     Event,
     Monitor,
+    event_lines,
     reconstruction_error_rate,
 )
 from .operator import (
@@ -347,6 +348,9 @@ class Snapshot:
     #: the loop's :meth:`.loop.TimeLoop.monitor_state` at this snapshot (what a run resumed
     #: from it restores: the resolution estimate, the warnings already given)
     state: dict = field(default_factory=dict)
+    #: the run segment's events up to this snapshot (:func:`.monitor.event_lines`): stored
+    #: with its record, so a killed run's file keeps what happened before its last record
+    events: str = ""
 
 
 @dataclass
@@ -798,6 +802,7 @@ class Solver(TimeLoop):
             snap.next_atom_id = self.atom_run.next_id
             snap.mass += snap.atoms.total_mass
         snap.state = self.monitor_state()
+        snap.events = event_lines(self.monitor.events)
         self.handed(snap)
         return snap
 

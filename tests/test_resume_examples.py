@@ -121,6 +121,37 @@ def test_kill_then_resume_bit_for_bit_every_example(example, tmp_path):
     check(example, tmp_path)
 
 
+def test_a_killed_segments_events_survive_the_resume(tmp_path):
+    """The events a killed run gave before its last complete record are in the resumed
+    file's ``events`` (and ``steps`` counts the killed segment's), as the uninterrupted
+    run's: the resumed run does not repeat them (its monitor state says they were given),
+    so they must come from the killed file (``tpde.io.UNCLOSED_EVENTS``). The case:
+    examples/softmax.toml to t = 0.25 with ``run.resolution_tolerance = 1e-5``, which warns
+    ``under_resolved`` at its first snapshot interval; killed after four records."""
+    raw = tomllib.loads((ROOT / "examples/softmax.toml").read_text())
+    raw["run"].update(t_end=0.25, snapshots=6, resolution_tolerance=1e-5)
+    raw["run"].pop("output", None)
+    config = tmp_path / "softmax_warns.toml"
+    config.write_text(dumps(raw))
+    reference, target = tmp_path / "reference.nc", tmp_path / "resumed.nc"
+    assert main(["run", str(config), "-o", str(reference), "--quiet"]) == 0
+    kill_after(["run", str(config), "-o", str(target)], 4, "[")
+    killed = io.events(target)
+    with netCDF4.Dataset(target) as nc:
+        unclosed = str(nc.getncattr(io.UNCLOSED_EVENTS)).splitlines()
+        records = io.complete_records(nc["time"][:].filled(np.nan))
+    assert main(["run", str(config), "-o", str(target), "--resume", "--quiet"]) == 0
+    want, got = io.events(reference), io.events(target)
+    print(f"\nkilled after {records} records: events {killed}, unclosed {unclosed}")
+    print(f"uninterrupted: {want}\nresumed:       {got}")
+    assert [e.split()[0] for e in want] == ["under_resolved"]
+    assert 4 <= records < 6 and unclosed == want
+    assert killed == want  # (tpde info on the killed file lists them too)
+    assert got == want
+    steps = [int(netCDF4.Dataset(f).getncattr("steps")) for f in (reference, target)]
+    assert steps[0] == steps[1], steps
+
+
 def test_examples_found():
     """The list covers both folders and the three geometries (a moved example is noticed)."""
     assert set(DEFAULT_TIER) <= set(EXAMPLES) and len(EXAMPLES) >= 15

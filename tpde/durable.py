@@ -415,6 +415,11 @@ COUNTERS = ("steps", "rejected_steps", "wall_time")
 #: every record, added to ``steps`` at close, or at resume when a kill left it unclosed (a
 #: resumed run repeats only what came after that snapshot)
 UNCLOSED_STEPS = "steps_since_resume"
+#: the events of the run segment up to its last complete record (``"kind t message"`` per
+#: line), rewritten with every record once there is one, added to ``events`` at close or
+#: at resume when a kill left it unclosed: the events before the record a resumed run
+#: starts from are not repeated by it (the monitor state says they were given)
+UNCLOSED_EVENTS = "events_since_resume"
 #: what the loop's callbacks had found at the last complete snapshot (JSON text of
 #: ``tpde.schemes.loop.TimeLoop.monitor_state``: the resolution estimate, the warnings
 #: already given), rewritten with every record: a resumed run restores it and goes on as the
@@ -426,11 +431,16 @@ MONITOR_STATE = "monitor_state"
 RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
 
 
-def write_run_state(nc: Any, step: int | None, state: Mapping[str, Any] | None) -> None:
-    """With a record: the segment's steps so far (:data:`UNCLOSED_STEPS`) and the loop's
-    monitor state (:data:`MONITOR_STATE`), each where given."""
+def write_run_state(
+    nc: Any, step: int | None, state: Mapping[str, Any] | None, events: str = ""
+) -> None:
+    """With a record: the segment's steps so far (:data:`UNCLOSED_STEPS`), its events so
+    far (:data:`UNCLOSED_EVENTS`) and the loop's monitor state (:data:`MONITOR_STATE`),
+    each where given."""
     if step is not None:
         nc.setncattr(UNCLOSED_STEPS, np.int64(step))
+    if events:
+        nc.setncattr(UNCLOSED_EVENTS, events)
     if state:
         nc.setncattr(MONITOR_STATE, json.dumps(dict(state), sort_keys=True))
 
@@ -631,6 +641,8 @@ class OutputWriter:
                             UNCLOSED_STEPS: np.int64(0),  # counted in steps now
                         }
                     )
+                    if UNCLOSED_EVENTS in nc.ncattrs():  # (in events now)
+                        nc.setncattr(UNCLOSED_EVENTS, "")
                 stored = True
             except DiskFull:
                 pass

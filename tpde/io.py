@@ -109,6 +109,7 @@ from .durable import (
     RUN_RECORDS,
     RUNNING,
     TIME_FILL,
+    UNCLOSED_EVENTS,
     UNCLOSED_STEPS,
     ZARR_EXTRA,
     DiskFull,
@@ -173,7 +174,7 @@ from .layout import (
 from .layout import (
     _grid_kind as _grid_kind,
 )
-from .resume import Reopened, count_unclosed_steps, reopen_output, resume_state
+from .resume import Reopened, close_killed_segment, reopen_output, resume_state
 
 try:
     import fcntl
@@ -196,6 +197,7 @@ __all__ = [
     "SPATIAL_CHUNK_VALUES",
     "TIME_ATTRIBUTES",
     "TIME_FILL",
+    "UNCLOSED_EVENTS",
     "UNCLOSED_STEPS",
     "ZARR_EXTRA",
     "DiskFull",
@@ -272,6 +274,8 @@ class Record:
     step: int | None = None
     #: the loop's monitor state at the snapshot (:data:`MONITOR_STATE`), or None
     state: Mapping[str, Any] | None = None
+    #: the segment's events up to the snapshot (:data:`UNCLOSED_EVENTS`)
+    events: str = ""
 
     @classmethod
     def of(cls, snapshot: SnapshotLike) -> Record:
@@ -288,6 +292,7 @@ class Record:
             next_atom_id=int(getattr(snapshot, "next_atom_id", 0) or 0),
             step=int(step) if isinstance(step, int | np.integer) else None,
             state=getattr(snapshot, "state", None) or None,
+            events=str(getattr(snapshot, "events", "") or ""),
         )
 
 
@@ -457,7 +462,7 @@ class SnapshotWriter(OutputWriter):
             return grid, positions, tuple(nc["density"].dimensions[1:]), mean_name
 
         def update(nc: netCDF4.Dataset, layout: tuple | FileLayout) -> None:
-            count_unclosed_steps(nc)
+            close_killed_segment(nc)
             if not isinstance(layout, tuple):
                 return
             grid, positions, stored, _ = layout
@@ -557,10 +562,11 @@ class SnapshotWriter(OutputWriter):
         self, i: int, t: float, record: Record, write: Callable[[netCDF4.Dataset, int], None]
     ) -> None:
         """Record ``i``: open the file, ``write(nc, i)`` its variables, the run state
-        (:data:`UNCLOSED_STEPS`, :data:`MONITOR_STATE`), then its time, and close it."""
+        (:data:`UNCLOSED_STEPS`, :data:`UNCLOSED_EVENTS`, :data:`MONITOR_STATE`), then its
+        time, and close it."""
         with _opened(self.file, "a", self.lock_timeout) as nc:
             write(nc, i)
-            write_run_state(nc, record.step, record.state)
+            write_run_state(nc, record.step, record.state, record.events)
             # the record on disk before its time: HDF5 flushes cached chunks in its own order
             # at close, so a kill there could leave a time without its data (seen: a NaN
             # mass); after the sync it can only lose the time, and a record without time
@@ -769,9 +775,15 @@ def outcome(path: str | os.PathLike) -> Outcome:
 
 
 def events(path: str | os.PathLike) -> list[str]:
-    """The events a run in ``path`` (a NetCDF file or Zarr store) records (its ``events``
-    attribute: one line each, "kind time message")."""
-    return str(_stored_attributes(path).get("events", "")).splitlines()
+    """The events a run in ``path`` (a NetCDF file or Zarr store) records, one line each,
+    "kind time message": its ``events`` attribute, then those of a segment still running or
+    killed up to its last complete record (:data:`UNCLOSED_EVENTS`)."""
+    attrs = _stored_attributes(path)
+    return [
+        line
+        for name in ("events", UNCLOSED_EVENTS)
+        for line in str(attrs.get(name, "")).splitlines()
+    ]
 
 
 def _with_atoms(mass: float, mean: np.ndarray, cov: np.ndarray, atoms: Any):

@@ -1,7 +1,8 @@
 """Continuing a file: reopening an output after its last complete record, whatever its
-layout (:func:`reopen_output`), the steps a killed segment made (:func:`count_unclosed_steps`),
-and what a solver needs to continue a grid run (:func:`resume_state`, read without loading
-every record). The durable writes are :mod:`tpde.durable`'s, the layout :mod:`tpde.layout`'s.
+layout (:func:`reopen_output`), the steps and events of a killed segment
+(:func:`close_killed_segment`), and what a solver needs to continue a grid run
+(:func:`resume_state`, read without loading every record). The durable writes are
+:mod:`tpde.durable`'s, the layout :mod:`tpde.layout`'s.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from .durable import (
     RESERVE_MARGIN,
     RUNNING,
+    UNCLOSED_EVENTS,
     UNCLOSED_STEPS,
     Outcome,
     OutputError,
@@ -50,10 +52,17 @@ def times_after(times: Any, start: float) -> list[float]:
     return [float(t) for t in times if t > start * (1 + SAME_TIME) + 1e-300]
 
 
-def count_unclosed_steps(nc: netCDF4.Dataset) -> None:
-    """Add the steps a killed segment made up to its last complete snapshot
-    (:data:`UNCLOSED_STEPS`) to the file's ``steps``, so the resumed run's total is the
-    uninterrupted run's (attributes are untrusted: anything but a count is dropped)."""
+def close_killed_segment(nc: netCDF4.Dataset) -> None:
+    """Add the steps and the events a killed segment made up to its last complete snapshot
+    (:data:`UNCLOSED_STEPS`, :data:`UNCLOSED_EVENTS`) to the file's ``steps`` and
+    ``events``, so the resumed run's totals are the uninterrupted run's (attributes are
+    untrusted: anything but a count is dropped, events are kept as text)."""
+    if UNCLOSED_EVENTS in nc.ncattrs():
+        unclosed_events = str(nc.getncattr(UNCLOSED_EVENTS))
+        if unclosed_events:
+            closed = str(nc.getncattr("events")) if "events" in nc.ncattrs() else ""
+            nc.setncattr("events", "\n".join(e for e in (closed, unclosed_events) if e))
+        nc.setncattr(UNCLOSED_EVENTS, "")
     if UNCLOSED_STEPS not in nc.ncattrs():
         return
     try:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tpde.grid import profile
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.loop import Callback
+from tpde.schemes.monitor import event_lines
 from tpde.schemes.solver import Snapshot, Solver
 from tpde.variants.energies import run_energies
 
@@ -226,7 +227,7 @@ class FlatSession:
             "threads": ensure_policy(),
             "largest_truncation": monitor.largest,
             "reconstruction_error": monitor.reconstruction_error,
-            "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in monitor.events),
+            "events": event_lines(monitor.events),
         }
 
 

@@ -54,6 +54,7 @@ import xarray as xr
 
 from tpde.grid import cubed_sphere as cs
 from tpde.schemes.atoms import AtomOptions
+from tpde.schemes.monitor import event_lines
 from tpde.variants.cubed_sphere import CubedSphereAttention
 from tpde.variants.engines.registry import check_engine
 
@@ -788,7 +789,7 @@ class SphereSession:
         events."""
         return {
             "steps": recorder.last_step,
-            "events": "\n".join(f"{e.kind} {e.time:.9g} {e.message}" for e in self.events),
+            "events": event_lines(self.events),
         }
 
 
