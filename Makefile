@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 # indexes and the editable layout are not the user's business (errors still print)
 PIP    := PYTHONWARNINGS=ignore $(PY) -m pip --quiet --quiet
 
-.PHONY: demo test test-slow validate bench paper lint clean
+.PHONY: demo test test-cpu test-slow validate bench paper lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ test: $(TSTAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) tools/typecheck.py
 	TPDE_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS)
+
+# the default tier with the CPU seconds of every test (tools/cputime_plugin.py) written to
+# CPU_OUT, then its tables (tools/cpu_table.py): CPU seconds do not grow with other jobs' load
+CPU_OUT ?= out/test-cpu.jsonl
+test-cpu: $(TSTAMP)
+	mkdir -p $(dir $(CPU_OUT))
+	rm -f $(CPU_OUT)
+	CPUTIME_OUT=$(abspath $(CPU_OUT)) TPDE_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) -p tools.cputime_plugin
+	$(PY) tools/cpu_table.py $(CPU_OUT)
 
 test-slow: $(TSTAMP)
 	$(PY) -m pytest -q -m slow -s

@@ -210,6 +210,25 @@ def test_importing_tpde_grid_loads_no_numba_and_keeps_blas_threads():
     assert result["env_changed"] == {}, f"import tpde.grid set {result['env_changed']}"
 
 
+def test_a_run_loads_no_fft_library_or_dask_until_it_plans_a_transform():
+    """``import tpde.run`` (every ``tpde run``, and the first import of a refused input) loads
+    neither pyfftw nor dask: pyfftw brings dask.array, planned only by an FFT engine."""
+    probe = (
+        "import sys, json; import tpde.run; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'pyfftw', 'dask'})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"\nimport tpde.run loaded: {loaded}")
+    assert loaded == [], f"import tpde.run loaded {loaded}"
+    from tpde.variants.engines.fft import PlannedFFT
+
+    assert PlannedFFT((8, 8)).backend == "pyfftw", "pyfftw is a dependency: its plans are used"
+
+
 CITATION = re.compile(r"theory\.md[,:] (?:sections? )?['\"]([^'\"\n<]+)['\"]")
 
 

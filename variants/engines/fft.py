@@ -26,16 +26,27 @@ pyfftw plans (FFTW_ESTIMATE, one thread: see FFT_THREADS) with scipy.fft as the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 
 from tpde.grid import Grid, profile
 
-try:
-    import pyfftw
-except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is the fallback
-    pyfftw = None
+
+@functools.cache
+def fftw() -> ModuleType | None:
+    """pyfftw, imported on the first plan (None where it is missing: scipy.fft then).
+
+    Not at import: pyfftw loads its dask interface and with it dask.array, which every
+    ``tpde`` process that plans no transform (most runs, every refused input) would load
+    for nothing (tests/test_standalone.py)."""
+    try:
+        import pyfftw
+    except ImportError:  # pragma: no cover - pyfftw is a dependency; scipy.fft is the fallback
+        return None
+    return pyfftw
 
 
 #: threads of the engine's transforms. One: inside a solver step the transforms run between
@@ -56,6 +67,7 @@ class PlannedFFT:
     def __init__(self, shape: Sequence[int]):
         self.shape = tuple(int(n) for n in shape)
         self.backend = "scipy"
+        pyfftw = fftw()
         if pyfftw is not None:
             threads = FFT_THREADS
             self._in = pyfftw.zeros_aligned(self.shape, dtype="float64")
@@ -96,6 +108,8 @@ class PlannedFFT:
         """An aligned array the forward transform can write into (None for scipy)."""
         if self.backend == "scipy":
             return None
+        pyfftw = fftw()
+        assert pyfftw is not None  # (the pyfftw backend)
         return pyfftw.empty_aligned(self._spectrum.shape, dtype=self._spectrum.dtype)
 
     def convolve(
