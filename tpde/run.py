@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from tpde.grid import profile
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.loop import Callback
-from tpde.schemes.solver import Snapshot, Solver
+from tpde.schemes.solver import Problem, Snapshot, Solver
 from tpde.variants.energies import run_energies
 
 from . import io
@@ -162,7 +162,7 @@ class FlatSession:
 
     zarr = True
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config[Problem]):
         self.config = config
         self.problem = config.problem
         self.t_start, self.t_end = self.problem.t_start, self.problem.t_end
