@@ -188,7 +188,7 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     assert ds.attrs["status"] == "completed" and ds.attrs["geometry"] == "sphere"
     # info, plot and particles through the command line
     code, out, _ = cli(capsys, "info", path)
-    assert code == 0 and "grid run on the sphere" in out
+    assert code == 0 and "grid run, the sphere S^2" in out
     assert "clusters at the last snapshot" in out
     assert "interaction energy" not in out  # a general A: no E of this form
     assert "energy_interaction" not in ds and ds["harmonic_amplitude"].dims == ("time", "degree")

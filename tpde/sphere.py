@@ -81,8 +81,8 @@ __all__ = [
     "grid_of",
     "panels",
     "particle_reference",
+    "info_lines",
     "sphere_dataset",
-    "sphere_info",
 ]
 
 KEYS = {
@@ -872,66 +872,43 @@ def _config_beta(text: str) -> float | None:
     return field.beta if field.identity_v else None
 
 
-def sphere_info(path: str | Path) -> list[str]:
-    """The lines ``tpde info`` prints for a sphere file."""
-    ds = io.read(path)
-    grid = grid_of(ds)
-    n = grid.n
-    times = ds["time"].values
-    what = "token system" if "tokens" in ds else "grid run"
-    lines = [
-        f"{path}: {what} on the sphere, cubed sphere {n} x {n} cells x 6 panels ({6 * n * n} cells)"
-    ]
-    if "tokens" in ds:
-        lines.append(f"  tokens: {ds.sizes['token']} (seed {ds.attrs.get('seed', '?')})")
-    if times.size:
-        lines.append(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
-    status = " ".join(str(ds.attrs.get("status", "?")).split())[:40]
-    message = " ".join(str(ds.attrs.get("status_message", "")).split())[:300]
-    when = float(ds.attrs.get("status_time", float("nan")))
-    lines.append(f"  status: {status} at t = {when:.6g}: {message}")
-    if times.size:
-        m = ds["mean_vector"].values[-1]
-        lines.append(
-            f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
-        )
-        from .atoms_io import atom_lines
+def info_lines(ds: xr.Dataset, grid: cs.CubedSphere) -> list[str]:
+    """What ``tpde info`` says of a sphere file's last snapshot beyond every file's lines
+    (:func:`tpde.cli.cmd_info`): the mean vector, the clusters (cells plus atoms: an atom's
+    mass in the cell of its centre) and the interaction energy (``A = beta I``, ``V = I``)."""
+    if not ds.sizes["time"]:
+        return []
+    m = ds["mean_vector"].values[-1]
+    lines = [f"  mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"]
+    last = from_file(ds["density"].values[-1])
+    held = ""
+    if "atom_id" in ds:  # cells plus atoms
+        from tpde.validation.sphere_atoms import cell_masses
 
-        lines.extend(atom_lines(ds))
-        last = from_file(ds["density"].values[-1])
-        held = ""
-        if "atom_id" in ds:  # cells plus atoms (an atom's mass in the cell of its centre)
-            from tpde.validation.sphere_atoms import cell_masses
-
-            used = np.nan_to_num(np.asarray(ds["atom_id"].values[-1], float), nan=-1) >= 0
-            centre = np.asarray(ds["atom_centre"].values[-1])[used]
-            last = last + cell_masses(grid, centre, np.asarray(ds["atom_mass"].values[-1])[used])
-            held = ", cells plus atoms"
-        centres, masses = cs.clusters(grid, last)
-        lines.append(f"  clusters at the last snapshot (> 2x uniform{held}): {len(masses)}")
-        for x, mass in list(zip(centres, masses, strict=True))[:12]:
-            lat, lon = cs.lat_lon(x)
-            lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
-        beta: float | None = None
-        energy = math.nan
-        if "energy_interaction" in ds:  # recorded at every snapshot (grid or tokens)
-            beta = float(ds["energy_interaction"].attrs["beta"])
-            energy = float(ds["energy_interaction"].values[-1])
-        elif "tokens" not in ds:  # a file of tpde before the record
-            beta = _config_beta(str(ds.attrs.get("config", "")))
-            if beta is not None:
-                from tpde.variants.cubed_sphere import interaction_energy
-
-                energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+        used = np.nan_to_num(np.asarray(ds["atom_id"].values[-1], float), nan=-1) >= 0
+        centre = np.asarray(ds["atom_centre"].values[-1])[used]
+        last = last + cell_masses(grid, centre, np.asarray(ds["atom_mass"].values[-1])[used])
+        held = ", cells plus atoms"
+    centres, masses = cs.clusters(grid, last)
+    lines.append(f"  clusters at the last snapshot (> 2x uniform{held}): {len(masses)}")
+    for x, mass in list(zip(centres, masses, strict=True))[:12]:
+        lat, lon = cs.lat_lon(x)
+        lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
+    beta: float | None = None
+    energy = math.nan
+    if "energy_interaction" in ds:  # recorded at every snapshot (grid or tokens)
+        beta = float(ds["energy_interaction"].attrs["beta"])
+        energy = float(ds["energy_interaction"].values[-1])
+    elif "tokens" not in ds:  # a file of tpde before the record
+        beta = _config_beta(str(ds.attrs.get("config", "")))
         if beta is not None:
-            lines.append(
-                f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
-                f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "
-                f"point mass {math.exp(beta) / (2 * beta):.6g})"
-            )
-    wall = float(ds.attrs.get("wall_time", float("nan")))
-    source = ds.attrs.get("source", "tpde ?")
-    steps = ds.attrs.get("steps", "?")
-    lines.append(f"  written by {source}, steps {steps}, wall time {wall:.3g} s")
-    lines.append("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
+            from tpde.variants.cubed_sphere import interaction_energy
+
+            energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+    if beta is not None:
+        lines.append(
+            f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
+            f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "
+            f"point mass {math.exp(beta) / (2 * beta):.6g})"
+        )
     return lines
