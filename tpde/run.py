@@ -110,7 +110,7 @@ class Progress(Callback):
 
 
 class Recorder(Callback):
-    """The writer (an :class:`tpde.io.OutputWriter` with ``write(snapshot)``) as a callback
+    """The writer (a :class:`tpde.io.SnapshotWriter`) as a callback
     of the time loop: every snapshot one durable record
     (``writer.write``, the signals held while it is written: a SIGINT or SIGTERM then ends
     the run between records), the first one skipped on a resumed run (the state it starts
