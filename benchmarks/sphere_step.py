@@ -245,8 +245,8 @@ def example() -> dict:
         wall = time.perf_counter() - start
     return {
         "config": "examples/sphere/clusters_s2.toml",
-        "cells": 6 * config.grid.n**2,
-        "t_end": config.t_end,
+        "cells": 6 * config.problem.grid.n**2,
+        "t_end": config.problem.t_end,
         "wall_s": wall,
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),

@@ -226,7 +226,9 @@ class CubedSphere:
         return padded_panels(np.asarray(values, float), halo_matrix(self.n, ghosts=g), g)
 
     def describe(self) -> str:
-        return f"cubed sphere: {self.n} x {self.n} cells a panel, {self.size} cells"
+        return (
+            f"the sphere S^2, cubed sphere of {self.n} x {self.n} cells a panel ({self.size} cells)"
+        )
 
     def to_coordinate(self, density) -> np.ndarray:
         """``q_bar = rho_bar A / h^2``: the coordinate cell averages of ``q = J rho``."""

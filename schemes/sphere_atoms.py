@@ -427,6 +427,23 @@ class VMFAtoms:
     def normalised(self) -> VMFAtoms:
         return VMFAtoms(self.mass, self.directions, self.spread, self.ids, self.born, self.parents)
 
+    def with_moments(
+        self, mass: float, mean: np.ndarray, second: np.ndarray
+    ) -> tuple[float, np.ndarray, np.ndarray]:
+        """The mass, first moment ``int x dmu`` (3,) and second moment ``int x x^T dmu``
+        (3, 3) of the cells' (``mass``, ``mean``, ``second``) plus the atoms', exactly: an
+        atom's first moment is ``m A(kappa) a`` (``A = 1 - deficit``) and its second
+        ``m ((A / kappa) I + (1 - 3 A / kappa) a a^T)`` (trace ``m``; ``A / kappa = A s`` has
+        no division and tends to 1/3 as ``kappa -> 0``)."""
+        first = (1.0 - deficit(self.kappa)) * self.mass
+        ratio = (1.0 - deficit(self.kappa)) * self.spread
+        u = self.directions
+        mass = mass + self.total_mass
+        mean = mean + first @ u
+        second = second + np.sum(self.mass * ratio) * np.eye(3)
+        second = second + np.einsum("k,ki,kj->ij", self.mass * (1.0 - 3.0 * ratio), u, u)
+        return mass, mean, second
+
     def advanced(self, rates: tuple[np.ndarray, np.ndarray], dt: float) -> VMFAtoms:
         return VMFAtoms(
             self.mass,

@@ -48,7 +48,7 @@ def test_circle_config_builds_the_circle_problem():
     grid = config.problem.grid
     assert isinstance(grid, CircleGrid) and grid.cells == (128,) and grid.copies == 1
     assert grid.integrate(config.problem.density) == pytest.approx(1.0, abs=1e-14)
-    assert config.variant == "circle"
+    assert config.geometry == "circle" and config.variant == "softmax"
     assert 'geometry = "circle"' in config.text and "copies = 1" in config.text
     # the flat default is unchanged, and "flat" may be written out
     flat = build(

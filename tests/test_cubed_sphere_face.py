@@ -14,7 +14,7 @@ import xarray as xr
 import tpde
 from tpde.config import ConfigError, build
 from tpde.grid import cubed_sphere as cs
-from tpde.sphere import SphereConfig, from_file, panels
+from tpde.sphere import SphereProblem, from_file, panels
 
 RUN = """
 [grid]
@@ -64,15 +64,17 @@ def one_thread():
 
 def test_sphere_config_round_trip():
     config = build(RUN)
-    assert isinstance(config, SphereConfig) and config.grid.n == 8
-    assert config.grid.integrate(config.density) == pytest.approx(1.0, abs=1e-14)
-    assert config.field.beta is None and config.field.A[0, 1] == 0.35
-    assert np.allclose(config.times, [0, 0.2, 0.4, 0.6])
+    problem = config.problem
+    assert config.geometry == "sphere" and isinstance(problem, SphereProblem)
+    assert problem.grid.n == 8
+    assert problem.grid.integrate(problem.density) == pytest.approx(1.0, abs=1e-14)
+    assert problem.velocity.beta is None and problem.velocity.A[0, 1] == 0.35
+    assert np.allclose(problem.times, [0, 0.2, 0.4, 0.6])
     # the stored text builds the same configuration (defaults written out)
     again = build(config.text)
     assert again.text == config.text
-    assert np.array_equal(again.density, config.density)
-    assert np.array_equal(again.field.A, config.field.A)
+    assert np.array_equal(again.problem.density, problem.density)
+    assert np.array_equal(again.problem.velocity.A, problem.velocity.A)
     assert 'velocity_at = "nodes"' in config.text and "nodes = 3" in config.text
     # every initial kind
     for initial, check in (
@@ -83,17 +85,17 @@ def test_sphere_config_round_trip():
         text = RUN.replace(
             RUN[RUN.index("[initial]") : RUN.index("[attention]")], f"[initial]\n{initial}\n\n"
         )
-        c = build(text)
+        c = build(text).problem
         assert c.grid.integrate(c.density) == pytest.approx(check, abs=1e-14)
     uniform = build(RUN.replace(RUN[RUN.index("[initial]") : RUN.index("[attention]")], ""))
-    assert np.allclose(uniform.density, 1 / (4 * math.pi), rtol=1e-15)
+    assert np.allclose(uniform.problem.density, 1 / (4 * math.pi), rtol=1e-15)
     # the zonal mode is recovered by projection
     modes = build(
         RUN.replace(
             RUN[RUN.index("[initial]") : RUN.index("[attention]")],
             '[initial]\nkind = "uniform"\nmodes = [[3, 0.2]]\n\n',
         )
-    )
+    ).problem
     assert cs.zonal_projection(modes.grid, modes.density, 3) == pytest.approx(0.2, abs=1e-3)
 
 
@@ -186,7 +188,7 @@ def test_run_writes_a_cf_file_on_the_globe(tmp_path, capsys):
     assert ds.attrs["status"] == "completed" and ds.attrs["geometry"] == "sphere"
     # info, plot and particles through the command line
     code, out, _ = cli(capsys, "info", path)
-    assert code == 0 and "grid run on the sphere" in out
+    assert code == 0 and "grid run, the sphere S^2" in out
     assert "clusters at the last snapshot" in out
     assert "interaction energy" not in out  # a general A: no E of this form
     assert "energy_interaction" not in ds and ds["harmonic_amplitude"].dims == ("time", "degree")

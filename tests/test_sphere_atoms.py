@@ -234,7 +234,7 @@ def test_clusters_s2_with_atoms_against_lattice_tokens(tmp_path):
     grid, h = script.grid_clusters(out)
     times = [18.0, 20.0, 22.0, 24.0]
     grid = [g for g in grid if g[0] in times]
-    seeds = [list(token_clusters(config, s, times)) for s in (0, 1)]
+    seeds = [list(token_clusters(config.problem, s, times)) for s in (0, 1)]
     rows = compare_clusters(grid, seeds)
     print("\n" + cluster_table(rows))
     assert len(rows) == len(times) and all(r["plateau"] for r in rows)

@@ -143,7 +143,7 @@ def test_engine_vocabulary_and_config():
         '[run]\nt_end = 0.1\noutput = "x.nc"\n'
     )
     config = build(text.format('engine = "direct"'))
-    assert config.field.serving == "direct" and 'engine = "direct"' in config.text
+    assert config.problem.velocity.serving == "direct" and 'engine = "direct"' in config.text
     assert 'engine = "auto"' in build(text.format("")).text
     with pytest.raises(ConfigError) as info:
         build(text.format('engine = "fft"'))

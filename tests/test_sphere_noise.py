@@ -151,7 +151,7 @@ def test_sphere_config_takes_run_noise():
     from tpde.config import ConfigError, build
 
     config = build(SPHERE_RUN.format(noise=0.25))
-    assert config.scheme["noise"] == 0.25
+    assert config.problem.scheme["noise"] == 0.25
     assert "noise" not in config.text.split("[run]")[0]  # stored under run, not scheme
     for bad in ("-1.0", '"a lot"'):
         with pytest.raises(ConfigError) as info:

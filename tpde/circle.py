@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from tpde.grid import circle as geo
 from tpde.grid import moments as cell_moments
 from tpde.schemes.atoms import AtomOptions
+from tpde.schemes.solver import Problem
 from tpde.validation.circle_metastability import clusters_from_noise
 from tpde.variants.energies import circle_energies
 from tpde.variants.engines.registry import check_engine
@@ -163,7 +165,7 @@ def _attention(table: Mapping) -> CircleAttention:
         raise ConfigError(str(exc).splitlines()[0]) from None
 
 
-def build_circle(raw: dict) -> Config:
+def build_circle(raw: dict) -> Config[Problem]:
     """The :class:`Config` of a circle configuration (raw TOML tables, paths resolved)."""
     name = geometries.of_config(raw)
     if name != "circle":  # (tpde.geometries' entry "circle" calls it on its own configs)
@@ -191,20 +193,31 @@ def build_circle(raw: dict) -> Config:
     stored["attention"].setdefault("normalised", True)
     stored["attention"].setdefault("engine", "auto")
     # raw with the defaults filled in, as stored
-    config = Config(problem, run["output"], "circle", dumps(stored), stored)
+    config: Config[Problem] = Config(
+        problem, run["output"], "softmax", dumps(stored), stored, geometry="circle"
+    )
     config.no_gaussian = "tpde gaussian: the circle has no Gaussian closure; use tpde particles"
     if positions is None:
         config.energies = lambda: circle_energies(field, grid)
         config.particles = lambda n, seed, quantiles: circle_particles(
             config, field, n, seed, quantiles
         )
-    else:  # one law per slice: no energy of the run
+    else:  # one law per slice: no energy of the run, no token system
         config.energies = lambda: lambda density, t: {}
+        config.particles = _no_masked_tokens
     return config
 
 
+def _no_masked_tokens(n: int, seed: int = 0, quantiles: bool = False) -> Any:
+    """``tpde particles`` of masked attention on the circle: refused in one line."""
+    raise ConfigError(
+        "grid.positions: the circle's token system has no position slices; "
+        "tpde particles runs unmasked circle configs"
+    )
+
+
 def circle_particles(
-    config: Config, field: CircleAttention, n: int, seed: int = 0, quantiles: bool = False
+    config: Config[Problem], field: CircleAttention, n: int, seed: int = 0, quantiles: bool = False
 ):
     """``tpde particles`` on the circle: ``n`` tokens of the initial cell averages (i.i.d.
     with ``seed``, or the deterministic mid-quantiles with ``quantiles``) moved by the

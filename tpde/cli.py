@@ -468,15 +468,12 @@ def cmd_info(args) -> int:
         if lines is not None:
             print("\n".join(lines))
             return 0
-    geometry = _geometry(args.file)
-    if geometry.info is not None:  # the geometry's own summary (tpde.geometries)
-        from tpde import geometries
+    from tpde import geometries
 
-        print("\n".join(geometries.load(geometry.info)(args.file)))
-        return 0
+    geometry = _geometry(args.file)  # what differs: its mesh and state lines (tpde.geometries)
     try:
         ds = _open(args.file)
-        grid = grid_from_dataset(ds)
+        grid = geometries.load(geometry.mesh)(ds) if geometry.mesh else grid_from_dataset(ds)
     except (FileNotFoundError, ValueError, KeyError) as exc:
         return _fail(str(exc))
     times = ds["time"].values
@@ -505,7 +502,10 @@ def cmd_info(args) -> int:
     if times.size:
         outflow = f", outflow {float(ds['outflow'][-1]):.3e}" if "outflow" in ds else ""
         print(f"  mass {float(ds['mass'][-1]):.12g}{outflow}")
-    if times.size and "s" not in ds.dims and _kind(ds) == "run":
+    if geometry.info is not None:
+        for line in geometries.load(geometry.info)(ds, grid):
+            print(line)
+    elif times.size and "s" not in ds.dims and _kind(ds) == "run":
         for line in grid.state_lines(np.asarray(ds["density"][-1].values, dtype=float)):
             print(line)
     energies = [str(n)[len("energy_") :] for n in ds.data_vars if str(n).startswith("energy_")]

@@ -761,8 +761,8 @@ def _all_heads(attention: dict) -> list:
 
 
 #: the geometries with a config module of their own: name -> (module, builder), read from
-#: their registration (tpde.geometries; the builder returns a Config, or tpde.sphere's
-#: SphereConfig, which carries its own run, reader and references); "flat" is built here
+#: their registration (tpde.geometries; the builder returns a Config, the sphere's with its
+#: own problem and session); "flat" is built here
 GEOMETRY_BUILDERS: dict[str, tuple[str, str]] = {
     name: tuple(g.build.split(":"))  # type: ignore[misc]
     for name, g in geometries.GEOMETRIES.items()

@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -95,23 +95,32 @@ class ConfigError(ValueError):
     """A bad configuration value: the message names the key and the fix."""
 
 
-@dataclass
-class Config:
-    """A validated configuration: the Problem it defines plus the run settings."""
+#: what a configuration defines: a tpde.schemes.solver.Problem on a Grid (flat, circle), or a
+#: geometry's own (tpde.sphere.SphereProblem)
+P = TypeVar("P")
 
-    problem: Problem
+
+@dataclass
+class Config(Generic[P]):
+    """A validated configuration of any geometry: the problem it defines (``problem``: a
+    :class:`tpde.schemes.solver.Problem` on a Grid, or the geometry's own, which its
+    ``session`` runs), the run settings, and the hooks where a geometry differs."""
+
+    problem: P
     output: str | None
     variant: str
     text: str
     raw: dict
+    #: ``grid.geometry`` (a name of tpde.geometries: "flat", "circle", "sphere")
+    geometry: str = "flat"
     #: a geometry's own energies of a run (``() -> (density, t) -> {name: Energy}``) and
     #: token reference (``(n, seed, quantiles) -> Dataset``); None: the flat grid's
     energies: Callable[[], Callable[[np.ndarray, float], dict]] | None = None
     particles: Callable[[int, int, bool], Any] | None = None
     #: what ``tpde gaussian`` says where the geometry has no Gaussian closure (None: it has)
     no_gaussian: str | None = None
-    #: a geometry with its own solver and file layout (tpde.sphere's SphereConfig sets
-    #: these): ``session(config) -> tpde.run.RunSession`` (the writer and solver that
+    #: a geometry with its own solver and file layout (tpde.sphere):
+    #: ``session(config) -> tpde.run.RunSession`` (the writer and solver that
     #: tpde.run.run_config drives; None: tpde.run.FlatSession)
     session: Callable[[Any], Any] | None = None
 

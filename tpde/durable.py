@@ -32,7 +32,7 @@ import os
 import time as _time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import netCDF4
 import numpy as np
@@ -491,7 +491,7 @@ def open_output(
     (the header and a first record) and write the empty file with ``create(file)`` at
     :func:`staged_name`. Without an existing file that name is renamed into place at once;
     with one (``overwrite``) the new run stays there until it ends with a result
-    (:meth:`OutputWriter.close`). Returns the held lock, the file to append to and whether
+    (:meth:`tpde.io.SnapshotWriter.close`). Returns the held lock, the file to append to and whether
     it is staged; on any failure nothing is left and the lock is released."""
     lock = _OutputLock(path)
     _check_target(path, True)  # the directory; whether it exists is asked under the lock
@@ -519,163 +519,6 @@ def open_output(
         lock.release()
         raise
     return lock, temporary if staged else path, staged
-
-
-class OutputWriter:
-    """What every durable writer of records shares, whatever the file's layout: the output's
-    lock, the staged file of an overwrite, one record appended per :meth:`_append` (room
-    reserved first: :class:`DiskFull` leaves the file untouched), the final status with
-    :meth:`close`. :class:`tpde.io.SnapshotWriter` (the grid runs' layout, or a geometry's
-    own: ``tpde.layout.FileLayout``, the cubed sphere's ``tpde.sphere.SphereLayout``)
-    creates the file with :func:`open_output` or continues it with :func:`reopen_output`,
-    then calls :meth:`_begin` and :meth:`_attach`."""
-
-    path: str
-    file: str
-    staged: bool
-    lock_timeout: float
-
-    def _begin(
-        self, path: str, count: int, last_time: float | None, lock_timeout: float, record: int
-    ) -> None:
-        """The state of a writer of ``path`` holding ``count`` records (the last at
-        ``last_time``), each needing at most ``record`` bytes."""
-        self.path = path
-        self.lock_timeout = float(lock_timeout)
-        self._count = count
-        self._last_time = last_time
-        self._closed = False
-        self._lock: _OutputLock | None = None
-        self.file = path
-        self.staged = False
-        self._record = int(record)
-
-    def _attach(self, lock: _OutputLock, file: str, staged: bool) -> None:
-        """The writer owns ``lock`` and writes its records to ``file`` (the staged partial
-        file when ``staged``: moved over :attr:`path` when the run ends with a result)."""
-        self._lock = lock
-        self.file = file
-        self.staged = staged
-
-    @property
-    def snapshots(self) -> int:
-        """Number of complete snapshots in the file."""
-        return self._count
-
-    @property
-    def last_time(self) -> float | None:
-        """Time of the last snapshot written (None before the first)."""
-        return self._last_time
-
-    def _check_time(self, t: float) -> float:
-        """``t`` as the next record's time: the writer open, finite, not before the last."""
-        if self._closed:
-            raise RuntimeError(
-                f"run.output: {self.path} was closed; use SnapshotWriter.resume to append again"
-            )
-        t = float(t)
-        if not math.isfinite(t):
-            raise ValueError(f"run.output: snapshot time must be finite, got {t}")
-        if self._last_time is not None and t < self._last_time:
-            raise ValueError(
-                f"run.output: snapshot time {t!r} is before the last written "
-                f"time {self._last_time!r}"
-            )
-        return t
-
-    def _append(self, t: float, store: Callable[[int], None]) -> None:
-        """Record number :attr:`snapshots` at time ``t``: reserve the room it may need, then
-        ``store(i)`` (open the file, write record ``i`` with its time last, close it)."""
-        i = self._count
-        what = f"snapshot {i + 1} (t = {t:.6g})"
-        _reserve(self.file, self._record, what)
-        try:
-            store(i)
-        except (OSError, RuntimeError) as exc:
-            if isinstance(exc, DiskFull):
-                raise
-            space = _space_error(self.file, exc, what)
-            if space is None:
-                raise
-            raise space from None
-        self._count = i + 1
-        self._last_time = t
-
-    def close(
-        self,
-        status: str | Outcome = "completed",
-        status_time: float = math.nan,
-        status_message: str = "",
-        provenance: Mapping[str, Any] | None = None,
-    ) -> bool:
-        """Record how the run ended (an :class:`Outcome`, or its status, time and message:
-        one of :data:`OUTCOMES`, the message made one line), release the lock, and, for a
-        run that replaces an existing file (``overwrite``), move it over that file when the
-        status is a result (:data:`RESULTS`); otherwise the old file stays and the new
-        records stay in :attr:`file` for ``resume``.
-
-        ``provenance``: global attributes stored with the status, e.g. ``threads`` and the
-        solver's counters ``steps``, ``rejected_steps``, ``wall_time`` (:data:`COUNTERS`:
-        added to the values a resumed file already holds, so they count the whole run).
-
-        Returns whether the status was stored: on a full disk it is not (the file then says
-        ``running``, which ``resume`` accepts), and a staged run is not published.
-        """
-        outcome = (
-            status if isinstance(status, Outcome) else Outcome(status, status_time, status_message)
-        )
-        if self._closed:
-            raise RuntimeError(f"run.output: {self.path} is already closed")
-        stored = False
-        try:
-            try:
-                _reserve(self.file, RESERVE_MARGIN, "the final status")
-                with _opened(self.file, "a", self.lock_timeout) as nc:
-                    nc.setncatts(
-                        {
-                            "status": outcome.status,
-                            "status_time": outcome.time,
-                            "status_message": outcome.message,
-                            "status_reason": outcome.reason,
-                            **_provenance(nc, provenance or {}),
-                            UNCLOSED_STEPS: np.int64(0),  # counted in steps now
-                        }
-                    )
-                    if UNCLOSED_EVENTS in nc.ncattrs():  # (in events now)
-                        nc.setncattr(UNCLOSED_EVENTS, "")
-                stored = True
-            except DiskFull:
-                pass
-            if stored and self.staged and outcome.result:
-                _fsync(self.file)
-                os.replace(self.file, self.path)
-                _fsync(os.path.dirname(os.path.abspath(self.path)))
-                self.file, self.staged = self.path, False
-        finally:
-            self._closed = True
-            if self._lock is not None:
-                self._lock.release()
-        return stored
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        """Close if not closed yet: ``completed``, ``interrupted`` (Ctrl-C) or ``error``."""
-        if self._closed:
-            return
-        last = math.nan if self._last_time is None else self._last_time
-        if exc_type is None:
-            self.close("completed", last)
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.close("interrupted", last, "interrupted by the user")
-        else:
-            self.close("error", last, f"{exc_type.__name__}: {exc}")
-
-    def __del__(self) -> None:
-        lock = getattr(self, "_lock", None)
-        if lock is not None:
-            lock.release()
 
 
 #: the extra that installs zarr (``tpde run -o RUN.zarr``)

@@ -11,7 +11,10 @@ this module imports nothing of tpde and no module that registers here forms an i
 * ``layout``: the file layout (a ``tpde.layout.FileLayout`` class) that
   ``tpde.io.SnapshotWriter`` writes and resumes for a mesh that is not a Grid (None: the
   grid runs' layout, ``tpde.layout``);
-* ``info``: ``path -> list[str]``, ``tpde info``'s lines (None: the grid run's summary);
+* ``mesh``: ``Dataset -> mesh``, the mesh of a file of a layout of its own (None: the Grid of
+  ``tpde.io.grid_from_dataset``);
+* ``info``: ``(Dataset, mesh) -> list[str]``, what ``tpde info`` says of the last snapshot
+  beyond every file's lines (None: the mesh's ``state_lines`` of a grid run's density);
 * ``plot``: ``(path, outdir, *, times, title) -> list[Path]``, ``tpde plot``'s whole figure
   set (None: tpde.plots.plot_all); ``figures``: ``(ds, times) -> {file name: () -> Figure}``,
   the geometry's own figures inside plot_all (a name plot_all has is replaced in place, a new
@@ -43,6 +46,7 @@ class Geometry:
     sections: str | None = None
     grid: str | None = None
     layout: str | None = None
+    mesh: str | None = None
     info: str | None = None
     plot: str | None = None
     figures: str | None = None
@@ -70,7 +74,8 @@ GEOMETRIES: dict[str, Geometry] = {
             build="tpde.sphere:build_sphere",
             sections="tpde.sphere:CONFIG_SECTIONS",
             layout="tpde.sphere:SphereLayout",
-            info="tpde.sphere:sphere_info",
+            mesh="tpde.sphere:grid_of",
+            info="tpde.sphere:info_lines",
             plot="tpde.sphere_plots:plot_sphere",
             compare="tpde.sphere_plots:compare_runs",
         ),
@@ -79,7 +84,7 @@ GEOMETRIES: dict[str, Geometry] = {
 
 
 def load(dotted: str) -> Any:
-    """The attribute a registry entry names: ``"tpde.sphere:sphere_info"`` -> the function."""
+    """The attribute a registry entry names: ``"tpde.sphere:info_lines"`` -> the function."""
     module, _, name = dotted.partition(":")
     return vars(importlib.import_module(module))[name]
 

@@ -1082,11 +1082,13 @@ COMPARE_DISTANCES = 8  # W2 is computed at up to this many snapshot times (POT, 
 
 
 def _kind(ds: xr.Dataset) -> str:
-    """Which tool wrote ``ds``: "particles" (tokens), "gaussian" (the ODE), "run"."""
+    """Which tool wrote ``ds``: "particles" (tokens), "gaussian" (the ODE), "run" (a grid
+    file without ``outflow`` is a Gaussian ODE's; a layout of a geometry's own has no ODE)."""
     if "tokens" in ds.variables:
         return "particles"
+    own = geometries.of_dataset(ds).layout is not None
     if str(ds.attrs.get("title", "")).startswith("tpde Gaussian") or (
-        "outflow" not in ds.variables and "density" in ds.variables
+        "outflow" not in ds.variables and "density" in ds.variables and not own
     ):
         return "gaussian"
     return "run"

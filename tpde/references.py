@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from tpde.schemes.solver import Problem
+
 from . import io
 from .config_core import Config, ConfigError, check_memory
 
@@ -38,7 +40,7 @@ AXES = ("x", "y", "z")
 
 
 def reference_dataset(
-    times, means, covs, density, config: Config, title: str, what: str, positions=None
+    times, means, covs, density, config: Config[Problem], title: str, what: str, positions=None
 ) -> xr.Dataset:
     """A reference in the run's layout: the grid's coordinates (:func:`tpde.io.coordinates`),
     ``density`` (times, [S,] *grid.shape) with its mass, the moments, the run's global
@@ -80,7 +82,7 @@ def reference_dataset(
     return ds
 
 
-def gaussian_reference(config: Config) -> xr.Dataset:
+def gaussian_reference(config: Config[Problem]) -> xr.Dataset:
     """The Gaussian mean/covariance ODE solution at the run's snapshot times."""
     from tpde.grid import gaussian
     from tpde.validation.gaussian import VARIANTS, solve
@@ -128,7 +130,7 @@ def gaussian_reference(config: Config) -> xr.Dataset:
 
 
 def particle_reference(
-    config: Config, n: int, seed: int = 0, dt: float | None = None, quantiles: bool = False
+    config: Config[Problem], n: int, seed: int = 0, dt: float | None = None, quantiles: bool = False
 ) -> xr.Dataset:
     """n tokens of the initial density, moved by the token system: i.i.d. samples (``seed``)
     or, in 1-D and on the circle, the deterministic mid-quantiles (``quantiles``: the mean

@@ -20,7 +20,7 @@ from tpde.grid import profile
 from tpde.schemes.frame import AffineFrame
 from tpde.schemes.loop import Callback
 from tpde.schemes.monitor import event_lines
-from tpde.schemes.solver import Snapshot, Solver
+from tpde.schemes.solver import Problem, Snapshot, Solver
 from tpde.variants.energies import run_energies
 
 from . import io
@@ -111,7 +111,7 @@ class Progress(Callback):
 
 
 class Recorder(Callback):
-    """The writer (an :class:`tpde.io.OutputWriter` with ``write(snapshot)``) as a callback
+    """The writer (a :class:`tpde.io.SnapshotWriter`) as a callback
     of the time loop: every snapshot one durable record
     (``writer.write``, the signals held while it is written: a SIGINT or SIGTERM then ends
     the run between records), the first one skipped on a resumed run (the state it starts
@@ -163,7 +163,7 @@ class FlatSession:
 
     zarr = True
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config[Problem]):
         self.config = config
         self.problem = config.problem
         self.t_start, self.t_end = self.problem.t_start, self.problem.t_end

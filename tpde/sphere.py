@@ -2,7 +2,8 @@
 
 docs/theory.md, 'The cubed sphere', 'General attention on the sphere' and 'Tokens on the
 sphere'; docs/user-guide.md, 'The sphere'. :func:`build_sphere` turns the raw tables of a
-sphere configuration into a :class:`SphereConfig`; ``tpde run`` (:func:`tpde.run.run_config`,
+sphere configuration into a :class:`tpde.config_core.Config` (its problem a
+:class:`SphereProblem`); ``tpde run`` (:func:`tpde.run.run_config`,
 the one run path) runs it through its :class:`SphereSession`, whose
 :class:`tpde.schemes.cubed_sphere.SphereSolver` hands each snapshot as it is reached to
 :class:`tpde.io.SnapshotWriter` in the sphere's :class:`SphereLayout`, which writes a
@@ -60,6 +61,7 @@ from tpde.variants.engines.registry import check_engine
 
 from . import io
 from .config_core import (
+    Config,
     ConfigError,
     _choice,
     _matrix,
@@ -73,15 +75,15 @@ from .config_core import (
 from .layout import _TIME_CHUNK
 
 __all__ = [
-    "SphereConfig",
     "SphereLayout",
+    "SphereProblem",
     "SphereSession",
     "build_sphere",
     "grid_of",
     "panels",
     "particle_reference",
+    "info_lines",
     "sphere_dataset",
-    "sphere_info",
 ]
 
 KEYS = {
@@ -103,45 +105,43 @@ MAX_CELLS = 256
 
 
 @dataclass
-class SphereConfig:
-    """A validated sphere configuration: grid, initial density, attention, scheme, run."""
+class SphereProblem:
+    """What a sphere configuration defines (its :class:`tpde.config_core.Config`'s
+    ``problem``, run by :class:`SphereSession`): the cubed sphere, the initial density
+    ``(6, n, n)``, the attention field, the snapshot times, the
+    :class:`tpde.schemes.cubed_sphere.SphereSolver` options (``scheme``: reconstruction,
+    integrator, cfl, dt_max, limiter, velocity_at, noise), the ``[initial]`` table (the
+    tokens sample vMF and mixture starts exactly) and the ``[atoms]`` options (None: off)."""
 
     grid: cs.CubedSphere
     density: np.ndarray
-    field: CubedSphereAttention
-    scheme: dict
+    velocity: CubedSphereAttention
     times: np.ndarray
-    output: str | None
-    text: str
-    raw: dict
+    scheme: dict
     initial: dict = dataclasses.field(default_factory=dict)
-    variant: str = "sphere"
-    geometry: str = "sphere"
-    #: ``[atoms]``: von Mises-Fisher atoms for the collapsed clusters, or None (off)
     atoms: AtomOptions | None = None
-    #: what the face asks of every config (tpde.config_core.Config's hooks): the sphere's own
-    #: run and tokens; no energies hook (the file writes its own)
-    no_gaussian: str = "attention: the sphere has no Gaussian closure; use tpde particles"
+
+    @property
+    def t_start(self) -> float:
+        return float(self.times[0])
 
     @property
     def t_end(self) -> float:
         return float(self.times[-1])
 
-    @property
-    def session(self):
-        return SphereSession
 
-    @property
-    def particles(self):
-        def tokens(n: int, seed: int = 0, quantiles: bool = False) -> xr.Dataset:
-            if quantiles:
-                raise ConfigError(
-                    "--quantiles: mid-quantile tokens are defined in 1-D and on the circle; "
-                    "drop --quantiles for i.i.d. tokens"
-                )
-            return particle_reference(self, n, seed)
+#: what ``tpde gaussian`` says of a sphere config
+NO_GAUSSIAN = "attention: the sphere has no Gaussian closure; use tpde particles"
 
-        return tokens
+
+def _tokens(config: Config[SphereProblem], n: int, seed: int = 0, quantiles: bool = False):
+    """``tpde particles`` on the sphere (:func:`particle_reference`; i.i.d. tokens only)."""
+    if quantiles:
+        raise ConfigError(
+            "--quantiles: mid-quantile tokens are defined in 1-D and on the circle; "
+            "drop --quantiles for i.i.d. tokens"
+        )
+    return particle_reference(config, n, seed)
 
 
 def _vector(key: str, value: Any) -> list[float]:
@@ -301,8 +301,9 @@ def _times(table: Mapping) -> np.ndarray:
     return np.linspace(0.0, t_end, count)
 
 
-def build_sphere(raw: dict) -> SphereConfig:
-    """The :class:`SphereConfig` of a sphere configuration (raw TOML tables)."""
+def build_sphere(raw: dict) -> Config[SphereProblem]:
+    """The :class:`tpde.config_core.Config` of a sphere configuration (raw TOML tables): its
+    problem a :class:`SphereProblem`, its session :class:`SphereSession`."""
     check_keys(raw, KEYS, "sphere", required=("grid", "attention", "run"))
     grid = _grid(raw["grid"])
     attention = _attention(raw["attention"])
@@ -335,10 +336,13 @@ def build_sphere(raw: dict) -> SphereConfig:
             atoms.validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    return SphereConfig(
-        grid, density, attention, scheme, times, output, dumps(stored), raw, initial,
-        atoms=atoms,
+    problem = SphereProblem(grid, density, attention, times, scheme, initial, atoms)
+    config: Config[SphereProblem] = Config(
+        problem, output, "softmax", dumps(stored), raw, geometry="sphere",
+        no_gaussian=NO_GAUSSIAN, session=SphereSession,
     )  # fmt: skip
+    config.particles = lambda n, seed, quantiles: _tokens(config, n, seed, quantiles)
+    return config
 
 
 # ---- the file ---------------------------------------------------------------------------------
@@ -653,18 +657,9 @@ class SphereLayout:
         mass, mean, second = grid.integrate(rho), cs.mean(grid, rho), cs.second_moment(grid, rho)
         energy, amplitudes = diagnostics(grid, rho, self.beta, self.degrees)
         if atoms is not None:  # the cells' moments plus the atoms' (exact vMF moments)
-            from tpde.schemes.sphere_atoms import deficit
             from tpde.variants.cubed_sphere import energy_with_atoms
 
-            mass += atoms.total_mass
-            first = (1.0 - deficit(atoms.kappa)) * atoms.mass
-            mean = mean + first @ atoms.directions
-            # a vMF's int x x^T = (A / kappa) I + (1 - 3 A / kappa) a a^T, A = 1 - q(kappa)
-            # (trace 1; A / kappa = A spread has no division, -> 1/3 as kappa -> 0)
-            ratio = (1.0 - deficit(atoms.kappa)) * atoms.spread
-            u = atoms.directions
-            second = second + np.sum(atoms.mass * ratio) * np.eye(3)
-            second = second + np.einsum("k,ki,kj->ij", atoms.mass * (1.0 - 3.0 * ratio), u, u)
+            mass, mean, second = atoms.with_moments(mass, mean, second)
             if energy is not None and self.beta is not None:
                 energy = energy_with_atoms(rho, grid, self.beta, atoms)
 
@@ -690,7 +685,7 @@ class SphereLayout:
 
 
 class SphereSession:
-    """The run of a :class:`SphereConfig` in :func:`tpde.run.run_config` (a
+    """The run of a sphere :class:`tpde.config_core.Config` in :func:`tpde.run.run_config` (a
     :class:`tpde.run.RunSession`): :class:`tpde.schemes.cubed_sphere.SphereSolver` with its
     atoms (``[atoms]``) or the pinning watch; a resumed run
     continues the file's last snapshot bit for bit (its density, atoms and monitor state,
@@ -699,27 +694,28 @@ class SphereSession:
 
     zarr = False
 
-    def __init__(self, config: SphereConfig):
+    def __init__(self, config: Config[SphereProblem]):
         self.config = config
-        self.times = np.asarray(config.times, float)
-        self.density = config.density
-        self.t_start, self.t_end = float(self.times[0]), config.t_end
+        self.problem = config.problem
+        self.times = np.asarray(self.problem.times, float)
+        self.density = self.problem.density
+        self.t_start, self.t_end = float(self.times[0]), self.problem.t_end
         self.found: tuple | None = None  # the atoms of the resumed snapshot
         self.state: dict = {}
         self.events: list = []
         self.atom_run: Any = None
 
     def new_writer(self, output: Path, overwrite: bool, history: str) -> io.SnapshotWriter:
-        config = self.config
-        beta = config.field.beta if config.field.identity_v else None
+        problem = self.problem
+        beta = problem.velocity.beta if problem.velocity.identity_v else None
         return io.SnapshotWriter(
             output,
-            config.grid,
-            config.text,
+            problem.grid,
+            self.config.text,
             title="tpde run on the sphere",
             overwrite=overwrite,
             history=history,
-            layout=SphereLayout(config.grid, beta),
+            layout=SphereLayout(problem.grid, beta),
         )
 
     def resume_writer(self, output: Path) -> io.SnapshotWriter:
@@ -738,7 +734,7 @@ class SphereSession:
         self.density = writer.read_last(writer.layout.density)
         self.times = np.array([start, *times_after(times, start)])
         self.t_start = start
-        if self.config.atoms is not None:
+        if self.problem.atoms is not None:
             from .atoms_io import read_atoms
 
             self.found = writer.read_last(read_atoms)
@@ -748,29 +744,29 @@ class SphereSession:
     def solver(self, callbacks: list) -> Any:
         from tpde.schemes.cubed_sphere import SphereSolver
 
-        config = self.config
-        if config.atoms is not None:
+        problem = self.problem
+        if problem.atoms is not None:
             from tpde.schemes.sphere_atoms import SphereAtomRun
 
             found = self.found
             self.atom_run = SphereAtomRun(
-                config.grid,
-                config.field,
-                config.atoms,
+                problem.grid,
+                problem.velocity,
+                problem.atoms,
                 None if found is None else found[0],
                 0 if found is None else found[1],
             )
         solver = SphereSolver(
-            config.grid,
+            problem.grid,
             self.density,
-            config.field,
+            problem.velocity,
             float(self.times[-1]),
             snapshots=self.times,
             on_snapshot=callbacks,
             atoms=self.atom_run,
             pinning=self.atom_run is None,
             events=self.events,
-            **config.scheme,
+            **problem.scheme,
         )
         solver.restore_monitor_state(self.state)
         return solver
@@ -794,7 +790,7 @@ class SphereSession:
 
 
 def particle_reference(
-    config: SphereConfig, n: int, seed: int = 0, dt: float | None = None
+    config: Config[SphereProblem], n: int, seed: int = 0, dt: float | None = None
 ) -> xr.Dataset:
     """``n`` tokens from the initial law moved by the CF4 token system
     (:mod:`tpde.validation.s2_tokens`), at the run's snapshot times: ``tokens (time, token,
@@ -813,29 +809,30 @@ def particle_reference(
 
     if n < 1:
         raise ConfigError(f"--tokens: expected an integer >= 1, got {n}")
-    kind = config.initial.get("kind", "uniform")
+    problem = config.problem
+    kind = problem.initial.get("kind", "uniform")
     if kind == "von_mises_fisher":
         x0 = sample_von_mises_fisher(
             n,
-            config.initial.get("mean", [0.0, 0.0, 1.0]),
-            float(config.initial.get("kappa", 1.0)),
+            problem.initial.get("mean", [0.0, 0.0, 1.0]),
+            float(problem.initial.get("kappa", 1.0)),
             seed,
         )
     elif kind == "mixture":
-        x0 = sample_mixture(n, _components(config.initial), seed)
+        x0 = sample_mixture(n, _components(problem.initial), seed)
     else:
-        x0 = sample_cell_tokens(config.density, config.grid, n, seed)
-    field = config.field
-    step = dt or float(np.min(np.diff(config.times))) / 10
+        x0 = sample_cell_tokens(problem.density, problem.grid, n, seed)
+    field = problem.velocity
+    step = dt or float(np.min(np.diff(problem.times))) / 10
     start = _time.perf_counter()
     system = SphereTokens(x0, field.A, field.V, normalised=field.normalised)
-    path = system.integrate(config.times, step)
-    grid = config.grid
+    path = system.integrate(problem.times, step)
+    grid = problem.grid
     density = np.stack([cs.point_histogram(grid, x) for x in path])
     beta = field.beta if field.identity_v else None
     ds = sphere_dataset(
         grid,
-        config.times,
+        problem.times,
         density,
         config.text,
         f"tpde tokens on the sphere, n = {n}",
@@ -856,7 +853,7 @@ def particle_reference(
     )
     ds.attrs.update(
         status="completed",
-        status_time=float(config.times[-1]),
+        status_time=float(problem.times[-1]),
         status_message="",
         seed=int(seed),
         dt=step,
@@ -870,72 +867,49 @@ def _config_beta(text: str) -> float | None:
     """``beta`` of a stored sphere config with ``A = beta I``, ``V = I``, normalised or not
     (the interaction energy's case), else None."""
     try:
-        field = build_sphere(parse_toml(text, "config")).field
+        field = build_sphere(parse_toml(text, "config")).problem.velocity
     except (ConfigError, ValueError):
         return None
     return field.beta if field.identity_v else None
 
 
-def sphere_info(path: str | Path) -> list[str]:
-    """The lines ``tpde info`` prints for a sphere file."""
-    ds = io.read(path)
-    grid = grid_of(ds)
-    n = grid.n
-    times = ds["time"].values
-    what = "token system" if "tokens" in ds else "grid run"
-    lines = [
-        f"{path}: {what} on the sphere, cubed sphere {n} x {n} cells x 6 panels ({6 * n * n} cells)"
-    ]
-    if "tokens" in ds:
-        lines.append(f"  tokens: {ds.sizes['token']} (seed {ds.attrs.get('seed', '?')})")
-    if times.size:
-        lines.append(f"  snapshots: {times.size}, t = {times[0]:.6g} .. {times[-1]:.6g}")
-    status = " ".join(str(ds.attrs.get("status", "?")).split())[:40]
-    message = " ".join(str(ds.attrs.get("status_message", "")).split())[:300]
-    when = float(ds.attrs.get("status_time", float("nan")))
-    lines.append(f"  status: {status} at t = {when:.6g}: {message}")
-    if times.size:
-        m = ds["mean_vector"].values[-1]
-        lines.append(
-            f"  mass {float(ds['mass'][-1]):.15g}; mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"
-        )
-        from .atoms_io import atom_lines
+def info_lines(ds: xr.Dataset, grid: cs.CubedSphere) -> list[str]:
+    """What ``tpde info`` says of a sphere file's last snapshot beyond every file's lines
+    (:func:`tpde.cli.cmd_info`): the mean vector, the clusters (cells plus atoms: an atom's
+    mass in the cell of its centre) and the interaction energy (``A = beta I``, ``V = I``)."""
+    if not ds.sizes["time"]:
+        return []
+    m = ds["mean_vector"].values[-1]
+    lines = [f"  mean vector ({m[0]:.6g}, {m[1]:.6g}, {m[2]:.6g})"]
+    last = from_file(ds["density"].values[-1])
+    held = ""
+    if "atom_id" in ds:  # cells plus atoms
+        from tpde.validation.sphere_atoms import cell_masses
 
-        lines.extend(atom_lines(ds))
-        last = from_file(ds["density"].values[-1])
-        held = ""
-        if "atom_id" in ds:  # cells plus atoms (an atom's mass in the cell of its centre)
-            from tpde.validation.sphere_atoms import cell_masses
-
-            used = np.nan_to_num(np.asarray(ds["atom_id"].values[-1], float), nan=-1) >= 0
-            centre = np.asarray(ds["atom_centre"].values[-1])[used]
-            last = last + cell_masses(grid, centre, np.asarray(ds["atom_mass"].values[-1])[used])
-            held = ", cells plus atoms"
-        centres, masses = cs.clusters(grid, last)
-        lines.append(f"  clusters at the last snapshot (> 2x uniform{held}): {len(masses)}")
-        for x, mass in list(zip(centres, masses, strict=True))[:12]:
-            lat, lon = cs.lat_lon(x)
-            lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
-        beta: float | None = None
-        energy = math.nan
-        if "energy_interaction" in ds:  # recorded at every snapshot (grid or tokens)
-            beta = float(ds["energy_interaction"].attrs["beta"])
-            energy = float(ds["energy_interaction"].values[-1])
-        elif "tokens" not in ds:  # a file of tpde before the record
-            beta = _config_beta(str(ds.attrs.get("config", "")))
-            if beta is not None:
-                from tpde.variants.cubed_sphere import interaction_energy
-
-                energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+        used = np.nan_to_num(np.asarray(ds["atom_id"].values[-1], float), nan=-1) >= 0
+        centre = np.asarray(ds["atom_centre"].values[-1])[used]
+        last = last + cell_masses(grid, centre, np.asarray(ds["atom_mass"].values[-1])[used])
+        held = ", cells plus atoms"
+    centres, masses = cs.clusters(grid, last)
+    lines.append(f"  clusters at the last snapshot (> 2x uniform{held}): {len(masses)}")
+    for x, mass in list(zip(centres, masses, strict=True))[:12]:
+        lat, lon = cs.lat_lon(x)
+        lines.append(f"    lat {float(lat):7.2f}  lon {float(lon):8.2f}  mass {mass:.4f}")
+    beta: float | None = None
+    energy = math.nan
+    if "energy_interaction" in ds:  # recorded at every snapshot (grid or tokens)
+        beta = float(ds["energy_interaction"].attrs["beta"])
+        energy = float(ds["energy_interaction"].values[-1])
+    elif "tokens" not in ds:  # a file of tpde before the record
+        beta = _config_beta(str(ds.attrs.get("config", "")))
         if beta is not None:
-            lines.append(
-                f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
-                f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "
-                f"point mass {math.exp(beta) / (2 * beta):.6g})"
-            )
-    wall = float(ds.attrs.get("wall_time", float("nan")))
-    source = ds.attrs.get("source", "tpde ?")
-    steps = ds.attrs.get("steps", "?")
-    lines.append(f"  written by {source}, steps {steps}, wall time {wall:.3g} s")
-    lines.append("  config:\n    " + str(ds.attrs.get("config", "")).replace("\n", "\n    "))
+            from tpde.variants.cubed_sphere import interaction_energy
+
+            energy = interaction_energy(from_file(ds["density"].values[-1]), grid, beta)
+    if beta is not None:
+        lines.append(
+            f"  interaction energy at the last snapshot (beta = {beta:g}): {energy:.10g} "
+            f"(uniform {math.sinh(beta) / (2 * beta * beta):.6g}, "
+            f"point mass {math.exp(beta) / (2 * beta):.6g})"
+        )
     return lines

@@ -201,25 +201,26 @@ def match_degree(beta: float) -> int:
 
 
 def token_clusters(
-    config, seed: int, times, n: int = 40_000, dt: float = 0.1, match: int | None = None
+    problem, seed: int, times, n: int = 40_000, dt: float = 0.1, match: int | None = None
 ):
     """Yield ``(t, energy, centres, masses)`` of ``n`` lattice tokens of a sphere config's
     initial ``noise`` law (:func:`lattice_tokens`, the turn ``seed``, the coefficients
     matched up to degree ``match``, :func:`match_degree` by default, 0: not) at ``times``,
-    moved by CF4 steps of at most ``dt`` with the harmonic sums (:class:`HarmonicTokens`)."""
+    moved by CF4 steps of at most ``dt`` with the harmonic sums (:class:`HarmonicTokens`).
+    ``problem``: the config's problem (``grid``, ``velocity`` with ``beta``, ``initial``)."""
     if match is None:
-        match = match_degree(config.field.beta)
-    init = config.initial
+        match = match_degree(problem.velocity.beta)
+    init = problem.initial
     _, density = cs.noise_function(
-        config.grid, init.get("amplitude", 1e-3), init.get("l_max", 8), init.get("seed", 0)
+        problem.grid, init.get("amplitude", 1e-3), init.get("l_max", 8), init.get("seed", 0)
     )
     x, w = lattice_tokens(density, n, seed, match)
-    system = HarmonicTokens(x, config.field.beta, w)
+    system = HarmonicTokens(x, problem.velocity.beta, w)
     for t in times:
         system.integrate([t], dt)
-        rho = cell_masses(config.grid, system.x, system.weights)
-        centres, masses = cs.clusters(config.grid, rho)
-        energy = token_energy_harmonic(system.x, system.weights, config.field.beta)
+        rho = cell_masses(problem.grid, system.x, system.weights)
+        centres, masses = cs.clusters(problem.grid, rho)
+        energy = token_energy_harmonic(system.x, system.weights, problem.velocity.beta)
         yield float(t), energy, centres, masses
 
 

@@ -40,13 +40,13 @@ def tokens(
 ) -> list[Path]:
     """The seeds' token systems advanced in turn, one snapshot each (all reach the same time
     when stopped early); one file per seed."""
-    config = build_sphere(parse_toml(CONFIG.read_text(), "config"))
+    problem = build_sphere(parse_toml(CONFIG.read_text(), "config")).problem
     tag = f"_n{n}_m{match}"
     outs = [Path(f"tokens_s2_{seed}{tag}.jsonl") for seed in seeds]
     start = time.perf_counter()
-    times = config.times[config.times <= t_end]
+    times = problem.times[problem.times <= t_end]
     files = [out.open("w") for out in outs]
-    runs = [token_clusters(config, seed, times, n, dt, match) for seed in seeds]
+    runs = [token_clusters(problem, seed, times, n, dt, match) for seed in seeds]
     for rows in zip(*runs, strict=True):
         for f, (t, energy, centres, masses) in zip(files, rows, strict=True):
             line = {"t": t, "energy": energy, "centres": centres.tolist(),
