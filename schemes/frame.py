@@ -555,3 +555,35 @@ def rough_rates(tries: Sequence[tuple[float, float]], tolerance: float) -> str |
                 "grid, or raise scheme.frame_tolerance)"
             )
     return None
+
+
+#: the frame follows the whole law's covariance: a cluster whose own covariance grows slower
+#: (separated bumps of a law that spreads) narrows in frame units, and the frame's cells hold
+#: it less and less. A frame run ends when the variance, in cells squared, of its densest
+#: cluster (:func:`tpde.schemes.monitor.cluster_width`) has fallen below this share of its
+#: value at the run's start: the cells then hold the cluster with half the variance they
+#: were given (the reconstruction error, falling like h^5, has grown about 2^(5/2) = 5.7
+#: times). A law the frame follows (one Gaussian under a Gaussian-preserving field) keeps its
+#: width in frame units and never meets it. Measured on the three-bump law (docs/theory.md,
+#: 'When the frame cannot go on'): the width falls from 2.06 cells to 1.454 by t = 0.4239,
+#: where the frame's tangent t* is 7.0e-3 below a fixed box's at 192^2 (1.8e-2 at the box's
+#: stop at t = 0.556)
+FRAME_NARROWING = 0.5
+
+
+def narrowed(start: float, width: float, where: str = "") -> str | None:
+    """Why a frame run ends because its densest cluster narrowed, or None.
+
+    start, width: the cluster's standard deviation in cells (:func:`.monitor.cluster_width`)
+    at the run's start and now; ``where``: the cluster's place, for the message. The rule is
+    off where ``start`` is not a finite positive width (no peak to follow: a flat top); a
+    width of 0 (an empty neighbour: a one-cell spike) or below ``sqrt(FRAME_NARROWING)
+    start`` ends the run."""
+    if not (math.isfinite(start) and start > 0.0) or not (width / start) ** 2 < FRAME_NARROWING:
+        return None
+    return (
+        f"the frame's cells no longer hold its densest cluster{where}: {width:.3g} cells per "
+        f"standard deviation, from {start:.3g} at the start (variance below FRAME_NARROWING "
+        f"= {FRAME_NARROWING:g} of the start's; the frame follows the whole law's covariance, "
+        "which grows faster than the cluster's: refine the grid, or a fixed box)"
+    )

@@ -45,6 +45,7 @@ from .frame import (
     embedded_error,
     face_density,
     frame_step_tolerance,
+    narrowed,
     rough_rates,
     truncation_indicator,
     unheld_share,
@@ -70,6 +71,7 @@ from .monitor import (
     RESOLUTION_TOLERANCE,
     Event,
     Monitor,
+    cluster_width,
     event_lines,
     reconstruction_error_rate,
 )
@@ -478,6 +480,9 @@ class Solver(TimeLoop):
         self.frame = problem.frame
         self._frame_dt = math.inf
         self._cells_rate = 0.0  # the cells' error rate at the step's start (frame tolerance)
+        # the frame's densest cluster's width in cells at the run's start (FrameNarrowing;
+        # None: not measured yet, a resumed run restores it with the monitor state)
+        self.frame_width0: float | None = None
         # the largest fraction of the mass whose velocity the box did not hold, since the
         # last check (variants.truncation; 0 where the field does not measure it)
         self.truncation = 0.0
@@ -520,6 +525,8 @@ class Solver(TimeLoop):
         if self.atom_run is not None or self.pin_watch is not None:
             steering.append(AtomTransfers())
         steering += [OutflowGuard(), BoxMonitor()]
+        if self.frame is not None and self.atom_run is None:
+            steering.append(FrameNarrowing())
         self.callbacks = [*steering, *plain_snapshot_callbacks(on_snapshot)]
 
     # ---- velocity on the faces ---------------------------------------------------------------
@@ -820,6 +827,8 @@ class Solver(TimeLoop):
         if self.pin_watch is not None:
             state["pinning_warned"] = bool(self.pin_watch.warned)
             state["pinning_steps"] = int(self.pin_watch.steps)
+        if self.frame_width0 is not None:  # (inf: no peak at the start, the rule is off)
+            state["frame_width0"] = float(self.frame_width0)
         return state
 
     def restore_monitor_state(self, state: Mapping[str, Any]) -> None:
@@ -834,6 +843,8 @@ class Solver(TimeLoop):
         if self.pin_watch is not None:
             self.pin_watch.warned = bool(state.get("pinning_warned", False))
             self.pin_watch.steps = int(state.get("pinning_steps", 0))
+        if "frame_width0" in state:
+            self.frame_width0 = float(state["frame_width0"])
 
     def advance_to(self, t_target: float) -> str:
         """Step until t == t_target exactly. Returns a status (``completed`` when reached).
@@ -1051,6 +1062,32 @@ class BoxMonitor(Callback):
         assert isinstance(loop, Solver)
         status = loop._watch()
         return None if status is None else Stop(status, loop.status_message)
+
+
+class FrameNarrowing(Callback):
+    """The frame's hold on its clusters (:func:`.frame.narrowed`): the width in cells of the
+    densest cluster (:func:`.monitor.cluster_width`) at the run's start (restored on resume)
+    against its width after every step; when it has narrowed past FRAME_NARROWING the run
+    ends through :meth:`.monitor.Monitor.ended` (``blowup`` with its prediction where the
+    covariance has grown, else ``under_resolved``). Frame runs without atoms only: atoms are
+    what takes a narrowing cluster off the cells."""
+
+    def start(self, loop: TimeLoop) -> None:
+        assert isinstance(loop, Solver)
+        if loop.frame_width0 is None:
+            loop.frame_width0 = cluster_width(loop.density, loop.grid)[0]
+
+    def after_step(self, loop: TimeLoop, plan: StepPlan) -> Stop | None:
+        assert isinstance(loop, Solver) and loop.frame_width0 is not None
+        width, centre = cluster_width(loop.density, loop.grid)
+        where = " (at xi = (" + ", ".join(f"{x:.3g}" for x in centre) + "))"
+        why = narrowed(loop.frame_width0, width, where)
+        if why is None:
+            return None
+        status, message = loop.monitor.ended(
+            loop.t, "under_resolved", f"at t = {loop.t:.6g}: {why}", why
+        )
+        return Stop(status, message)
 
 
 def simulate_transport(
