@@ -752,3 +752,83 @@ def test_cells_as_points_and_their_w2():
     value = wasserstein_points(pts, wts, pts + shift, wts)
     print(f"\nW2 of a translate: {value:.15f} (|v| = 0.5)")
     assert abs(value - 0.5) < 1e-12
+
+
+def _four_gaussians(frame: bool, bound: float, cells: int) -> dict:
+    """The smooth four-cluster case: N((+-0.5, +-0.5), 0.09 I), equal weights, under the
+    heads of examples/frame_atoms.toml, to t = 1 (a fixed box, or the frame with atoms)."""
+    raw = {
+        "grid": {"lower": [-bound] * 2, "upper": [bound] * 2, "cells": [cells] * 2},
+        "initial": {
+            "kind": "mixture",
+            "weights": [1.0] * 4,
+            "means": [[sx, sy] for sx in (0.5, -0.5) for sy in (0.5, -0.5)],
+            "covariances": [[[0.09, 0.0], [0.0, 0.09]]] * 4,
+        },
+        "attention": {
+            "variant": "multihead",
+            "heads": [
+                {"A": [[3.0, 0.0], [0.0, 3.0]], "V": [[1.0, 0.0], [0.0, 1.0]]},
+                {"A": [[0.1, 0.0], [0.0, 0.1]], "V": [[-10.0, 0.0], [0.0, -10.0]]},
+            ],
+        },
+        "run": {"t_end": 1.0, "snapshots": 2, "box_action": "warn"},
+    }
+    if frame:
+        raw["scheme"] = {"frame": "affine", "frame_tolerance": 1e-8}
+        raw["atoms"] = {"width": 0.75}
+    return raw
+
+
+@pytest.mark.slow
+def test_four_gaussians_fixed_box_against_frame_at_t1():
+    """Four Gaussian clusters (sd 0.3 at (+-0.5, +-0.5)) under the two heads against two
+    seeds of 10^4 symmetric tokens at t = 1 (before any cluster is narrower than a cell):
+    a fixed +-3 box at 64^2 is within the tokens' seed-to-seed W2; the co-moving frame
+    (+-3.5 frame units, 36^2 and 64^2) is not, and its error grows with the cells, so the
+    frame, not the atoms, keeps this case from its target (docs/theory.md, 'Atoms in the
+    co-moving frame'). The frame's part is an xfail with the numbers."""
+    import importlib.util
+    from pathlib import Path
+
+    from tpde.validation.particles import SymmetricTokens, square_group, symmetric_tokens
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("frame_atoms", root / "examples/frame_atoms.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    group = square_group(2)
+    runs = []
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        x = 0.5 * np.sign(rng.uniform(-1, 1, (1250, 2))) + 0.3 * rng.standard_normal((1250, 2))
+        system = SymmetricTokens(TokenSystem("multihead", example.HEADS), group)
+        x0 = symmetric_tokens(example.fold(x), group)
+        runs.append(simulate(system, x0, 1.0, 0.1, times=[1.0]).tokens)
+    rows = []
+    for name, frame, bound, cells in (
+        ("box +-3 64^2", False, 3.0, 64),
+        ("frame +-3.5 36^2", True, 3.5, 36),
+        ("frame +-3.5 64^2", True, 3.5, 64),
+    ):
+        result = Solver(build(_four_gaussians(frame, bound, cells)).problem).run()
+        snap = result.snapshots[-1]
+        assert result.status == "completed" and abs(snap.time - 1.0) < 1e-12
+        mean, matrix = (snap.frame.mean, snap.frame.matrix) if frame else (np.zeros(2), np.eye(2))
+        points = example.run_points(snap.density, result.grid, mean, matrix, None)
+        (row,) = example.table([(1.0, 1, points, 0, 0.0)], runs)
+        rows.append((name, *row[2:4], *row[6:]))
+    show(
+        "four Gaussians at t = 1",
+        ["run", "law sd", "corner sd", "W2/sd 1", "W2/sd 2", "noise"],
+        rows,
+    )
+    box = rows[0]
+    assert max(box[3], box[4]) <= box[5]  # (measured 0.034, 0.043 against 0.046)
+    # the frame: measured 0.122 / 0.111 at 36^2 and 0.151 / 0.158 at 64^2 against 0.046
+    if not all(max(r[3], r[4]) <= r[5] for r in rows[1:]):
+        pytest.xfail(
+            "the co-moving frame on four Gaussians is off the tokens at t = 1 (W2/sd 0.12 at "
+            "36^2, 0.15 at 64^2 against the noise 0.046) where a fixed box at 64^2 is within it"
+        )
