@@ -431,6 +431,12 @@ MONITOR_STATE = "monitor_state"
 RUN_RECORDS = ("events", "largest_truncation", "reconstruction_error")
 
 
+def joined_events(*texts: object) -> str:
+    """Event texts of run segments one after another (one line per event; empty ones and
+    None skipped): the ``events`` of a file over its resumed segments."""
+    return "\n".join(str(v) for v in texts if v)
+
+
 def write_run_state(
     nc: Any, step: int | None, state: Mapping[str, Any] | None, events: str = ""
 ) -> None:
@@ -462,7 +468,7 @@ def _provenance(nc: netCDF4.Dataset, values: Mapping[str, Any]) -> dict[str, Any
     for name, value in values.items():
         before = nc.getncattr(name) if name in nc.ncattrs() else None
         if name == "events":  # one line per event, over every segment of a resumed run
-            value = "\n".join(str(v) for v in (before, value) if v)
+            value = joined_events(before, value)
         elif name in ("largest_truncation", "reconstruction_error") and before is not None:
             value = max(float(before), float(value))
         if name in COUNTERS:

@@ -30,6 +30,7 @@ from .durable import (
     _OutputLock,
     _reserve,
     _source,
+    joined_events,
     read_run_state,
     staged_name,
 )
@@ -60,8 +61,8 @@ def close_killed_segment(nc: netCDF4.Dataset) -> None:
     if UNCLOSED_EVENTS in nc.ncattrs():
         unclosed_events = str(nc.getncattr(UNCLOSED_EVENTS))
         if unclosed_events:
-            closed = str(nc.getncattr("events")) if "events" in nc.ncattrs() else ""
-            nc.setncattr("events", "\n".join(e for e in (closed, unclosed_events) if e))
+            closed = nc.getncattr("events") if "events" in nc.ncattrs() else None
+            nc.setncattr("events", joined_events(closed, unclosed_events))
         nc.setncattr(UNCLOSED_EVENTS, "")
     if UNCLOSED_STEPS not in nc.ncattrs():
         return
